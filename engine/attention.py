@@ -1,0 +1,95 @@
+"""Multi-head latent attention (MLA): queries (optionally through a q LoRA), the compressed latent
+plus shared RoPE key written to the cache, and keys/values expanded from the cached latent."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.batch import Batch
+from engine.config import ModelConfig
+from engine.kv_cache import MLACache
+from engine.rope import Rope
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    # the q/kv LoRA norms use the reference's default eps (1e-6), not rms_norm_eps
+    dtype = x.dtype
+    h = x.float()
+    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+
+
+class MLAttention:
+    def __init__(self, cfg: ModelConfig, layer: int, w: dict[str, torch.Tensor], rope: Rope):
+        a = f"model.layers.{layer}.self_attn"
+        self.layer = layer
+        self.nh = cfg.num_attention_heads
+        self.nope, self.rope_dim, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        self.rank = cfg.kv_lora_rank
+        self.scale = cfg.softmax_scale()
+        self.rope = rope
+        if cfg.q_lora_rank is None:
+            self.q_proj = w.pop(f"{a}.q_proj.weight")  # [nh*192, H]
+            self.q_a = self.q_a_norm = self.q_b = None
+        else:
+            self.q_proj = None
+            self.q_a = w.pop(f"{a}.q_a_proj.weight")  # [q_rank, H]
+            self.q_a_norm = w.pop(f"{a}.q_a_layernorm.weight")
+            self.q_b = w.pop(f"{a}.q_b_proj.weight")  # [nh*192, q_rank]
+        self.kv_a = w.pop(f"{a}.kv_a_proj_with_mqa.weight")  # [576, H]
+        self.kv_a_norm = w.pop(f"{a}.kv_a_layernorm.weight")  # [512]
+        self.kv_b = w.pop(f"{a}.kv_b_proj.weight")  # [nh*(128+128), 512]
+        self.o_proj = w.pop(f"{a}.o_proj.weight")  # [H, nh*128]
+
+    def __call__(self, x: torch.Tensor, batch: Batch, cache: MLACache) -> torch.Tensor:
+        t = x.shape[0]
+        if self.q_proj is not None:
+            q = F.linear(x, self.q_proj)
+        else:
+            q = F.linear(_rms(F.linear(x, self.q_a), self.q_a_norm), self.q_b)
+        q = q.view(t, self.nh, self.nope + self.rope_dim)  # [T, nh, 192]
+        q_nope, q_pe = q.split([self.nope, self.rope_dim], dim=-1)
+        latent, k_pe = F.linear(x, self.kv_a).split([self.rank, self.rope_dim], dim=-1)  # [T, 512], [T, 64]
+        latent = _rms(latent, self.kv_a_norm)
+        q_pe = self.rope.apply(q_pe, batch.positions)  # [T, nh, 64]
+        k_pe = self.rope.apply(k_pe, batch.positions)  # [T, 64]
+        cache.write(self.layer, batch.token_slots, batch.positions, torch.cat([latent, k_pe], dim=-1))
+        q = torch.cat([q_nope, q_pe], dim=-1)  # [T, nh, 192]
+
+        out = torch.empty(t, self.nh, self.v_dim, dtype=x.dtype, device=x.device)  # [T, nh, 128]
+        if batch.decode_rows:
+            self._decode(q, batch, cache, out)
+        for r in batch.prefill_rows:
+            s, row = batch.starts[r], batch.rows[r]
+            n, ctx = len(row.token_ids), batch.context_lens[r]
+            out[s:s + n] = self._attend(q[s:s + n].unsqueeze(0), cache.read(self.layer, row.slot, ctx).unsqueeze(0),
+                                        mask=_causal_mask(n, ctx, x.device))[0]
+        return F.linear(out.reshape(t, self.nh * self.v_dim), self.o_proj)
+
+    def _decode(self, q: torch.Tensor, batch: Batch, cache: MLACache, out: torch.Tensor) -> None:
+        """Every one-token row at once, whatever its position: pad to the longest context, mask the rest."""
+        rows = batch.decode_rows
+        idx = torch.tensor([batch.starts[r] for r in rows], device=q.device)
+        ctx = torch.tensor([batch.context_lens[r] for r in rows], device=q.device)
+        longest = max(batch.context_lens[r] for r in rows)
+        slots = torch.tensor([batch.rows[r].slot for r in rows], device=q.device)
+        kv = cache.read_rows(self.layer, slots, longest)  # [B, L, 576]
+        mask = (torch.arange(longest, device=q.device)[None, :] < ctx[:, None])[:, None, None, :]  # [B, 1, 1, L]
+        out[idx] = self._attend(q[idx].unsqueeze(1), kv, mask=mask)[:, 0]
+
+    def _attend(self, q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """q: [B, S, nh, 192]; kv: cached [B, L, 576]; mask: bool, broadcastable to [B, nh, S, L].
+        Expands keys and values from the latent (the reference's computation) -> [B, S, nh, 128]."""
+        b, length = kv.shape[0], kv.shape[1]
+        latent, k_pe = kv.split([self.rank, self.rope_dim], dim=-1)
+        kvb = F.linear(latent, self.kv_b).view(b, length, self.nh, self.nope + self.v_dim)  # [B, L, nh, 256]
+        k_nope, v = kvb.split([self.nope, self.v_dim], dim=-1)
+        k = torch.cat([k_nope, k_pe[:, :, None, :].expand(b, length, self.nh, self.rope_dim)], dim=-1)  # [B, L, nh, 192]
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           attn_mask=mask, scale=self.scale)  # [B, nh, S, 128]
+        return o.transpose(1, 2)
+
+
+def _causal_mask(n: int, ctx: int, device: torch.device) -> torch.Tensor:
+    """[1, 1, n, ctx] bool: query i (at position ctx - n + i) sees keys at positions <= its own."""
+    qpos = torch.arange(ctx - n, ctx, device=device)[:, None]
+    return (torch.arange(ctx, device=device)[None, :] <= qpos)[None, None]

@@ -1,0 +1,147 @@
+"""Rank 0's engine: config, weights, the model, the KV cache, the runner and the EP backend, built
+from a checkpoint folder (or a random-weight preset) and checked against each request's limits."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+
+import orjson
+import torch
+
+from engine.config import ModelConfig
+from engine.kv_cache import MLACache
+from engine.model import DeepseekV2
+from engine.runner import ModelRunner
+from engine.weights import LoadStats, is_expert_tensor, load_tensors
+from ep import registry
+from ep.backend import ExpertBackend
+from ep.experts import ExpertShard
+from ep.ownership import Ownership
+
+log = logging.getLogger("pegainfer.engine")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class RequestError(ValueError):
+    """A request the engine cannot run as given (ids outside the vocabulary, over the context)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EngineSpec:
+    model_dir: str | None = None  # HF checkpoint folder; None with random_preset
+    random_preset: str | None = None  # initialise a preset's shapes with random weights on device
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str | None = None  # default: float32 on CPU, bfloat16 on CUDA
+    backend: str = "local"
+    ep_size: int = 1
+    max_model_len: int | None = None  # default: min(max_position_embeddings, 4096)
+    num_slots: int = 8
+    rank_timeout_s: float = 10.0
+
+    def torch_dtype(self) -> torch.dtype:
+        name = self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
+        if name not in DTYPES:
+            raise ValueError(f"unsupported dtype {name!r} (float32 or bfloat16)")
+        return DTYPES[name]
+
+
+def log_event(event: str, **fields) -> None:
+    """One structured start-up/shutdown line."""
+    log.info(orjson.dumps({"event": event, **fields}).decode())
+
+
+class Engine:
+    def __init__(self, spec: EngineSpec, cfg: ModelConfig, model: DeepseekV2, cache: MLACache,
+                 backend: ExpertBackend):
+        self.spec = spec
+        self.cfg = cfg
+        self.model = model
+        self.cache = cache
+        self.backend = backend
+        self.runner = ModelRunner(model, cache, spec.device)
+        self.eos_id = cfg.eos_token_id
+        self.max_model_len = cache.max_len
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name
+
+    @property
+    def maturity(self) -> str:
+        return self.backend.maturity
+
+    def check_request(self, prompt_ids: list[int], max_tokens: int) -> None:
+        if not prompt_ids:
+            raise RequestError("the prompt is empty")
+        bad = [t for t in prompt_ids if not 0 <= t < self.cfg.vocab_size]
+        if bad:
+            raise RequestError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.cfg.vocab_size})")
+        if max_tokens < 1:
+            raise RequestError(f"max_tokens must be at least 1, got {max_tokens}")
+        if len(prompt_ids) + max_tokens > self.max_model_len:
+            raise RequestError(f"prompt of {len(prompt_ids)} tokens plus max_tokens {max_tokens} exceeds the "
+                               f"context limit of {self.max_model_len} tokens")
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def build_engine(spec: EngineSpec) -> Engine:
+    t0 = time.perf_counter()
+    device, dtype = torch.device(spec.device), spec.torch_dtype()
+    entry = registry.entry(spec.backend)
+    if spec.model_dir is not None:
+        cfg = ModelConfig.load(spec.model_dir)
+    else:
+        from engine.presets import PRESETS
+        cfg = ModelConfig.from_dict(PRESETS[spec.random_preset], f"preset {spec.random_preset}")
+    ownership = Ownership(cfg.n_routed_experts, spec.ep_size)
+    mine = ownership.experts_of(0)
+
+    def keep(name: str) -> bool:
+        e = is_expert_tensor(name)
+        return e is None or e in mine
+
+    if spec.model_dir is not None:
+        tensors, stats = load_tensors(spec.model_dir, cfg, keep=keep, device=device, dtype=dtype)
+    else:
+        tensors, stats = _random_tensors(cfg, spec, keep, device, dtype)
+    log_event("weights_loaded", rank=0, shards=stats.shards, open_s=round(stats.open_s, 4),
+              read_s=round(stats.read_s, 4), bytes=stats.bytes, tensors=stats.tensors,
+              load_s=round(stats.total_s, 4), device=str(device), dtype=str(dtype).removeprefix("torch."),
+              backend=entry.name, maturity=entry.maturity, experts=f"{mine.start}..{mine.stop - 1}")
+    shard = ExpertShard.from_tensors(mine, tensors, cfg.moe_layers)
+    backend = entry.load().start(spec, cfg, ownership, shard)
+    max_len = spec.max_model_len or min(cfg.max_position_embeddings, 4096)
+    if max_len > cfg.max_position_embeddings:
+        raise ValueError(f"max_model_len {max_len} exceeds the model's max_position_embeddings "
+                         f"{cfg.max_position_embeddings}")
+    model = DeepseekV2(cfg, tensors, backend, max_len, device)
+    cache = MLACache(cfg.num_hidden_layers, spec.num_slots, max_len, cfg.cache_width, device, dtype)
+    log_event("engine_ready", backend=entry.name, maturity=entry.maturity, ep_size=spec.ep_size,
+              max_model_len=max_len, kv_slots=spec.num_slots, kv_bytes=cache.data.numel() * cache.data.element_size(),
+              startup_s=round(time.perf_counter() - t0, 4))
+    return Engine(spec, cfg, model, cache, backend)
+
+
+def _random_tensors(cfg: ModelConfig, spec: EngineSpec, keep, device, dtype) -> tuple[dict, LoadStats]:
+    from engine.presets import random_tensors
+    t0 = time.perf_counter()
+    stats = LoadStats()
+    out = {}
+    for name, t in random_tensors(cfg, spec.seed, device=device, dtype=dtype):
+        if keep(name):
+            out[name] = t
+            stats.bytes += t.numel() * t.element_size()
+            stats.tensors += 1
+    stats.total_s = stats.read_s = time.perf_counter() - t0
+    return out, stats
+
+
+def default_model_dir() -> Path:
+    from engine.default_model import ensure_default_model
+    return ensure_default_model()

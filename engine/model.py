@@ -1,0 +1,78 @@
+"""The DeepSeek-V2 forward pass over a flattened batch: embeddings, MLA attention over the latent
+cache, dense MLP or MoE (shared experts here, routed experts through an EP backend), LM head."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention import MLAttention
+from engine.batch import Batch
+from engine.config import ModelConfig
+from engine.kv_cache import MLACache
+from engine.rope import Rope
+from ep.backend import ExpertBackend
+from ep.moe import MoE
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """As the reference: normalise in float32, cast back, then scale."""
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+class MLP:
+    """SwiGLU MLP: the dense first layer(s) and the shared experts."""
+
+    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor):
+        self.gate, self.up, self.down = gate, up, down  # [I, H], [I, H], [H, I]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(F.silu(F.linear(x, self.gate)) * F.linear(x, self.up), self.down)
+
+
+class DecoderLayer:
+    def __init__(self, cfg: ModelConfig, layer: int, w: dict[str, torch.Tensor], rope: Rope,
+                 backend: ExpertBackend):
+        p = f"model.layers.{layer}"
+        self.eps = cfg.rms_norm_eps
+        self.input_norm = w.pop(f"{p}.input_layernorm.weight")
+        self.post_attn_norm = w.pop(f"{p}.post_attention_layernorm.weight")
+        self.attn = MLAttention(cfg, layer, w, rope)
+        m = f"{p}.mlp"
+        if cfg.is_moe_layer(layer):
+            shared = MLP(w.pop(f"{m}.shared_experts.gate_proj.weight"), w.pop(f"{m}.shared_experts.up_proj.weight"),
+                         w.pop(f"{m}.shared_experts.down_proj.weight"))
+            self.mlp = MoE(layer, cfg, w.pop(f"{m}.gate.weight"), shared, backend)
+        else:
+            self.mlp = MLP(w.pop(f"{m}.gate_proj.weight"), w.pop(f"{m}.up_proj.weight"), w.pop(f"{m}.down_proj.weight"))
+
+    def __call__(self, x: torch.Tensor, batch: Batch, cache: MLACache) -> torch.Tensor:
+        x = x + self.attn(rms_norm(x, self.input_norm, self.eps), batch, cache)
+        return x + self.mlp(rms_norm(x, self.post_attn_norm, self.eps))
+
+
+class DeepseekV2:
+    """Rank 0's model. Routed experts are reached only through `backend`."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], backend: ExpertBackend,
+                 max_len: int, device: torch.device | str):
+        self.cfg = cfg
+        self.backend = backend
+        self.rope = Rope(cfg, max_len, device)
+        self.embed = weights.pop("model.embed_tokens.weight")  # [V, H]
+        self.layers = [DecoderLayer(cfg, i, weights, self.rope, backend) for i in range(cfg.num_hidden_layers)]
+        self.norm = weights.pop("model.norm.weight")
+        self.lm_head = self.embed if cfg.tie_word_embeddings else weights.pop("lm_head.weight")  # [V, H]
+        if weights:
+            raise ValueError(f"unused tensors after building the model: {sorted(weights)[:3]}")
+
+    @torch.inference_mode()
+    def forward(self, batch: Batch, cache: MLACache) -> torch.Tensor:
+        """Returns logits [R, V] for the last new token of every row."""
+        x = F.embedding(batch.token_ids, self.embed)  # [T, H]
+        for layer in self.layers:
+            x = layer(x, batch, cache)
+        x = rms_norm(x[batch.last_index], self.norm, self.cfg.rms_norm_eps)  # [R, H]
+        return F.linear(x, self.lm_head)  # [R, V]

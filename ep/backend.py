@@ -1,0 +1,59 @@
+"""The one MoE contract every EP backend implements: given a layer's hidden rows and route plan,
+return every route's weighted expert output in execution order. Backends differ only in how the
+rows and the outputs move between the ranks that own the experts."""
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import ClassVar
+
+import torch
+
+from ep.plan import RoutePlan
+
+MATURITIES = ("production", "candidate")
+
+
+class RankFailure(RuntimeError):
+    """An expert rank died or a collective did not finish within the configured timeout."""
+
+
+@dataclasses.dataclass(slots=True)
+class ExchangeCounters:
+    """Per-step attribution, reset by the engine after each step."""
+    routes_per_rank: list[int]
+    routes_per_expert: list[int]
+    collective_calls: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    exchange_s: float = 0.0
+
+    @classmethod
+    def zero(cls, world_size: int, n_experts: int) -> ExchangeCounters:
+        return cls([0] * world_size, [0] * n_experts)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class ExpertBackend(abc.ABC):
+    name: ClassVar[str]
+    maturity: ClassVar[str]
+
+    @classmethod
+    @abc.abstractmethod
+    def start(cls, spec, cfg, ownership, shard) -> ExpertBackend:
+        """Bring the backend up on rank 0 (spawning or joining the expert ranks it needs).
+        spec: engine.engine.EngineSpec; cfg: ModelConfig; ownership: ep.ownership.Ownership;
+        shard: rank 0's own ExpertShard."""
+
+    @abc.abstractmethod
+    def expert_outputs(self, layer: int, hidden: torch.Tensor, plan: RoutePlan) -> torch.Tensor:
+        """hidden: [T, H] (model dtype); returns [R, H] float32 in the plan's execution order."""
+
+    def take_counters(self) -> ExchangeCounters | None:
+        """Counters since the last call (None when the backend keeps none)."""
+        return None
+
+    def close(self) -> None:
+        """Release ranks and buffers; idempotent."""

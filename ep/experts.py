@@ -1,0 +1,50 @@
+"""One rank's routed experts for every MoE layer: stacked weights and the expert MLP over the routes
+of a plan that this rank owns."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class ExpertShard:
+    """Experts [lo, hi) of every MoE layer. w13[layer]: [n, 2I, H] (gate rows then up rows, as the
+    reference fuses them); w2[layer]: [n, H, I]."""
+
+    def __init__(self, experts: range, w13: dict[int, torch.Tensor], w2: dict[int, torch.Tensor]):
+        self.experts = experts
+        self.w13 = w13
+        self.w2 = w2
+
+    @classmethod
+    def from_tensors(cls, experts: range, tensors: dict[str, torch.Tensor], moe_layers: list[int]) -> ExpertShard:
+        """Stack per-expert checkpoint tensors (popped from `tensors` to free them as we go)."""
+        w13, w2 = {}, {}
+        for layer in moe_layers:
+            def take(e: int, proj: str) -> torch.Tensor:
+                return tensors.pop(f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight")
+            w13[layer] = torch.stack([torch.cat([take(e, "gate_proj"), take(e, "up_proj")]) for e in experts])
+            w2[layer] = torch.stack([take(e, "down_proj") for e in experts])
+        return cls(experts, w13, w2)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for d in (self.w13, self.w2) for t in d.values())
+
+    def run(self, layer: int, hidden: torch.Tensor, token_index: torch.Tensor, weight: torch.Tensor,
+            counts: list[int]) -> torch.Tensor:
+        """The weighted expert outputs of this shard's routes.
+
+        hidden: [T, H]; token_index, weight: [r] routes of this shard in execution order;
+        counts: routes per owned expert (host ints, len = len(self.experts)). Returns [r, H] float32."""
+        w13, w2 = self.w13[layer], self.w2[layer]
+        out = torch.empty(token_index.shape[0], hidden.shape[1], dtype=torch.float32, device=hidden.device)
+        start = 0
+        for i, n in enumerate(counts):
+            if n == 0:
+                continue
+            sl = slice(start, start + n)
+            x = hidden[token_index[sl]]  # [n, H]
+            gate, up = F.linear(x, w13[i]).chunk(2, dim=-1)  # [n, I] each
+            y = F.linear(F.silu(gate) * up, w2[i])  # [n, H]
+            out[sl] = y * weight[sl, None]
+            start += n
+        return out

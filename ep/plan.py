@@ -1,0 +1,56 @@
+"""The route plan: one MoE layer's top-k routes, grouped by (owner rank, expert) for execution, with
+the permutation that puts every contribution back in token-major order for a fixed-order combine."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass(slots=True)
+class RoutePlan:
+    num_tokens: int
+    top_k: int
+    token_index: torch.Tensor  # [R] token of each route, execution order (R = T * k)
+    expert: torch.Tensor  # [R] routed expert of each route, ascending (so grouped by owner too)
+    weight: torch.Tensor  # [R] float32 gate weight of each route
+    perm: torch.Tensor  # [R] slot in the token-major [T * k] layout of each execution-order route
+    expert_counts: torch.Tensor  # [E] routes per expert
+
+    @classmethod
+    def build(cls, weights: torch.Tensor, experts: torch.Tensor, n_experts: int) -> RoutePlan:
+        """weights, experts: [T, k] from the gate."""
+        t, k = experts.shape
+        # Within a token, order the k routes by expert id: the combine then adds contributions in
+        # ascending expert order, as the reference's per-expert accumulation does.
+        experts_sorted, idx = experts.sort(dim=-1)  # [T, k]
+        weights_sorted = weights.gather(1, idx)  # [T, k]
+        flat_e = experts_sorted.reshape(-1)  # [T*k] token-major
+        perm = torch.argsort(flat_e, stable=True)  # [R] execution order -> token-major slot
+        return cls(
+            num_tokens=t,
+            top_k=k,
+            token_index=torch.div(perm, k, rounding_mode="floor"),
+            expert=flat_e[perm],
+            weight=weights_sorted.reshape(-1)[perm],
+            perm=perm,
+            expert_counts=torch.bincount(flat_e, minlength=n_experts),
+        )
+
+    def combine(self, contributions: torch.Tensor) -> torch.Tensor:
+        """contributions: [R, H] float32 in execution order -> [T, H] float32, summed token-major
+        in a fixed order (slot 0, then 1, ...), so every backend gives the same bits."""
+        r, h = contributions.shape
+        buf = torch.empty_like(contributions)
+        buf[self.perm] = contributions
+        buf = buf.view(self.num_tokens, self.top_k, h)  # [T, k, H]
+        out = buf[:, 0].clone()
+        for j in range(1, self.top_k):
+            out += buf[:, j]
+        return out
+
+    def span(self, experts: range, counts: list[int]) -> tuple[int, int]:
+        """[start, end) of the execution-order routes that go to `experts` (counts: host copy of
+        expert_counts)."""
+        start = sum(counts[: experts.start])
+        return start, start + sum(counts[experts.start: experts.stop])
