@@ -1,0 +1,72 @@
+"""The `pegainfer` command line: parses arguments, dispatches to a subcommand, and turns the errors
+a user can fix into one line on stderr with a non-zero exit status."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from engine.config import ConfigError
+from engine.engine import RequestError
+from engine.weights import WeightsError
+from ep.ownership import OwnershipError
+from ep.registry import UnknownBackend
+from daemon.settings import SettingsError
+
+# Errors whose message is the whole story for a user: no traceback.
+USER_ERRORS = (SettingsError, ConfigError, WeightsError, RequestError, OwnershipError, UnknownBackend, FileNotFoundError)
+
+
+class CliError(Exception):
+    """A problem with the command line itself (exit 2)."""
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="HF checkpoint folder (default: the embedded tiny model)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: float32 on CPU, bfloat16 on CUDA")
+    p.add_argument("--backend", default="local", help="EP backend: local, host-staged, nccl (default local)")
+    p.add_argument("--ep-size", type=int, default=1, help="expert-parallel ranks (default 1)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pegainfer", description="DeepSeek-V2 expert-parallel inference")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="greedy generation for one prompt, offline")
+    _engine_args(g)
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text (a BOS token is prepended)")
+    src.add_argument("--prompt-ids", help="comma-separated prompt token ids, used as given")
+    g.add_argument("--max-tokens", type=int, required=True)
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating past the EOS token")
+    g.add_argument("--json", action="store_true", help="print one JSON object")
+
+    from daemon.settings import add_flags
+    sv = sub.add_parser("serve", help="serve OpenAI-compatible /v1/completions over HTTP")
+    add_flags(sv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "generate":
+            from daemon.generate import run_generate
+            return run_generate(args)
+        if args.command == "serve":
+            from daemon.serve import run_serve
+            return run_serve(args)
+        raise CliError(f"unknown command {args.command}")
+    except CliError as e:
+        print(f"pegainfer: error: {e}", file=sys.stderr)
+        return 2
+    except USER_ERRORS as e:
+        print(f"pegainfer: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

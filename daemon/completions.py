@@ -1,0 +1,182 @@
+"""POST /v1/completions: from the HTTP body to a lifecycle Request, then its token sink rendered as
+OpenAI SSE chunks (or one JSON body). A client that goes away becomes DISCONNECTED; an error after
+the stream started becomes an error chunk and then [DONE]."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+
+import orjson
+from sse_starlette.sse import EventSourceResponse
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, Response
+
+from daemon import protocol
+from daemon.protocol import APIError
+from daemon.runtime import Runtime
+from engine.tokenizer import IncrementalDetokenizer
+from lifecycle.params import GenerationParams
+from lifecycle.rejection import Draining, NotReady, QueueFull, Rejection
+from lifecycle.request import Request
+from lifecycle.sink import SinkEnd, TokenSink
+from lifecycle.states import RequestState
+
+_ids = itertools.count()
+
+# How a request that did not finish is reported (HTTP status for a JSON body, error type).
+_END_ERRORS = {
+    RequestState.CANCELLED: (503, "cancelled", "request_cancelled"),
+    RequestState.DISCONNECTED: (499, "disconnected", "client_disconnected"),
+    RequestState.FAILED: (500, "server_error", "engine_failed"),
+}
+
+
+def error_response(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+def rejection_error(r: Rejection) -> APIError:
+    if isinstance(r, QueueFull):
+        retry = str(max(1, round(r.retry_after_s or 1)))
+        return APIError(429, r.message, "rate_limit_error", None, "queue_full", {"Retry-After": retry})
+    if isinstance(r, (NotReady, Draining)):
+        code = "draining" if isinstance(r, Draining) else "not_ready"
+        return APIError(503, r.message, "service_unavailable", None, code, {"Retry-After": "1"})
+    return APIError(503, r.message, "service_unavailable")
+
+
+async def read_body(http: HTTPRequest, limit: int) -> bytes:
+    declared = http.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes",
+                       "invalid_request_error", None, "request_too_large")
+    chunks, size = [], 0
+    async for part in http.stream():
+        size += len(part)
+        if size > limit:
+            raise APIError(413, f"request body exceeds the limit of {limit} bytes", "invalid_request_error",
+                           None, "request_too_large")
+        chunks.append(part)
+    return b"".join(chunks)
+
+
+async def create_completion(http: HTTPRequest, rt: Runtime) -> Response:
+    s = rt.settings
+    try:
+        raw = await read_body(http, s.max_body_bytes)
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise protocol.bad_request(f"the request body is not valid JSON: {e}") from None
+        req = protocol.parse_completion(body, max_tokens_default=s.max_tokens_default)
+        if req.model is not None and req.model != rt.model_name:
+            raise APIError(404, f"the model {req.model!r} does not exist; this server serves {rt.model_name!r}",
+                           "not_found_error", "model", "model_not_found")
+        if rt.scheduler is None or rt.tokenizer is None:
+            raise rejection_error(NotReady(1.0))
+    except APIError as e:
+        rt.telemetry.on_front_rejection(e.status, e.message, None)
+        return error_response(e)
+
+    ids = req.prompt_ids if req.prompt_ids is not None else rt.tokenizer.encode(req.prompt)
+    rid = protocol.completion_id(next(_ids))
+    request = Request(rid, ids, GenerationParams(req.max_tokens, req.ignore_eos), rt.model_name,
+                      TokenSink(s.sink_max_buffered))
+    rt.telemetry.on_request_attributes(rid, req)
+    problem = _context_problem(rt, ids, req.max_tokens)
+    if problem is not None:
+        rt.scheduler.reject(request, problem.message)
+        return error_response(problem)
+    try:
+        rt.scheduler.submit(request)
+    except Rejection as r:
+        return error_response(rejection_error(r))
+    created = int(time.time())
+    if req.stream:
+        return EventSourceResponse(_stream(rt, request, created, req.include_usage), sep="\n",
+                                   ping=15, headers={"X-Request-Id": rid})
+    return await _complete(http, rt, request, created)
+
+
+def _context_problem(rt: Runtime, ids: list[int], max_tokens: int) -> APIError | None:
+    vocab, limit = rt.engine.cfg.vocab_size, rt.engine.max_model_len
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        return protocol.bad_request(f"prompt token id {bad} is outside the vocabulary [0, {vocab})", "prompt")
+    if len(ids) + max_tokens > limit:
+        return protocol.bad_request(
+            f"this model's maximum context length is {limit} tokens; the prompt has {len(ids)} tokens and "
+            f"max_tokens is {max_tokens} ({len(ids) + max_tokens} in all)", "prompt", "context_length_exceeded")
+    return None
+
+
+def _end_error(end: SinkEnd) -> APIError:
+    status, kind, code = _END_ERRORS[end.state]
+    return APIError(status, end.message or end.reason.value, kind, None, code)
+
+
+async def _stream(rt: Runtime, request: Request, created: int, include_usage: bool):
+    rid, model = request.request_id, request.model
+    detok = IncrementalDetokenizer(rt.tokenizer)
+    n = 0
+    try:
+        async for item in request.sink:
+            text = "".join(detok.push(t) for t in item.token_ids)
+            n += len(item.token_ids)
+            end = item.end
+            if end is None:
+                if text:
+                    yield _data(protocol.chunk(rid, created, model, text, None))
+                continue
+            if end.state is RequestState.FINISHED:
+                text += detok.flush()
+                yield _data(protocol.chunk(rid, created, model, text, end.finish_reason.value))
+            else:
+                if text:
+                    yield _data(protocol.chunk(rid, created, model, text, None))
+                yield _data(_end_error(end).body())
+        if include_usage:
+            yield _data(protocol.usage_chunk(rid, created, model, len(request.prompt_ids), n))
+        yield {"data": "[DONE]"}
+    finally:
+        # the client went away mid-stream (sse-starlette cancels this generator) or we are exiting
+        if not request.is_terminal and rt.scheduler is not None:
+            rt.scheduler.disconnect(rid)
+
+
+def _data(obj: dict) -> dict:
+    return {"data": orjson.dumps(obj).decode()}
+
+
+async def _complete(http: HTTPRequest, rt: Runtime, request: Request, created: int) -> Response:
+    """Non-streaming: wait for the end, watching for the client going away meanwhile."""
+    watcher = asyncio.create_task(_wait_disconnect(http))
+    tokens: list[int] = []
+    end: SinkEnd | None = None
+    try:
+        while end is None:
+            read = asyncio.create_task(request.sink.next())
+            done, _ = await asyncio.wait({read, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if read not in done:
+                read.cancel()
+                rt.scheduler.disconnect(request.request_id)
+                return Response(status_code=499)
+            item = read.result()
+            tokens += item.token_ids
+            end = item.end
+    finally:
+        watcher.cancel()
+    if end.state is not RequestState.FINISHED:
+        return error_response(_end_error(end))
+    text = rt.tokenizer.decode(tokens)
+    return JSONResponse(protocol.completion(request.request_id, created, request.model, text,
+                                            end.finish_reason.value, len(request.prompt_ids), len(tokens)),
+                        headers={"X-Request-Id": request.request_id})
+
+
+async def _wait_disconnect(http: HTTPRequest) -> None:
+    while True:
+        message = await http.receive()
+        if message["type"] == "http.disconnect":
+            return

@@ -1,0 +1,45 @@
+"""`pegainfer generate`: load the engine, run one prompt greedily, print the result."""
+from __future__ import annotations
+
+import argparse
+
+import orjson
+
+from engine.engine import EngineSpec, build_engine, default_model_dir
+from engine.generate import generate
+from engine.tokenizer import Tokenizer
+
+
+def parse_ids(text: str) -> list[int]:
+    from daemon.cli import CliError
+    try:
+        ids = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CliError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+    if not ids:
+        raise CliError("--prompt-ids is empty")
+    return ids
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    model_dir = str(args.model or default_model_dir())
+    prompt_ids = parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
+    tok = Tokenizer(model_dir)
+    if prompt_ids is None:
+        prompt_ids = tok.encode(args.prompt)
+    spec = EngineSpec(model_dir=model_dir, device=args.device, dtype=args.dtype, backend=args.backend,
+                      ep_size=args.ep_size, num_slots=1)
+    engine = build_engine(spec)
+    try:
+        engine.check_request(prompt_ids, args.max_tokens)
+        [out] = generate(engine, [prompt_ids], args.max_tokens, ignore_eos=args.ignore_eos)
+    finally:
+        engine.close()
+    text = tok.decode(out.token_ids)
+    if args.json:
+        print(orjson.dumps({"token_ids": out.token_ids, "text": text, "finish_reason": out.finish_reason,
+                            "prompt_tokens": len(prompt_ids), "backend": engine.backend_name,
+                            "maturity": engine.maturity}).decode())
+    else:
+        print(text)
+    return 0

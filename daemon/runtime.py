@@ -1,0 +1,190 @@
+"""The daemon's runtime: everything one serving process holds (settings, tokenizer, engine, GPU
+thread, scheduler, telemetry), its phase (loading, ready, draining, stopped, dead) as a small state
+machine, the start-up sequence and the staged drain."""
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from pathlib import Path
+
+from daemon.bridge import EngineBridge
+from daemon.settings import Settings
+from engine.engine import Engine, EngineSpec, build_engine, default_model_dir, log_event
+from engine.generate import generate
+from engine.gpu_thread import GpuThread
+from engine.messages import Shutdown
+from engine.tokenizer import Tokenizer
+from lifecycle.scheduler import Scheduler
+from telemetry.hub import Telemetry
+
+log = logging.getLogger("pegainfer.daemon")
+
+
+class Phase(enum.Enum):
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+    DEAD = "dead"  # the engine failed; the process exits non-zero so a supervisor restarts it
+
+
+PHASES: dict[Phase, frozenset[Phase]] = {
+    Phase.LOADING: frozenset({Phase.READY, Phase.DEAD, Phase.STOPPED}),
+    Phase.READY: frozenset({Phase.DRAINING, Phase.DEAD}),
+    Phase.DRAINING: frozenset({Phase.STOPPED, Phase.DEAD}),
+    Phase.STOPPED: frozenset(),
+    Phase.DEAD: frozenset({Phase.STOPPED}),
+}
+
+
+class Runtime:
+    def __init__(self, settings: Settings, telemetry: Telemetry, notifier=None):
+        self.settings = settings
+        self.telemetry = telemetry
+        self.notifier = notifier
+        self.phase = Phase.LOADING
+        self.model_dir = settings.model or (None if settings.random_preset else str(default_model_dir()))
+        self.model_name = settings.served_model_name or (
+            Path(self.model_dir).name if self.model_dir else f"random-{settings.random_preset}")
+        self.tokenizer: Tokenizer | None = None
+        self.engine: Engine | None = None
+        self.gpu: GpuThread | None = None
+        self.bridge: EngineBridge | None = None
+        self.scheduler: Scheduler | None = None
+        self.exit_code = 0
+        self.load_error: str | None = None
+        self.started = time.monotonic()
+        self.started_wall = time.time()
+        self._drain_task: asyncio.Task | None = None
+        self.on_exit = None  # set by the server: called once the process should stop
+
+    def move(self, new: Phase) -> None:
+        if new not in PHASES[self.phase]:
+            raise RuntimeError(f"illegal daemon phase {self.phase.name} -> {new.name}")
+        self.phase = new
+
+    # ---- start-up ---------------------------------------------------------------------------------
+    def spec(self) -> EngineSpec:
+        s = self.settings
+        return EngineSpec(model_dir=self.model_dir, random_preset=s.random_preset, device=s.device, dtype=s.dtype,
+                          backend=s.backend, ep_size=s.ep_size, max_model_len=s.max_model_len,
+                          num_slots=s.max_active, rank_timeout_s=s.rank_timeout)
+
+    def _build(self) -> tuple[Engine, Tokenizer]:
+        """Runs in a worker thread: load weights, start ranks, one warm-up step."""
+        self._status("loading weights")
+        tok = Tokenizer(self.model_dir) if self.model_dir else _preset_tokenizer(self.settings.random_preset)
+        engine = build_engine(self.spec())
+        self._status("warming up")
+        generate(engine, [[tok.bos_id if tok.bos_id is not None else 0]], 2, ignore_eos=True)
+        return engine, tok
+
+    async def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        s = self.settings
+        try:
+            engine, tok = await asyncio.to_thread(self._build)
+        except Exception as e:  # noqa: BLE001 - a load failure is reported, and the process exits non-zero
+            self.load_error = f"{type(e).__name__}: {e}"
+            log_event("load_failed", error=self.load_error)
+            self.exit_code = 1
+            self.move(Phase.DEAD)
+            self._request_exit()
+            return
+        self.engine, self.tokenizer = engine, tok
+        self.bridge = EngineBridge(loop, self)
+        self.gpu = GpuThread(engine, self.bridge.emit)
+        self.scheduler = Scheduler(self.bridge, max_active=s.max_active, max_pending=s.max_pending,
+                                   observer=self.telemetry)
+        self.bridge.connect(self.gpu, self.scheduler)
+        self.gpu.start()
+        self.telemetry.set_engine(engine.backend_name, engine.maturity, self.model_name)
+        self.scheduler.set_ready(True)
+        if self.phase is Phase.LOADING:
+            self.move(Phase.READY)
+        log_event("serving", host=s.host, port=s.port, model=self.model_name, backend=engine.backend_name,
+                  maturity=engine.maturity, max_active=s.max_active, max_pending=s.max_pending,
+                  max_model_len=engine.max_model_len)
+        self._notify(ready=True)
+
+    # ---- StepObserver (from the bridge) -----------------------------------------------------------
+    def on_step(self, record) -> None:
+        self.telemetry.on_step(record)
+
+    def on_engine_died(self, message: str) -> None:
+        log_event("engine_died", error=message)
+        self.telemetry.on_engine_died(message)
+        self.exit_code = 1
+        if self.phase in (Phase.READY, Phase.DRAINING):
+            self.move(Phase.DEAD)
+        # let error chunks reach clients, then exit so a supervisor restarts us
+        asyncio.get_running_loop().call_later(0.5, self._request_exit)
+
+    # ---- health -----------------------------------------------------------------------------------
+    def healthy(self) -> bool:
+        if self.phase is Phase.DEAD:
+            return False
+        return self.phase is Phase.LOADING or (self.gpu is not None and self.gpu.is_alive())
+
+    def ready(self) -> bool:
+        return self.phase is Phase.READY and self.gpu is not None and self.gpu.is_alive()
+
+    def heartbeat_fresh(self, max_age_s: float) -> bool:
+        if self.phase is Phase.LOADING:
+            return True
+        return self.gpu is not None and self.gpu.is_alive() and time.monotonic() - self.gpu.heartbeat < max_age_s
+
+    # ---- shutdown ---------------------------------------------------------------------------------
+    def begin_drain(self) -> None:
+        """SIGTERM/SIGINT: stop admitting, let work finish up to drain_timeout, cancel the rest."""
+        if self._drain_task is not None:
+            return
+        self._drain_task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        log_event("draining", timeout_s=self.settings.drain_timeout)
+        self._notify(stopping=True)
+        if self.phase is Phase.READY:
+            self.move(Phase.DRAINING)
+        if self.scheduler is not None:
+            self.scheduler.start_drain()
+            if not await self.scheduler.wait_idle(self.settings.drain_timeout):
+                n = self.scheduler.cancel_all("server shutting down")
+                log_event("drain_timeout", cancelled=n)
+            await asyncio.sleep(0.05)  # let the last chunks go out
+        self.close()
+        self._request_exit()
+
+    def close(self) -> None:
+        if self.gpu is not None and self.gpu.is_alive():
+            self.gpu.submit(Shutdown())
+            self.gpu.join(timeout=10)
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+        if self.phase is not Phase.STOPPED and Phase.STOPPED in PHASES[self.phase]:
+            self.move(Phase.STOPPED)
+        self.telemetry.shutdown()
+        log_event("stopped", exit_code=self.exit_code)
+
+    def _request_exit(self) -> None:
+        if self.on_exit is not None:
+            self.on_exit()
+
+    def _status(self, text: str) -> None:
+        if self.notifier is not None:
+            self.notifier.status(text)
+
+    def _notify(self, ready: bool = False, stopping: bool = False) -> None:
+        if self.notifier is None:
+            return
+        if ready:
+            self.notifier.ready()
+        if stopping:
+            self.notifier.stopping()
+
+
+def _preset_tokenizer(preset: str) -> Tokenizer:
+    from engine.default_model import ensure_preset_tokenizer
+    return Tokenizer(str(ensure_preset_tokenizer(preset)))

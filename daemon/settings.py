@@ -1,0 +1,126 @@
+"""Daemon settings: one dataclass, filled from defaults, then PEGAINFER_* environment variables, then
+the TOML file (--config), then command-line flags (highest precedence). The flags, the TOML keys
+and the environment names are all derived from the field names, so they cannot drift apart."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tomllib
+import typing
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "PEGAINFER_"
+
+
+class SettingsError(ValueError):
+    pass
+
+
+def _f(default: Any, help: str) -> Any:
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclasses.dataclass(slots=True)
+class Settings:
+    model: str | None = _f(None, "HF checkpoint folder (default: the embedded tiny model)")
+    random_preset: str | None = _f(None, "serve random weights of a preset (tiny|lite) instead of --model")
+    backend: str = _f("local", "EP backend: local, host-staged, nccl")
+    ep_size: int = _f(1, "expert-parallel ranks")
+    device: str = _f("cpu", "cpu or cuda[:N]")
+    dtype: str | None = _f(None, "float32 or bfloat16 (default: float32 on CPU, bfloat16 on CUDA)")
+    host: str = _f("127.0.0.1", "listen address")
+    port: int = _f(8000, "listen port")
+    served_model_name: str | None = _f(None, "model id in the API (default: the model folder's name)")
+    max_active: int = _f(8, "requests decoding at once (KV slots)")
+    max_pending: int = _f(64, "requests waiting for a slot before 429")
+    max_model_len: int | None = _f(None, "context limit in tokens (default: min(model limit, 4096))")
+    max_tokens_default: int = _f(16, "max_tokens when a request gives none")
+    drain_timeout: float = _f(30.0, "seconds in-flight requests get to finish on SIGTERM")
+    api_key: str | None = _f(None, "bearer token required on /v1/* (optional)")
+    max_body_bytes: int = _f(1 << 20, "largest accepted request body")
+    sink_max_buffered: int = _f(4096, "unread tokens a stream may hold before it is cancelled")
+    rank_timeout: float = _f(10.0, "seconds before a silent expert rank is declared failed")
+    trace_file: str | None = _f(None, "JSONL trace-record file (OTLP/JSON lines)")
+    otlp_endpoint: str | None = _f(None, "OTLP/HTTP collector endpoint (also OTEL_EXPORTER_OTLP_ENDPOINT)")
+    step_trace_every: int = _f(1, "record every Nth engine step as a span (0: none)")
+    debug_traces: bool = _f(False, "serve recent spans at /debug/traces")
+    log_level: str = _f("info", "log level")
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+
+def _coerce(name: str, raw: Any, source: str) -> Any:
+    hint = typing.get_type_hints(Settings)[name]
+    base = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
+    target = base[0] if typing.get_args(hint) else hint
+    if raw is None:
+        return None
+    try:
+        if target is bool:
+            if isinstance(raw, bool):
+                return raw
+            if str(raw).lower() in ("1", "true", "yes", "on"):
+                return True
+            if str(raw).lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        return target(raw)
+    except (TypeError, ValueError):
+        raise SettingsError(f"{source}: {name} must be {target.__name__}, got {raw!r}") from None
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="TOML settings file (keys as below, with underscores)")
+    for f in dataclasses.fields(Settings):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool", bool):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=f.metadata["help"])
+        else:
+            p.add_argument(flag, default=None, help=f"{f.metadata['help']} (default: {f.default})")
+
+
+def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:
+    environ = os.environ if environ is None else environ
+    s = Settings()
+    for name in Settings.field_names():
+        key = ENV_PREFIX + name.upper()
+        if key in environ:
+            setattr(s, name, _coerce(name, environ[key], f"environment {key}"))
+    if s.otlp_endpoint is None and environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        s.otlp_endpoint = environ["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    config = getattr(args, "config", None) or environ.get(ENV_PREFIX + "CONFIG")
+    if config:
+        path = Path(config)
+        try:
+            table = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise SettingsError(f"{path}: settings file not found") from None
+        except tomllib.TOMLDecodeError as e:
+            raise SettingsError(f"{path}: invalid TOML: {e}") from None
+        unknown = sorted(set(table) - set(Settings.field_names()))
+        if unknown:
+            raise SettingsError(f"{path}: unknown setting {unknown[0]!r}")
+        for name, value in table.items():
+            setattr(s, name, _coerce(name, value, str(path)))
+    for name in Settings.field_names():
+        value = getattr(args, name, None)
+        if value is not None:
+            setattr(s, name, _coerce(name, value, "--" + name.replace("_", "-")))
+    _validate(s)
+    return s
+
+
+def _validate(s: Settings) -> None:
+    for name in ("max_active", "ep_size", "max_tokens_default", "max_body_bytes", "sink_max_buffered"):
+        if getattr(s, name) < 1:
+            raise SettingsError(f"{name} must be at least 1, got {getattr(s, name)}")
+    if s.max_pending < 0:
+        raise SettingsError(f"max_pending must be >= 0, got {s.max_pending}")
+    if not 0 < s.port < 65536:
+        raise SettingsError(f"port must be 1..65535, got {s.port}")
+    if s.dtype not in (None, "float32", "bfloat16"):
+        raise SettingsError(f"dtype must be float32 or bfloat16, got {s.dtype!r}")
