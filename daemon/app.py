@@ -12,6 +12,7 @@ from starlette.routing import Route
 from daemon.completions import create_completion, error_response
 from daemon.protocol import APIError
 from daemon.runtime import Runtime
+from engine.messages import InjectFailure, Stall
 
 
 def build_app(rt: Runtime) -> Starlette:
@@ -27,7 +28,7 @@ def build_app(rt: Runtime) -> Starlette:
 
     async def completions(http: HTTPRequest) -> Response:
         if (e := authorised(http)) is not None:
-            rt.telemetry.on_front_rejection(e.status, e.message, None)
+            rt.telemetry.on_front_rejection(e.status, e.message, http.headers)
             return error_response(e)
         return await create_completion(http, rt)
 
@@ -83,7 +84,25 @@ def build_app(rt: Runtime) -> Starlette:
         Route("/metrics", metrics, methods=["GET"]),
     ]
     routes += rt.telemetry.extra_routes(rt)
+    if rt.settings.debug_hooks:
+        routes += debug_routes(rt)
     return Starlette(routes=routes)
+
+
+def debug_routes(rt: Runtime) -> list[Route]:
+    """Fault injection for tests and drills: stall the GPU thread, fail one running request."""
+    async def stall(http: HTTPRequest) -> Response:
+        seconds = float(http.query_params.get("seconds", "5"))
+        rt.gpu.submit(Stall(seconds))
+        return JSONResponse({"stalled_s": seconds})
+
+    async def fail(http: HTTPRequest) -> Response:
+        rid = http.path_params["request_id"]
+        rt.gpu.submit(InjectFailure(rid, "injected failure (debug hook)"))
+        return JSONResponse({"id": rid, "injected": True})
+
+    return [Route("/debug/stall", stall, methods=["POST"]),
+            Route("/debug/fail/{request_id}", fail, methods=["POST"])]
 
 
 def _maturity(rt: Runtime) -> str:

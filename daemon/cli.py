@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from daemon.errors import CliError
 from engine.config import ConfigError
 from engine.engine import RequestError
 from engine.weights import WeightsError
@@ -15,10 +16,6 @@ from daemon.settings import SettingsError
 
 # Errors whose message is the whole story for a user: no traceback.
 USER_ERRORS = (SettingsError, ConfigError, WeightsError, RequestError, OwnershipError, UnknownBackend, FileNotFoundError)
-
-
-class CliError(Exception):
-    """A problem with the command line itself (exit 2)."""
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:

@@ -76,14 +76,14 @@ async def create_completion(http: HTTPRequest, rt: Runtime) -> Response:
         if rt.scheduler is None or rt.tokenizer is None:
             raise rejection_error(NotReady(1.0))
     except APIError as e:
-        rt.telemetry.on_front_rejection(e.status, e.message, None)
+        rt.telemetry.on_front_rejection(e.status, e.message, http.headers)
         return error_response(e)
 
     ids = req.prompt_ids if req.prompt_ids is not None else rt.tokenizer.encode(req.prompt)
     rid = protocol.completion_id(next(_ids))
     request = Request(rid, ids, GenerationParams(req.max_tokens, req.ignore_eos), rt.model_name,
                       TokenSink(s.sink_max_buffered))
-    rt.telemetry.on_request_attributes(rid, req)
+    rt.telemetry.on_request_start(rid, req, http.headers)
     problem = _context_problem(rt, ids, req.max_tokens)
     if problem is not None:
         rt.scheduler.reject(request, problem.message)

@@ -5,13 +5,14 @@ import argparse
 
 import orjson
 
+from daemon.errors import CliError
+
 from engine.engine import EngineSpec, build_engine, default_model_dir
 from engine.generate import generate
 from engine.tokenizer import Tokenizer
 
 
 def parse_ids(text: str) -> list[int]:
-    from daemon.cli import CliError
     try:
         ids = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:

@@ -46,6 +46,7 @@ class Settings:
     otlp_endpoint: str | None = _f(None, "OTLP/HTTP collector endpoint (also OTEL_EXPORTER_OTLP_ENDPOINT)")
     step_trace_every: int = _f(1, "record every Nth engine step as a span (0: none)")
     debug_traces: bool = _f(False, "serve recent spans at /debug/traces")
+    debug_hooks: bool = _f(False, "enable /debug/stall and /debug/fail/{id} (fault-injection test hooks)")
     log_level: str = _f("info", "log level")
 
     @classmethod

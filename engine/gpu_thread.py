@@ -13,8 +13,8 @@ import torch
 
 from engine.batch import RowInput
 from engine.engine import Engine, RequestError
-from engine.messages import (Admit, Cancel, Command, EngineDied, Event, Failed, Finished, PrefillStarted, Released,
-                             Shutdown, Stall, StepEvents, StepRecord, Token)
+from engine.messages import (Admit, Cancel, Command, EngineDied, Event, Failed, Finished, InjectFailure,
+                             PrefillStarted, Released, Shutdown, Stall, StepEvents, StepRecord, Token)
 from engine.sequence import Sequence
 
 IDLE_WAKE_S = 0.5  # an idle thread still refreshes its heartbeat this often
@@ -92,6 +92,9 @@ class GpuThread:
                         released.append(Released(cmd.request_id))
                 case Stall():
                     time.sleep(cmd.seconds)
+                case InjectFailure():
+                    if self._drop(cmd.request_id):
+                        failed.append(Failed(cmd.request_id, cmd.message))
                 case Shutdown():
                     released += [Released(s.request_id) for s in [*self.running.values(), *self.waiting]]
                     for s in list(self.running.values()):

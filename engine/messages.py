@@ -30,7 +30,14 @@ class Stall:
     seconds: float
 
 
-Command = Admit | Cancel | Shutdown | Stall
+@dataclasses.dataclass(frozen=True, slots=True)
+class InjectFailure:
+    """Test hook: fail one running request as if the engine had failed it."""
+    request_id: str
+    message: str
+
+
+Command = Admit | Cancel | Shutdown | Stall | InjectFailure
 
 
 # ---- events (GPU thread -> asyncio loop), delivered as one StepEvents per step --------------------

@@ -5,6 +5,7 @@ import torch
 
 from ep.backend import ExchangeCounters, ExpertBackend
 from ep.experts import ExpertShard
+from ep.ownership import OwnershipError
 from ep.plan import RoutePlan
 
 
@@ -20,7 +21,7 @@ class LocalBackend(ExpertBackend):
     @classmethod
     def start(cls, spec, cfg, ownership, shard) -> LocalBackend:
         if ownership.world_size != 1:
-            raise ValueError(f"the local backend runs one rank; --ep-size {ownership.world_size} needs "
+            raise OwnershipError(f"the local backend runs one rank; --ep-size {ownership.world_size} needs "
                              f"--backend host-staged or nccl")
         return cls(shard, cfg.n_routed_experts)
 

@@ -1,0 +1,80 @@
+"""One request as the asyncio side sees it: its state, its output so far, its timings, its sink.
+
+Plain data plus two methods that move it through the transition table. Times come from the
+caller (the scheduler's injected clock), so a Request never reads a clock itself.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from lifecycle.params import GenerationParams
+from lifecycle.sink import SinkEnd, TokenSink
+from lifecycle.states import (
+    TERMINAL,
+    FinishReason,
+    RequestState,
+    TerminalReason,
+    advance,
+    terminal_reason,
+)
+
+
+@dataclasses.dataclass(slots=True)
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: GenerationParams
+    model: str
+    sink: TokenSink
+    state: RequestState = RequestState.RECEIVED
+    output_ids: list[int] = dataclasses.field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    terminal_reason: TerminalReason | None = None
+    error: str | None = None
+    # timestamps, in the scheduler clock's seconds; None until the request gets there
+    received_at: float | None = None
+    pending_at: float | None = None
+    admitted_at: float | None = None
+    prefill_started_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None  # the time of the terminal move, whichever terminal it was
+    # admission and batching facts for the trace
+    pending_depth_at_admit: int = 0  # requests still queued behind this one when it was admitted
+    active_set_size_max: int = 0  # most requests held by the engine at once while this one was
+    decode_batch_size_max: int = 0  # largest batch among the decode steps that made its tokens
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    def move(self, new: RequestState, now: float) -> None:
+        """A non-terminal move; terminal moves go through `end` so their reason is recorded."""
+        if new in TERMINAL:
+            raise ValueError(f"use Request.end for the terminal state {new.name}")
+        self.state = advance(self.state, new)
+        if new is RequestState.PENDING:
+            self.pending_at = now
+        elif new is RequestState.ADMITTED:
+            self.admitted_at = now
+        elif new is RequestState.PREFILL:
+            self.prefill_started_at = now
+        elif new is RequestState.DECODE:
+            self.first_token_at = now
+
+    def end(
+        self,
+        new: RequestState,
+        now: float,
+        *,
+        finish_reason: FinishReason | None = None,
+        error: str | None = None,
+    ) -> SinkEnd:
+        """Move to a terminal state, record why, and return the sink's terminal item (the caller
+        closes the sink, after its observers have seen the move)."""
+        reason = terminal_reason(new, finish_reason)  # validates before anything changes
+        self.state = advance(self.state, new)
+        self.finish_reason = finish_reason
+        self.terminal_reason = reason
+        self.error = error
+        self.finished_at = now
+        return SinkEnd(state=new, reason=reason, finish_reason=finish_reason, message=error)

@@ -1,0 +1,295 @@
+"""The scheduler: admission, FCFS deferral and every request's walk to exactly one terminal state.
+
+Lives on the asyncio loop thread only. Requests come in through `submit`; engine events arrive as
+plain method calls (the daemon translates the GPU thread's typed events); the API side cancels or
+reports disconnects. Every terminal path goes through `_end`: it frees the active slot at most
+once, closes the sink with its one terminal item, and admits the head of the queue, so a slot is
+never idle while a request waits. Admission is FCFS: admitted at once only if a slot is free and
+nobody is queued, else PENDING if the queue has room, else QueueFull.
+
+Engine events for unknown or already-terminal ids are the normal race between a cancel and tokens
+in flight: counted in `late_events`, otherwise ignored. An event the request's state cannot take
+(a finish before the first token, a token for a request the engine was never given) is a
+protocol error: counted, and the request FAILS rather than hold its slot forever.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+from lifecycle.counters import SchedulerCounters
+from lifecycle.engine_client import EngineClient
+from lifecycle.observer import LifecycleObserver, NullObserver
+from lifecycle.rejection import Draining, NotReady, QueueFull, Rejection
+from lifecycle.request import Request
+from lifecycle.states import ENGINE_HELD, FinishReason, RequestState
+
+SLOW_READER = "client too slow to read"
+
+
+class Scheduler:
+    def __init__(
+        self,
+        engine: EngineClient,
+        *,
+        max_active: int,
+        max_pending: int,
+        clock: Callable[[], float] = time.monotonic,
+        observer: LifecycleObserver | None = None,
+        retry_after_s: float = 1.0,
+    ) -> None:
+        if max_active < 1:
+            raise ValueError(f"max_active must be >= 1, got {max_active}")
+        if max_pending < 0:
+            raise ValueError(f"max_pending must be >= 0, got {max_pending}")
+        self._engine = engine
+        self._max_active = max_active
+        self._max_pending = max_pending
+        self._clock = clock
+        self._observer: LifecycleObserver = observer if observer is not None else NullObserver()
+        self._retry_after_s = retry_after_s
+        self._running: dict[str, Request] = {}  # engine-held: ADMITTED, PREFILL, DECODE
+        self._pending: OrderedDict[str, Request] = OrderedDict()  # PENDING, in arrival order
+        self._ready = False
+        self._draining = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.counters = SchedulerCounters()  # read it; only the scheduler writes it
+
+    # ---- readiness and draining ------------------------------------------------------------------
+    def set_ready(self, ready: bool) -> None:
+        self._ready = ready
+
+    def start_drain(self) -> None:
+        """From now on every submit is refused with Draining; queued and running work carries on."""
+        self._draining = True
+
+    async def wait_idle(self, timeout: float | None) -> bool:
+        """Wait until no request is running or pending; False if `timeout` seconds passed first."""
+        if self._idle.is_set():  # wait_for(timeout=0) would time out even when already idle
+            return True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    # ---- the request side ------------------------------------------------------------------------
+    def submit(self, request: Request) -> None:
+        """Admit, queue or refuse a RECEIVED request. A refusal moves it to REJECTED, closes its
+        sink, and raises the Rejection (QueueFull, NotReady or Draining) for the daemon to map."""
+        rid = request.request_id
+        if rid in self._running or rid in self._pending:
+            raise ValueError(f"request id {rid!r} is already live")
+        if request.received_at is None:
+            request.received_at = self._clock()
+        self.counters.submitted += 1
+        if self._draining:
+            raise self._refused(request, Draining())
+        if not self._ready:
+            raise self._refused(request, NotReady(self._retry_after_s))
+        slot_free = not self._pending and len(self._running) < self._max_active
+        if not slot_free and len(self._pending) >= self._max_pending:
+            raise self._refused(request, QueueFull(self._retry_after_s))
+        self._move(request, RequestState.PENDING)
+        self._pending[rid] = request
+        self._idle.clear()
+        self._admit_pending()
+
+    def reject(self, request: Request, message: str) -> None:
+        """Refuse a RECEIVED request the daemon found invalid (bad input, over the context)."""
+        if request.received_at is None:
+            request.received_at = self._clock()
+        self._end(request, RequestState.REJECTED, error=message)
+
+    def cancel(self, request_id: str, message: str = "cancelled") -> bool:
+        """The server or an API call ends a request: CANCELLED. False if it was not live."""
+        request = self._live(request_id)
+        if request is None:
+            return False
+        self._abort(request, RequestState.CANCELLED, message)
+        return True
+
+    def disconnect(self, request_id: str, message: str = "client disconnected") -> bool:
+        """The client closed its stream: DISCONNECTED. False if the request was not live."""
+        request = self._live(request_id)
+        if request is None:
+            return False
+        self._abort(request, RequestState.DISCONNECTED, message)
+        return True
+
+    def cancel_all(self, message: str) -> int:
+        """Cancel every live request (the end of a drain's grace period); returns how many.
+        The queue goes first, so that freed slots do not admit work that is about to be cancelled."""
+        victims = [*self._pending.values(), *self._running.values()]
+        for request in victims:
+            self._abort(request, RequestState.CANCELLED, message)
+        return len(victims)
+
+    # ---- the engine side -------------------------------------------------------------------------
+    def on_prefill_started(self, request_id: str) -> None:
+        request = self._held(request_id, "prefill start")
+        if request is None:
+            return
+        if request.state is not RequestState.ADMITTED:
+            self._protocol_error(request, f"prefill start in state {request.state.name}")
+            return
+        self._move(request, RequestState.PREFILL)
+
+    def on_token(self, request_id: str, token_id: int, batch_size: int) -> None:
+        """One sampled token. The first one (from the prefill) moves the request to DECODE; the
+        engine may skip the prefill-start event, so ADMITTED passes through PREFILL here."""
+        request = self._held(request_id, "token")
+        if request is None:
+            return
+        request.output_ids.append(token_id)
+        if request.state is RequestState.ADMITTED:
+            self._move(request, RequestState.PREFILL)
+        if request.state is RequestState.PREFILL:
+            self._move(request, RequestState.DECODE)
+        else:  # a decode step's token: the batch size is a decode batch size
+            request.decode_batch_size_max = max(request.decode_batch_size_max, batch_size)
+        request.sink.push(token_id)
+        if request.sink.overflowed:
+            self._abort(request, RequestState.CANCELLED, SLOW_READER)
+
+    def on_finished(self, request_id: str, reason: FinishReason | str) -> None:
+        finish_reason = FinishReason(reason)
+        request = self._held(request_id, "finish")
+        if request is None:
+            return
+        if request.state is not RequestState.DECODE:
+            self._protocol_error(request, f"finish in state {request.state.name}, before any token")
+            return
+        self._end(request, RequestState.FINISHED, finish_reason=finish_reason)
+
+    def on_failed(self, request_id: str, message: str) -> None:
+        """The engine failed one request; it has already dropped it, so no cancel goes back."""
+        request = self._live(request_id)
+        if request is None:
+            self.counters.late_events += 1
+            return
+        self._end(request, RequestState.FAILED, error=message)
+
+    def fail_all(self, message: str) -> int:
+        """The GPU thread or an expert rank died: every live request FAILS, and the scheduler stops
+        being ready (the daemon calls set_ready(True) once a new engine is up). Returns how many."""
+        self._ready = False
+        victims = [*self._pending.values(), *self._running.values()]
+        for request in victims:
+            self._end(request, RequestState.FAILED, error=message)
+        return len(victims)
+
+    # ---- what /health and the tests read ---------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._pending)
+
+    @property
+    def late_events(self) -> int:
+        return self.counters.late_events
+
+    def get(self, request_id: str) -> Request | None:
+        """The live (non-terminal, submitted) request with this id, if any."""
+        return self._live(request_id)
+
+    def snapshot(self) -> dict[str, int | bool]:
+        """Gauges and counters for /health, metrics and tests, as one flat dict."""
+        return {
+            "ready": self._ready,
+            "draining": self._draining,
+            "running": len(self._running),
+            "waiting": len(self._pending),
+            "max_active": self._max_active,
+            "max_pending": self._max_pending,
+            **self.counters.as_dict(),
+        }
+
+    # ---- internals -------------------------------------------------------------------------------
+    def _live(self, request_id: str) -> Request | None:
+        request = self._running.get(request_id)
+        return request if request is not None else self._pending.get(request_id)
+
+    def _held(self, request_id: str, event: str) -> Request | None:
+        """The engine-held request an engine event is about, or None if the event is to be ignored."""
+        request = self._running.get(request_id)
+        if request is not None:
+            return request
+        queued = self._pending.get(request_id)
+        if queued is not None:
+            self._protocol_error(queued, f"{event} for a request the engine was never given")
+        else:
+            self.counters.late_events += 1
+        return None
+
+    def _protocol_error(self, request: Request, detail: str) -> None:
+        self.counters.protocol_errors += 1
+        self._abort(request, RequestState.FAILED, f"engine protocol error: {detail}")
+
+    def _refused(self, request: Request, rejection: Rejection) -> Rejection:
+        """End a refused request as REJECTED and hand back the rejection for the caller to raise."""
+        self._end(request, RequestState.REJECTED, error=rejection.message)
+        return rejection
+
+    def _admit_pending(self) -> None:
+        while self._pending and len(self._running) < self._max_active:
+            request = next(iter(self._pending.values()))
+            rid = request.request_id
+            self._engine.admit(rid, request.prompt_ids, request.params)
+            del self._pending[rid]
+            self._running[rid] = request
+            request.pending_depth_at_admit = len(self._pending)
+            active = len(self._running)
+            for held in self._running.values():
+                held.active_set_size_max = max(held.active_set_size_max, active)
+            self._move(request, RequestState.ADMITTED)
+
+    def _move(self, request: Request, new: RequestState) -> None:
+        old = request.state
+        request.move(new, self._clock())
+        self._observer.on_transition(request, old, new)
+
+    def _abort(self, request: Request, new: RequestState, message: str) -> None:
+        """End a live request early; if the engine holds it, tell the engine to drop it."""
+        if request.state in ENGINE_HELD:
+            self._engine.cancel(request.request_id)
+        self._end(request, new, error=message)
+
+    def _end(
+        self,
+        request: Request,
+        new: RequestState,
+        *,
+        finish_reason: FinishReason | None = None,
+        error: str | None = None,
+    ) -> None:
+        """The one way to a terminal state: release the slot once, notify, close the sink, refill."""
+        old = request.state
+        end = request.end(new, self._clock(), finish_reason=finish_reason, error=error)
+        rid = request.request_id
+        freed = self._running.get(rid) is request  # identity: a rejected duplicate id frees nothing
+        if freed:
+            del self._running[rid]
+        elif self._pending.get(rid) is request:
+            del self._pending[rid]
+        self.counters.terminal[end.reason] += 1
+        self._observer.on_transition(request, old, new)
+        request.sink.close(end)
+        if freed:
+            self._admit_pending()
+        if not self._running and not self._pending:
+            self._idle.set()

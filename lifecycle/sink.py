@@ -1,0 +1,112 @@
+"""The token sink: one request's bounded, coalescing buffer between the scheduler and its stream.
+
+The scheduler (producer) pushes token ids and, exactly once, an end; it never blocks. The HTTP
+stream (the one consumer) awaits `next()` or iterates with `async for`, and each read returns
+every token buffered since the previous read in one item, so a reader that falls a little behind
+sends fewer, larger SSE chunks instead of queueing one item per token.
+
+Bounded: when more than `max_buffered` tokens sit unread the sink reports `overflowed`, and the
+scheduler cancels the request ("client too slow to read"). A slow reader therefore costs at most
+`max_buffered` + one step's tokens of memory, never an unbounded queue.
+
+Both sides live on the asyncio loop thread; nothing here is thread-safe, and nothing needs to be.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from lifecycle.states import FinishReason, RequestState, TerminalReason
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SinkEnd:
+    """How the request ended, as the stream needs it to write its last chunk or error."""
+    state: RequestState
+    reason: TerminalReason
+    finish_reason: FinishReason | None = None
+    message: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SinkItem:
+    """What one read returns: the tokens since the last read, and the end if it has come."""
+    token_ids: list[int]
+    end: SinkEnd | None = None
+
+    @property
+    def is_last(self) -> bool:
+        return self.end is not None
+
+
+class TokenSink:
+    """Single-producer, single-consumer, asyncio-side; see the module docstring."""
+
+    __slots__ = ("max_buffered", "_buffer", "_end", "_end_read", "_wakeup", "_reading")
+
+    def __init__(self, max_buffered: int) -> None:
+        if max_buffered < 1:
+            raise ValueError(f"max_buffered must be >= 1, got {max_buffered}")
+        self.max_buffered = max_buffered
+        self._buffer: list[int] = []
+        self._end: SinkEnd | None = None
+        self._end_read = False
+        self._wakeup = asyncio.Event()
+        self._reading = False
+
+    # ---- producer side (the scheduler) ----------------------------------------------------------
+    def push(self, token_id: int) -> None:
+        if self._end is not None:
+            raise RuntimeError("push after the sink was closed")
+        self._buffer.append(token_id)
+        self._wakeup.set()
+
+    def close(self, end: SinkEnd) -> None:
+        """Deliver the one terminal item; a second close is a scheduler bug and raises."""
+        if self._end is not None:
+            raise RuntimeError(f"sink closed twice ({self._end.state.name}, then {end.state.name})")
+        self._end = end
+        self._wakeup.set()
+
+    @property
+    def overflowed(self) -> bool:
+        return len(self._buffer) > self.max_buffered
+
+    @property
+    def closed(self) -> bool:
+        return self._end is not None
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    # ---- consumer side (the HTTP stream) ---------------------------------------------------------
+    def read_nowait(self) -> SinkItem | None:
+        """The next item if one is ready, None if the reader would have to wait.
+        Raises StopAsyncIteration once the terminal item has been read."""
+        if self._end_read:
+            raise StopAsyncIteration
+        if not self._buffer and self._end is None:
+            return None
+        tokens, self._buffer = self._buffer, []
+        self._end_read = self._end is not None
+        return SinkItem(tokens, self._end)
+
+    async def next(self) -> SinkItem:
+        """Wait for the next item. Raises StopAsyncIteration once the terminal item was read."""
+        if self._reading:
+            raise RuntimeError("a TokenSink has exactly one reader")
+        self._reading = True
+        try:
+            while (item := self.read_nowait()) is None:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            return item
+        finally:
+            self._reading = False
+
+    def __aiter__(self) -> TokenSink:
+        return self
+
+    async def __anext__(self) -> SinkItem:
+        return await self.next()

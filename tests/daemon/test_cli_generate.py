@@ -1,0 +1,106 @@
+"""`pegainfer generate`: the CLI contract, and one clear line plus a non-zero exit for bad input."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "daemon.cli", "generate", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_json_output_contract(tiny_model_dir):
+    p = run("--model", str(tiny_model_dir), "--prompt", "Hello world", "--max-tokens", "8", "--ignore-eos", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert set(out) >= {"token_ids", "text", "finish_reason", "backend", "maturity"}
+    assert len(out["token_ids"]) == 8 and out["finish_reason"] == "length"
+    assert (out["backend"], out["maturity"]) == ("local", "production")
+
+
+def test_prompt_ids_and_embedded_default_model(tiny_model_dir):
+    """Without --model the embedded tiny model is used: it is the same checkpoint as the fixture."""
+    a = json.loads(run("--prompt-ids", "5,6,7", "--max-tokens", "6", "--ignore-eos", "--json").stdout)
+    b = json.loads(run("--model", str(tiny_model_dir), "--prompt-ids", "5,6,7", "--max-tokens", "6", "--ignore-eos",
+                       "--json").stdout)
+    assert a["token_ids"] == b["token_ids"]
+
+
+def _one_line_error(p: subprocess.CompletedProcess, *needles: str) -> None:
+    assert p.returncode != 0
+    lines = [line for line in p.stderr.splitlines() if line.strip() and not line.startswith("{")]
+    assert len(lines) == 1, p.stderr
+    assert "Traceback" not in p.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+@pytest.fixture
+def copy_model(tiny_model_dir, tmp_path):
+    def make() -> Path:
+        d = tmp_path / "model"
+        shutil.copytree(tiny_model_dir, d)
+        return d
+    return make
+
+
+def test_missing_config_field(copy_model):
+    d = copy_model()
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["kv_lora_rank"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    _one_line_error(run("--model", str(d), "--prompt", "hi", "--max-tokens", "2"), "kv_lora_rank")
+
+
+def test_wrong_model_type(copy_model):
+    d = copy_model()
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["model_type"] = "llama"
+    (d / "config.json").write_text(json.dumps(cfg))
+    _one_line_error(run("--model", str(d), "--prompt", "hi", "--max-tokens", "2"), "model_type", "llama")
+
+
+def test_missing_shard(copy_model):
+    d = copy_model()
+    shard = sorted(d.glob("model-*.safetensors"))[-1]
+    shard.unlink()
+    _one_line_error(run("--model", str(d), "--prompt", "hi", "--max-tokens", "2"), shard.name)
+
+
+def test_misshapen_tensor(copy_model):
+    d = copy_model()
+    index = json.loads((d / "model.safetensors.index.json").read_text())["weight_map"]
+    name = "model.layers.0.self_attn.kv_b_proj.weight"
+    shard = d / index[name]
+    tensors = load_file(str(shard))
+    tensors[name] = tensors[name][:, :-1].contiguous()
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    _one_line_error(run("--model", str(d), "--prompt", "hi", "--max-tokens", "2"), name, shard.name, "shape")
+
+
+def test_prompt_ids_outside_vocabulary(tiny_model_dir):
+    _one_line_error(run("--model", str(tiny_model_dir), "--prompt-ids", "1,99999", "--max-tokens", "2"),
+                    "99999", "vocabulary")
+
+
+def test_over_context(tiny_model_dir):
+    _one_line_error(run("--model", str(tiny_model_dir), "--prompt", "hi", "--max-tokens", "100000"),
+                    "context limit")
+
+
+def test_bad_prompt_ids_syntax(tiny_model_dir):
+    _one_line_error(run("--model", str(tiny_model_dir), "--prompt-ids", "1,x", "--max-tokens", "2"), "--prompt-ids")
+
+
+def test_local_backend_refuses_ep_size(tiny_model_dir):
+    _one_line_error(run("--model", str(tiny_model_dir), "--prompt", "hi", "--max-tokens", "2", "--ep-size", "2"),
+                    "--ep-size")
