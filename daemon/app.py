@@ -69,6 +69,9 @@ def build_app(rt: Runtime) -> Starlette:
         if rt.engine is not None:
             body["kv_slots_free"] = rt.engine.cache.free_slots
             body["kv_slots_total"] = rt.engine.cache.num_slots
+        if rt.gpu is not None:
+            body["engine"] = {"steps": rt.gpu.steps, "decode_batch_max": rt.gpu.decode_batch_max,
+                              "running": len(rt.gpu.running), "waiting": len(rt.gpu.waiting)}
         return JSONResponse(body, status_code=200 if ok else 503)
 
     async def metrics(http: HTTPRequest) -> Response:

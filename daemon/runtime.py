@@ -74,6 +74,8 @@ class Runtime:
 
     def _build(self) -> tuple[Engine, Tokenizer]:
         """Runs in a worker thread: load weights, start ranks, one warm-up step."""
+        if self.settings.debug_load_delay:
+            time.sleep(self.settings.debug_load_delay)
         self._status("loading weights")
         tok = Tokenizer(self.model_dir) if self.model_dir else _preset_tokenizer(self.settings.random_preset)
         engine = build_engine(self.spec())

@@ -47,6 +47,7 @@ class Settings:
     step_trace_every: int = _f(1, "record every Nth engine step as a span (0: none)")
     debug_traces: bool = _f(False, "serve recent spans at /debug/traces")
     debug_hooks: bool = _f(False, "enable /debug/stall and /debug/fail/{id} (fault-injection test hooks)")
+    debug_load_delay: float = _f(0.0, "test hook: seconds to wait before loading (exercises the loading 503)")
     log_level: str = _f("info", "log level")
 
     @classmethod

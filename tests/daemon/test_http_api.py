@@ -1,0 +1,202 @@
+"""The OpenAI-compatible HTTP surface against a real daemon: shapes, the official client, and every
+error status produced by a real request with its error JSON checked."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.daemon_process import DaemonProcess
+
+
+@pytest.fixture(scope="module")
+def daemon(tiny_model_dir):
+    d = DaemonProcess("--model", str(tiny_model_dir), "--served-model-name", "tiny", "--max-active", "2",
+                      "--max-pending", "1", "--max-body-bytes", "4096", "--max-model-len", "256", "--debug-hooks")
+    with d:
+        yield d
+
+
+def post(d, body, **kw):
+    return httpx.post(d.url + "/v1/completions", json=body, timeout=60, **kw)
+
+
+def assert_error(resp: httpx.Response, status: int, *, param=None, code=None, contains=()):
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["message"] and err["type"]
+    if param is not None:
+        assert err["param"] == param
+    if code is not None:
+        assert err["code"] == code
+    for c in contains:
+        assert c in err["message"]
+
+
+def test_models_health_ready(daemon):
+    models = httpx.get(daemon.url + "/v1/models").json()
+    [m] = models["data"]
+    assert m["id"] == "tiny" and m["max_model_len"] == 256
+    assert (m["backend"], m["maturity"]) == ("local", "production")
+    assert httpx.get(daemon.url + "/health").json()["status"] == "ok"
+    ready = httpx.get(daemon.url + "/ready").json()
+    assert ready["status"] == "ready" and ready["kv_slots_total"] == 2
+
+
+def test_non_streaming_shape(daemon):
+    r = post(daemon, {"model": "tiny", "prompt": "Hello", "max_tokens": 5, "ignore_eos": True})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
+    assert body["choices"][0]["finish_reason"] == "length" and body["choices"][0]["index"] == 0
+    u = body["usage"]
+    assert u["completion_tokens"] == 5 and u["total_tokens"] == u["prompt_tokens"] + 5 and u["prompt_tokens"] >= 2
+
+
+def test_streaming_shape_with_usage(daemon):
+    with httpx.stream("POST", daemon.url + "/v1/completions", timeout=60,
+                      json={"prompt": [5, 6, 7], "max_tokens": 6, "stream": True, "ignore_eos": True,
+                            "stream_options": {"include_usage": True}}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
+    assert chunks[-1]["usage"]["prompt_tokens"] == 3
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert all(c["object"] == "text_completion" for c in chunks)
+
+
+def test_openai_client_unchanged(daemon):
+    client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused")
+    full = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=8,
+                                     extra_body={"ignore_eos": True})
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 8
+    parts = list(client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=8, stream=True,
+                                           extra_body={"ignore_eos": True}))
+    assert "".join(p.choices[0].text for p in parts if p.choices) == full.choices[0].text
+    assert parts[-1].choices[0].finish_reason == "length"
+    assert [m.id for m in client.models.list()] == ["tiny"]
+
+
+@pytest.mark.parametrize("body,param,code", [
+    ({"prompt": "", "max_tokens": 4}, "prompt", None),
+    ({"prompt": [], "max_tokens": 4}, "prompt", None),
+    ({"max_tokens": 4}, "prompt", None),
+    ({"prompt": 42}, "prompt", None),
+    ({"prompt": "hi", "max_tokens": -3}, "max_tokens", None),
+    ({"prompt": "hi", "max_tokens": "ten"}, "max_tokens", None),
+    ({"prompt": "hi", "stream": "yes"}, "stream", None),
+    ({"prompt": "hi", "temperature": 0.7}, "temperature", "unsupported_parameter"),
+    ({"prompt": "hi", "temperature": -1}, "temperature", None),
+    ({"prompt": "hi", "top_p": 0.5}, "top_p", "unsupported_parameter"),
+    ({"prompt": "hi", "n": 2}, "n", "unsupported_parameter"),
+    ({"prompt": "hi", "best_of": 3}, "best_of", "unsupported_parameter"),
+    ({"prompt": "hi", "logprobs": 2}, "logprobs", "unsupported_parameter"),
+    ({"prompt": [1, 99999]}, "prompt", None),
+])
+def test_invalid_requests_400(daemon, body, param, code):
+    assert_error(post(daemon, body), 400, param=param, code=code)
+
+
+def test_unknown_fields_are_ignored(daemon):
+    assert post(daemon, {"prompt": "hi", "max_tokens": 2, "user": "x", "some_vendor_field": {"a": 1}}).status_code == 200
+
+
+def test_malformed_json_400(daemon):
+    r = httpx.post(daemon.url + "/v1/completions", content=b"{not json", timeout=30)
+    assert_error(r, 400, contains=("JSON",))
+
+
+def test_over_context_400_names_lengths(daemon):
+    assert_error(post(daemon, {"prompt": [5] * 200, "max_tokens": 100}), 400, code="context_length_exceeded",
+                 contains=("256", "200", "100"))
+
+
+def test_unknown_model_404(daemon):
+    assert_error(post(daemon, {"model": "gpt-9", "prompt": "hi"}), 404, param="model", code="model_not_found")
+
+
+def test_body_too_large_413(daemon):
+    assert_error(post(daemon, {"prompt": "x" * 10000}), 413, code="request_too_large")
+
+
+def test_queue_full_429_with_retry_after(daemon):
+    """max_active 2 + max_pending 1: the fourth concurrent request is refused, the others complete."""
+    results: list[int] = []
+    body = {"prompt": [5, 6], "max_tokens": 200, "ignore_eos": True}
+    threads = [threading.Thread(target=lambda: results.append(post(daemon, body).status_code)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while httpx.get(daemon.url + "/ready").json()["scheduler"]["waiting"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    r = post(daemon, body)
+    assert_error(r, 429, code="queue_full")
+    assert int(r.headers["retry-after"]) >= 1
+    for t in threads:
+        t.join()
+    assert results == [200, 200, 200]
+
+
+def test_cancel_endpoint(daemon):
+    with httpx.stream("POST", daemon.url + "/v1/completions", timeout=60,
+                      json={"prompt": [5, 6], "max_tokens": 240, "stream": True, "ignore_eos": True}) as r:
+        rid = r.headers["x-request-id"]
+        lines = r.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        assert json.loads(first[6:])["id"] == rid
+        c = httpx.post(f"{daemon.url}/v1/completions/{rid}/cancel")
+        assert c.status_code == 200 and c.json()["cancelled"] is True
+        rest = [line for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]"
+    assert json.loads(rest[-2][6:])["error"]["code"] == "request_cancelled"
+    assert_error(httpx.post(f"{daemon.url}/v1/completions/{rid}/cancel"), 404, code="request_not_found")
+
+
+def test_error_after_stream_started_is_an_error_chunk(daemon):
+    with httpx.stream("POST", daemon.url + "/v1/completions", timeout=60,
+                      json={"prompt": [8, 9], "max_tokens": 240, "stream": True, "ignore_eos": True}) as r:
+        rid = r.headers["x-request-id"]
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: "))
+        assert httpx.post(f"{daemon.url}/debug/fail/{rid}").status_code == 200
+        rest = [line for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]"
+    err = json.loads(rest[-2][6:])["error"]
+    assert err["type"] == "server_error" and "injected" in err["message"]
+
+
+def test_api_key_401(tiny_model_dir):
+    with DaemonProcess("--model", str(tiny_model_dir), "--api-key", "s3cret") as d:
+        assert_error(post(d, {"prompt": "hi"}), 401, code="invalid_api_key")
+        assert_error(post(d, {"prompt": "hi"}, headers={"Authorization": "Bearer nope"}), 401)
+        ok = post(d, {"prompt": "hi", "max_tokens": 2}, headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+        assert httpx.get(d.url + "/health").status_code == 200  # health stays open
+
+
+def test_loading_503(tiny_model_dir):
+    d = DaemonProcess("--model", str(tiny_model_dir), "--debug-load-delay", "3")
+    d.start(wait_ready=False)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                r = post(d, {"prompt": "hi", "max_tokens": 2})
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        assert_error(r, 503, code="not_ready")
+        assert httpx.get(d.url + "/ready").status_code == 503
+        assert httpx.get(d.url + "/health").status_code == 200
+        d.wait_ready()
+        assert post(d, {"prompt": "hi", "max_tokens": 2}).status_code == 200
+    finally:
+        assert d.stop() == 0
