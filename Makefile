@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install run test clean
+.PHONY: install serve generate test clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -15,7 +15,10 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-run: install
+serve: install
+	$(VENV)/bin/pegainfer serve
+
+generate: install
 	$(VENV)/bin/pegainfer generate --prompt "The capital of France is" --max-tokens 16 --json
 
 test: install
