@@ -133,11 +133,10 @@ def _random_tensors(cfg: ModelConfig, spec: EngineSpec, keep, device, dtype) -> 
     t0 = time.perf_counter()
     stats = LoadStats()
     out = {}
-    for name, t in random_tensors(cfg, spec.seed, device=device, dtype=dtype):
-        if keep(name):
-            out[name] = t
-            stats.bytes += t.numel() * t.element_size()
-            stats.tensors += 1
+    for name, t in random_tensors(cfg, spec.seed, device=device, dtype=dtype, keep=keep):
+        out[name] = t
+        stats.bytes += t.numel() * t.element_size()
+        stats.tensors += 1
     stats.total_s = stats.read_s = time.perf_counter() - t0
     return out, stats
 

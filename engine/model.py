@@ -9,6 +9,7 @@ from engine.attention import MLAttention
 from engine.batch import Batch
 from engine.config import ModelConfig
 from engine.kv_cache import MLACache
+from engine.phases import phase
 from engine.rope import Rope
 from ep.backend import ExpertBackend
 from ep.moe import MoE
@@ -49,8 +50,12 @@ class DecoderLayer:
             self.mlp = MLP(w.pop(f"{m}.gate_proj.weight"), w.pop(f"{m}.up_proj.weight"), w.pop(f"{m}.down_proj.weight"))
 
     def __call__(self, x: torch.Tensor, batch: Batch, cache: MLACache) -> torch.Tensor:
-        x = x + self.attn(rms_norm(x, self.input_norm, self.eps), batch, cache)
-        return x + self.mlp(rms_norm(x, self.post_attn_norm, self.eps))
+        with phase("attention"):
+            x = x + self.attn(rms_norm(x, self.input_norm, self.eps), batch, cache)
+        if isinstance(self.mlp, MoE):
+            return x + self.mlp(rms_norm(x, self.post_attn_norm, self.eps))
+        with phase("dense_mlp"):
+            return x + self.mlp(rms_norm(x, self.post_attn_norm, self.eps))
 
 
 class DeepseekV2:
@@ -74,5 +79,6 @@ class DeepseekV2:
         x = F.embedding(batch.token_ids, self.embed)  # [T, H]
         for layer in self.layers:
             x = layer(x, batch, cache)
-        x = rms_norm(x[batch.last_index], self.norm, self.cfg.rms_norm_eps)  # [R, H]
-        return F.linear(x, self.lm_head)  # [R, V]
+        with phase("lm_head"):
+            x = rms_norm(x[batch.last_index], self.norm, self.cfg.rms_norm_eps)  # [R, H]
+            return F.linear(x, self.lm_head)  # [R, V]

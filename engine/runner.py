@@ -5,6 +5,7 @@ import torch
 
 from engine.batch import Batch, RowInput
 from engine.kv_cache import MLACache
+from engine.phases import phase
 from engine.model import DeepseekV2
 
 
@@ -18,4 +19,5 @@ class ModelRunner:
         """Run the rows' new tokens through the model; return each row's greedy next token."""
         batch = Batch.build(rows, self.device)
         logits = self.model.forward(batch, self.cache)  # [R, V]
-        return torch.argmax(logits.float(), dim=-1).tolist()
+        with phase("sampling"):
+            return torch.argmax(logits.float(), dim=-1).tolist()

@@ -1,0 +1,89 @@
+"""Text <-> token ids for a checkpoint folder (tokenizer.json + tokenizer_config.json), and the
+per-request incremental detokenizer that turns a stream of ids into text deltas that never split a
+UTF-8 character."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer as HFTokenizer
+
+REPLACEMENT = "\ufffd"  # what a byte-level decoder emits for bytes that are not (yet) a whole char
+
+
+class TokenizerError(ValueError):
+    """A checkpoint's tokenizer files are missing or do not name their special tokens."""
+
+
+class Tokenizer:
+    """The checkpoint's tokenizer. Decoding skips special tokens (BOS/EOS), like vLLM's default."""
+
+    def __init__(self, model_dir: str | Path):
+        model_dir = Path(model_dir)
+        path = model_dir / "tokenizer.json"
+        if not path.is_file():
+            raise TokenizerError(f"{path}: not found")
+        self._tok = HFTokenizer.from_file(str(path))
+        config_path = model_dir / "tokenizer_config.json"
+        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+        self.bos_id = self._special_id(config, "bos_token", config_path)
+        self.eos_id = self._special_id(config, "eos_token", config_path)
+        self.vocab_size: int = self._tok.get_vocab_size(with_added_tokens=True)
+
+    def _special_id(self, config: dict, key: str, source: Path) -> int:
+        token = config.get(key)
+        if isinstance(token, dict):  # {"__type": "AddedToken", "content": ...}, as DeepSeek writes it
+            token = token.get("content")
+        if not isinstance(token, str):
+            raise TokenizerError(f"{source}: {key} is not set")
+        token_id = self._tok.token_to_id(token)
+        if token_id is None:
+            raise TokenizerError(f"{source}: {key} {token!r} is not in tokenizer.json")
+        return token_id
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        # BOS is prepended here rather than by tokenizer.json's post-processor, so the result does
+        # not depend on whether a checkpoint ships one.
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        return [self.bos_id, *ids] if add_bos else ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+
+@dataclasses.dataclass(slots=True)
+class IncrementalDetokenizer:
+    """Text deltas for one request's output ids, one push per id, then one flush.
+
+    Like SGLang's DecodeStatus / vLLM's detokenize_incrementally, only a short window of ids is
+    re-decoded per push: `prefix_offset` is the first id of the window and always sits on a
+    character boundary; `read_offset` counts the window's characters already returned. Text that
+    ends in U+FFFD is held back (the next byte may complete the character); everything before that
+    tail is stable and goes out at once. Joined deltas equal tokenizer.decode(all ids) exactly, for
+    decoders that map each token to bytes independently (byte-level BPE, as DeepSeek's).
+    """
+
+    tokenizer: Tokenizer
+    ids: list[int] = dataclasses.field(default_factory=list)
+    prefix_offset: int = 0
+    read_offset: int = 0
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        text = self.tokenizer.decode(self.ids[self.prefix_offset:])
+        stable = text.rstrip(REPLACEMENT)
+        delta = stable[self.read_offset:]
+        if len(stable) == len(text):
+            # The window ends on a whole character: the next window starts after it.
+            self.prefix_offset, self.read_offset = len(self.ids), 0
+        else:
+            self.read_offset = max(self.read_offset, len(stable))
+        return delta
+
+    def flush(self) -> str:
+        """Whatever is still held back (a character the stream never completed decodes to U+FFFD)."""
+        text = self.tokenizer.decode(self.ids[self.prefix_offset:])
+        delta = text[self.read_offset:]
+        self.prefix_offset, self.read_offset = len(self.ids), 0
+        return delta
