@@ -39,6 +39,11 @@ class MLAttention:
         self.kv_a_norm = w.pop(f"{a}.kv_a_layernorm.weight")  # [512]
         self.kv_b = w.pop(f"{a}.kv_b_proj.weight")  # [nh*(128+128), 512]
         self.o_proj = w.pop(f"{a}.o_proj.weight")  # [H, nh*128]
+        # MLA absorption for decode: W_UK folds into the query, W_UV into the output, so attention
+        # runs over the 576-wide cached latent and never expands per-head keys and values.
+        kv_b = self.kv_b.view(self.nh, self.nope + self.v_dim, self.rank)  # [nh, 256, 512]
+        self.w_uk = kv_b[:, :self.nope].contiguous()  # [nh, 128, 512]
+        self.w_uv_t = kv_b[:, self.nope:].transpose(1, 2).contiguous()  # [nh, 512, 128]
 
     def __call__(self, x: torch.Tensor, batch: Batch, cache: MLACache) -> torch.Tensor:
         t = x.shape[0]
@@ -64,6 +69,31 @@ class MLAttention:
             out[s:s + n] = self._attend(q[s:s + n].unsqueeze(0), cache.read(self.layer, row.slot, ctx).unsqueeze(0),
                                         mask=_causal_mask(n, ctx, x.device))[0]
         return F.linear(out.reshape(t, self.nh * self.v_dim), self.o_proj)
+
+    def decode_absorbed(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, ctx_lens: torch.Tensor,
+                        length: int, cache: MLACache) -> torch.Tensor:
+        """One new token per row over the latent cache, with no host synchronisation (graph-safe).
+        x: [B, H]; positions, slots, ctx_lens: [B] int64; length: static bound >= every ctx_len."""
+        b = x.shape[0]
+        if self.q_proj is not None:
+            q = F.linear(x, self.q_proj)
+        else:
+            q = F.linear(_rms(F.linear(x, self.q_a), self.q_a_norm), self.q_b)
+        q_nope, q_pe = q.view(b, self.nh, self.nope + self.rope_dim).split([self.nope, self.rope_dim], dim=-1)
+        latent, k_pe = F.linear(x, self.kv_a).split([self.rank, self.rope_dim], dim=-1)  # [B, 512], [B, 64]
+        latent = _rms(latent, self.kv_a_norm)
+        q_pe = self.rope.apply(q_pe, positions)  # [B, nh, 64]
+        k_pe = self.rope.apply(k_pe, positions)  # [B, 64]
+        cache.write(self.layer, slots, positions, torch.cat([latent, k_pe], dim=-1))
+        q_lat = torch.bmm(q_nope.transpose(0, 1), self.w_uk)  # [nh, B, 512]
+        q_full = torch.cat([q_lat, q_pe.transpose(0, 1)], dim=-1).transpose(0, 1)  # [B, nh, 576]
+        kv = cache.read_rows(self.layer, slots, length)  # [B, L, 576]
+        scores = torch.bmm(q_full, kv.transpose(1, 2)).float() * self.scale  # [B, nh, L]
+        valid = torch.arange(length, device=x.device)[None, :] < ctx_lens[:, None]  # [B, L]
+        probs = scores.masked_fill(~valid[:, None, :], float("-inf")).softmax(dim=-1).to(kv.dtype)
+        o_lat = torch.bmm(probs, kv[..., :self.rank])  # [B, nh, 512]
+        o = torch.bmm(o_lat.transpose(0, 1), self.w_uv_t).transpose(0, 1)  # [B, nh, 128]
+        return F.linear(o.reshape(b, self.nh * self.v_dim), self.o_proj)
 
     def _decode(self, q: torch.Tensor, batch: Batch, cache: MLACache, out: torch.Tensor) -> None:
         """Every one-token row at once, whatever its position: pad to the longest context, mask the rest."""

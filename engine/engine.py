@@ -3,24 +3,22 @@ from a checkpoint folder (or a random-weight preset) and checked against each re
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from pathlib import Path
 
-import orjson
 import torch
 
 from engine.config import ModelConfig
+from engine.cuda_graphs import DecodeGraphs
 from engine.kv_cache import MLACache
 from engine.model import DeepseekV2
 from engine.runner import ModelRunner
+from engine.startup_log import log_event
 from engine.weights import LoadStats, is_expert_tensor, load_tensors
 from ep import registry
 from ep.backend import ExpertBackend
 from ep.experts import ExpertShard
 from ep.ownership import Ownership
-
-log = logging.getLogger("pegainfer.engine")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -41,6 +39,7 @@ class EngineSpec:
     max_model_len: int | None = None  # default: min(max_position_embeddings, 4096)
     num_slots: int = 8
     rank_timeout_s: float = 10.0
+    cuda_graphs: bool = True  # capture the decode step on CUDA when the EP backend is graph-safe
 
     def torch_dtype(self) -> torch.dtype:
         name = self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
@@ -49,20 +48,15 @@ class EngineSpec:
         return DTYPES[name]
 
 
-def log_event(event: str, **fields) -> None:
-    """One structured start-up/shutdown line."""
-    log.info(orjson.dumps({"event": event, **fields}).decode())
-
-
 class Engine:
     def __init__(self, spec: EngineSpec, cfg: ModelConfig, model: DeepseekV2, cache: MLACache,
-                 backend: ExpertBackend):
+                 backend: ExpertBackend, graphs: DecodeGraphs | None = None):
         self.spec = spec
         self.cfg = cfg
         self.model = model
         self.cache = cache
         self.backend = backend
-        self.runner = ModelRunner(model, cache, spec.device)
+        self.runner = ModelRunner(model, cache, spec.device, graphs)
         self.eos_id = cfg.eos_token_id
         self.max_model_len = cache.max_len
 
@@ -122,10 +116,15 @@ def build_engine(spec: EngineSpec) -> Engine:
                          f"{cfg.max_position_embeddings}")
     model = DeepseekV2(cfg, tensors, backend, max_len, device)
     cache = MLACache(cfg.num_hidden_layers, spec.num_slots, max_len, cfg.cache_width, device, dtype)
+    graphs = None
+    if device.type == "cuda" and spec.cuda_graphs and getattr(backend, "graph_safe", False):
+        graphs = DecodeGraphs(model, cache, spec.num_slots, cache.scratch_slot)
+    log_event("decode_path", cuda_graphs=graphs is not None, attention="mla_absorbed" if graphs else "mla_expand",
+              experts="grouped_mm" if getattr(backend, "fused", False) else "per_expert")
     log_event("engine_ready", backend=entry.name, maturity=entry.maturity, ep_size=spec.ep_size,
               max_model_len=max_len, kv_slots=spec.num_slots, kv_bytes=cache.data.numel() * cache.data.element_size(),
               startup_s=round(time.perf_counter() - t0, 4))
-    return Engine(spec, cfg, model, cache, backend)
+    return Engine(spec, cfg, model, cache, backend, graphs)
 
 
 def _random_tensors(cfg: ModelConfig, spec: EngineSpec, keep, device, dtype) -> tuple[dict, LoadStats]:

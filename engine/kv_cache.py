@@ -14,7 +14,9 @@ class MLACache:
                  device: torch.device | str, dtype: torch.dtype):
         self.max_len = max_len
         self.num_slots = num_slots
-        self.data = torch.zeros(num_layers, num_slots, max_len, width, device=device, dtype=dtype)  # [L, S, N, W]
+        # one extra slot, never allocated: padding rows of a CUDA-graph batch write there
+        self.scratch_slot = num_slots
+        self.data = torch.zeros(num_layers, num_slots + 1, max_len, width, device=device, dtype=dtype)  # [L, S+1, N, W]
         self._free = list(range(num_slots - 1, -1, -1))
 
     @property

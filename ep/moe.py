@@ -7,6 +7,7 @@ from collections.abc import Callable
 import torch
 
 from engine.config import ModelConfig
+from engine.phases import phase
 from ep.backend import ExpertBackend
 from ep.plan import RoutePlan
 from ep.router import route
@@ -24,9 +25,14 @@ class MoE:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
         c = self.cfg
-        weights, experts = route(x, self.gate_weight, top_k=c.num_experts_per_tok, method=c.topk_method,
-                                 n_group=c.n_group, topk_group=c.topk_group, norm_topk_prob=c.norm_topk_prob,
-                                 scaling=c.routed_scaling_factor)  # [T, k] each
-        plan = RoutePlan.build(weights, experts, c.n_routed_experts)
-        routed = plan.combine(self.backend.expert_outputs(self.layer, x, plan)).to(x.dtype)  # [T, H]
-        return routed + self.shared(x)
+        with phase("routing"):
+            weights, experts = route(x, self.gate_weight, top_k=c.num_experts_per_tok, method=c.topk_method,
+                                     n_group=c.n_group, topk_group=c.topk_group, norm_topk_prob=c.norm_topk_prob,
+                                     scaling=c.routed_scaling_factor)  # [T, k] each
+            plan = RoutePlan.build(weights, experts, c.n_routed_experts)
+        with phase("experts"):
+            contributions = self.backend.expert_outputs(self.layer, x, plan)  # [R, H] f32
+        with phase("combine"):
+            routed = plan.combine(contributions).to(x.dtype)  # [T, H]
+        with phase("shared_experts"):
+            return routed + self.shared(x)

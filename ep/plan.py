@@ -34,7 +34,9 @@ class RoutePlan:
             expert=flat_e[perm],
             weight=weights_sorted.reshape(-1)[perm],
             perm=perm,
-            expert_counts=torch.bincount(flat_e, minlength=n_experts),
+            # scatter_add rather than bincount: bincount syncs with the host on CUDA (graph-unsafe)
+            expert_counts=torch.zeros(n_experts, dtype=torch.int64, device=flat_e.device).scatter_add_(
+                0, flat_e, torch.ones_like(flat_e)),
         )
 
     def combine(self, contributions: torch.Tensor) -> torch.Tensor:

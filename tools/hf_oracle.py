@@ -95,7 +95,7 @@ def _check_param(params: dict, name: str, on_disk: torch.Tensor) -> None:
         got = params.get(name)
         if got is None:
             raise GateError(f"HF has no parameter for checkpoint tensor {name}")
-    if not torch.equal(got.detach().cpu().to(on_disk.dtype), on_disk):
+    if not torch.equal(got.detach().cpu(), on_disk.to(got.dtype)):
         raise GateError(f"HF parameter for {name} differs from the checkpoint (re-initialised?)")
 
 

@@ -1,10 +1,13 @@
-"""`local`: one rank owns every expert; nothing moves."""
+"""`local`: one rank owns every expert; nothing moves. On CUDA with grouped GEMMs the expert step
+has no host synchronisation, so the decode step can be captured in a CUDA graph."""
 from __future__ import annotations
 
 import torch
 
+from engine.startup_log import log_event
 from ep.backend import ExchangeCounters, ExpertBackend
 from ep.experts import ExpertShard
+from ep.grouped import grouped_mm_available
 from ep.ownership import OwnershipError
 from ep.plan import RoutePlan
 
@@ -13,29 +16,31 @@ class LocalBackend(ExpertBackend):
     name = "local"
     maturity = "production"
 
-    def __init__(self, shard: ExpertShard, n_experts: int):
+    def __init__(self, shard: ExpertShard, n_experts: int, device: torch.device):
         self.shard = shard
         self.n_experts = n_experts
-        self._counters = ExchangeCounters.zero(1, n_experts)
+        bf16 = all(w.dtype == torch.bfloat16 for w in shard.w13.values())
+        self.fused = bf16 and grouped_mm_available(device)
+        # fused grouped GEMMs on CUDA; the per-expert loop (exact reference order) elsewhere
+        self.graph_safe = self.fused
+        self._routes = torch.zeros(n_experts, dtype=torch.int64, device=device)  # accumulated on device
+        log_event("expert_kernel", backend=self.name, kernel="grouped_mm" if self.fused else "per_expert_loop",
+                  graph_safe=self.graph_safe)
 
     @classmethod
     def start(cls, spec, cfg, ownership, shard) -> LocalBackend:
         if ownership.world_size != 1:
             raise OwnershipError(f"the local backend runs one rank; --ep-size {ownership.world_size} needs "
-                             f"--backend host-staged or nccl")
-        return cls(shard, cfg.n_routed_experts)
+                                 f"--backend host-staged or nccl")
+        return cls(shard, cfg.n_routed_experts, torch.device(spec.device))
 
     def expert_outputs(self, layer: int, hidden: torch.Tensor, plan: RoutePlan) -> torch.Tensor:
-        counts = plan.expert_counts.tolist()
-        self._tally(counts)
-        return self.shard.run(layer, hidden, plan.token_index, plan.weight, counts)
-
-    def _tally(self, counts: list[int]) -> None:
-        c = self._counters
-        c.routes_per_rank[0] += sum(counts)
-        for e, n in enumerate(counts):
-            c.routes_per_expert[e] += n
+        self._routes += plan.expert_counts
+        if self.fused:
+            return self.shard.run_grouped(layer, hidden, plan.token_index, plan.weight, plan.expert_counts, True)
+        return self.shard.run(layer, hidden, plan.token_index, plan.weight, plan.expert_counts.tolist())
 
     def take_counters(self) -> ExchangeCounters:
-        out, self._counters = self._counters, ExchangeCounters.zero(1, self.n_experts)
-        return out
+        per_expert = self._routes.tolist()
+        self._routes.zero_()
+        return ExchangeCounters([sum(per_expert)], per_expert)

@@ -1,0 +1,85 @@
+"""CUDA graphs for the decode step: one graph per (batch bucket, attention-length bucket), captured
+on first use into one shared memory pool, replayed with the step's rows copied into static input
+buffers. Rows beyond the real batch point at a scratch KV slot and are ignored."""
+from __future__ import annotations
+
+import torch
+
+from engine.batch import RowInput
+from engine.decode import DecodeInputs, decode_step
+from engine.kv_cache import MLACache
+from engine.model import DeepseekV2
+from engine.startup_log import log_event
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+MIN_LENGTH_BUCKET = 256
+
+
+def bucket(n: int, buckets: tuple[int, ...] | list[int]) -> int:
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+class DecodeGraphs:
+    def __init__(self, model: DeepseekV2, cache: MLACache, max_batch: int, scratch_slot: int):
+        self.model = model
+        self.cache = cache
+        self.scratch_slot = scratch_slot
+        self.batch_buckets = [b for b in BATCH_BUCKETS if b < max_batch] + [max_batch]
+        lengths, n = [], MIN_LENGTH_BUCKET
+        while n < cache.max_len:
+            lengths.append(n)
+            n *= 2
+        self.length_buckets = lengths + [cache.max_len]
+        dev = cache.data.device
+        self.host = torch.zeros(4, max_batch, dtype=torch.int64).pin_memory()  # ids, pos, slot, ctx
+        self.static = torch.zeros(4, max_batch, dtype=torch.int64, device=dev)
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+    def run(self, rows: list[RowInput]) -> list[int]:
+        """rows: decode rows only (one token each)."""
+        n = len(rows)
+        b = bucket(n, self.batch_buckets)
+        longest = max(r.start_pos for r in rows) + 1
+        length = bucket(longest, self.length_buckets)
+        h = self.host
+        h[0, :n] = torch.tensor([r.token_ids[0] for r in rows])
+        h[1, :n] = torch.tensor([r.start_pos for r in rows])
+        h[2, :n] = torch.tensor([r.slot for r in rows])
+        h[3, :n] = h[1, :n] + 1
+        self._pad(h, n, b)
+        self.static[:, :b].copy_(h[:, :b], non_blocking=True)
+        graph, out = self.graphs.get((b, length)) or self._capture(b, length)
+        graph.replay()
+        return out[:n].tolist()
+
+    def _pad(self, h: torch.Tensor, n: int, b: int) -> None:
+        h[0, n:b] = 0
+        h[1, n:b] = 0
+        h[2, n:b] = self.scratch_slot
+        h[3, n:b] = 1
+
+    def _inputs(self, b: int, length: int) -> DecodeInputs:
+        s = self.static
+        return DecodeInputs(s[0, :b], s[1, :b], s[2, :b], s[3, :b], length)
+
+    def _capture(self, b: int, length: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        saved = self.static[:, :b].clone()
+        self._pad(self.host, 0, b)  # warm up on the scratch slot only: real caches stay untouched
+        self.static[:, :b].copy_(self.host[:, :b])
+        inp = self._inputs(b, length)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            decode_step(self.model, inp, self.cache)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = decode_step(self.model, inp, self.cache)
+        self.static[:, :b].copy_(saved)
+        self.graphs[(b, length)] = (graph, out)
+        log_event("cuda_graph_captured", batch=b, length=length, graphs=len(self.graphs))
+        return graph, out

@@ -1,0 +1,158 @@
+"""One GPU call's worth of checks and timings for the fast path (docs/perf-notes.md records each run):
+the device's copy and matmul ceilings, grouped-GEMM availability, decode TPOT of the lite preset at
+several batch sizes with and without CUDA graphs, and greedy agreement of the graph path with the
+eager expand path.
+
+    python tools/gpu_probe.py [--batches 1,8,32] [--prompt-len 86] [--new-tokens 64] [--no-eager]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from engine.batch import RowInput  # noqa: E402
+from engine.engine import EngineSpec, build_engine  # noqa: E402
+
+
+def ceilings() -> dict:
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    copy_tbs = 2 * x.numel() * 10 / (time.perf_counter() - t) / 1e12
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ a
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        a @ a
+    torch.cuda.synchronize()
+    tflops = 2 * 8192 ** 3 * 10 / (time.perf_counter() - t) / 1e12
+    del x, y, a
+    return {"copy_TBps": round(copy_tbs, 3), "bf16_matmul_TFLOPs": round(tflops, 1)}
+
+
+def run_batch(engine, batch: int, prompt_len: int, new_tokens: int) -> dict:
+    g = torch.Generator().manual_seed(batch)
+    prompt = torch.randint(0, engine.cfg.vocab_size - 2, (prompt_len,), generator=g).tolist()
+    slots = [engine.cache.allocate() for _ in range(batch)]
+    try:
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        toks = engine.runner.step([RowInput(s, prompt, 0) for s in slots])
+        torch.cuda.synchronize()
+        prefill_s = time.perf_counter() - t
+        pos, steps, trace = prompt_len, [], [toks]
+        for _ in range(new_tokens - 1):
+            rows = [RowInput(s, [tk], pos) for s, tk in zip(slots, toks)]
+            t = time.perf_counter()
+            toks = engine.runner.step(rows)  # .tolist() inside synchronises
+            steps.append(time.perf_counter() - t)
+            trace.append(toks)
+            pos += 1
+        steady = steps[len(steps) // 4:]
+        return {"batch": batch, "prefill_ms": round(prefill_s * 1e3, 2),
+                "tpot_p50_ms": round(statistics.median(steady) * 1e3, 3),
+                "tpot_mean_ms": round(statistics.mean(steady) * 1e3, 3),
+                "decode_tok_s": round(batch / statistics.median(steady), 1),
+                "first_step_ms": round(steps[0] * 1e3, 2), "tokens": trace}
+    finally:
+        for s in slots:
+            engine.cache.release(s)
+
+
+def diagnose(preset: str, prompt_len: int) -> None:
+    """First decode step of one row, three ways: expand path (eager), absorbed path (eager call),
+    captured graph; then a profile of the absorbed decode step by kernel."""
+    from engine.batch import Batch
+    from engine.decode import DecodeInputs, decode_logits
+    engine = build_engine(EngineSpec(random_preset=preset, device="cuda", dtype="bfloat16", num_slots=4,
+                                     max_model_len=1024))
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, engine.cfg.vocab_size - 2, (prompt_len,), generator=g).tolist()
+    s = engine.cache.allocate()
+    tok = engine.runner._eager([RowInput(s, prompt, 0)])[0]
+    saved = engine.cache.data.clone()
+    row = RowInput(s, [tok], prompt_len)
+    ref = engine.model.forward(Batch.build([row], "cuda"), engine.cache).float()
+    engine.cache.data.copy_(saved)
+    t = lambda x: torch.tensor(x, device="cuda")  # noqa: E731
+    inp = DecodeInputs(t([tok]), t([prompt_len]), t([s]), t([prompt_len + 1]), 256)
+    absorbed = decode_logits(engine.model, inp, engine.cache).float()
+    engine.cache.data.copy_(saved)
+    graph_tok = engine.runner.graphs.run([row])[0]
+    rel = float((absorbed - ref).norm() / ref.norm())
+    top = ref[0].topk(3)
+    print(json.dumps({"diag": preset, "expand_argmax": int(ref.argmax()), "absorbed_argmax": int(absorbed.argmax()),
+                      "graph_token": graph_tok, "rel_err": round(rel, 5), "top3": top.values.tolist(),
+                      "absorbed_top3": absorbed[0].topk(3).values.tolist()}), flush=True)
+    engine.cache.data.copy_(saved)
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(3):
+        decode_logits(engine.model, inp, engine.cache)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            decode_logits(engine.model, inp, engine.cache)
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=22, max_name_column_width=60), flush=True)
+    del engine
+    torch.cuda.empty_cache()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--batches", default="1,8,32")
+    p.add_argument("--prompt-len", type=int, default=86)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--no-eager", action="store_true")
+    p.add_argument("--out", type=Path)
+    p.add_argument("--diag", help="preset to diagnose instead of timing (tiny|lite)")
+    a = p.parse_args()
+    if a.diag:
+        for preset in a.diag.split(","):
+            diagnose(preset, a.prompt_len)
+        return 0
+    batches = [int(b) for b in a.batches.split(",")]
+    report = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "ceilings": ceilings()}
+    print(json.dumps(report), flush=True)
+    for graphs in ([True] if a.no_eager else [True, False]):
+        t = time.perf_counter()
+        engine = build_engine(EngineSpec(random_preset="lite", device="cuda", dtype="bfloat16",
+                                         num_slots=max(batches), max_model_len=1024, cuda_graphs=graphs))
+        report[f"build_s_graphs_{graphs}"] = round(time.perf_counter() - t, 1)
+        rows = [run_batch(engine, b, a.prompt_len, a.new_tokens) for b in batches]
+        report[f"graphs_{graphs}"] = rows
+        for r in rows:
+            print(json.dumps({k: v for k, v in r.items() if k != "tokens"} | {"graphs": graphs}), flush=True)
+        del engine
+        torch.cuda.empty_cache()
+    if not a.no_eager:
+        for rg, re_ in zip(report["graphs_True"], report["graphs_False"]):
+            flat_g = [t for step in rg["tokens"] for t in step]
+            flat_e = [t for step in re_["tokens"] for t in step]
+            same = sum(x == y for x, y in zip(flat_g, flat_e)) / len(flat_g)
+            print(json.dumps({"batch": rg["batch"], "graph_vs_eager_token_agreement": round(same, 4)}))
+    if a.out:
+        a.out.write_text(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
