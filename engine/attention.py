@@ -27,6 +27,7 @@ class MLAttention:
         self.rank = cfg.kv_lora_rank
         self.scale = cfg.softmax_scale()
         self.rope = rope
+        self.fused_decode = False  # the Triton MLA decode kernel (CUDA); set by the engine at start-up
         if cfg.q_lora_rank is None:
             self.q_proj = w.pop(f"{a}.q_proj.weight")  # [nh*192, H]
             self.q_a = self.q_a_norm = self.q_b = None
@@ -87,6 +88,11 @@ class MLAttention:
         cache.write(self.layer, slots, positions, torch.cat([latent, k_pe], dim=-1))
         q_lat = torch.bmm(q_nope.transpose(0, 1), self.w_uk)  # [nh, B, 512]
         q_full = torch.cat([q_lat, q_pe.transpose(0, 1)], dim=-1).transpose(0, 1)  # [B, nh, 576]
+        if self.fused_decode:
+            from engine.kernels.mla_decode import mla_decode
+            o_lat = mla_decode(q_full, cache.data[self.layer], slots, ctx_lens, length, self.scale, self.rank)
+            o = torch.bmm(o_lat.transpose(0, 1), self.w_uv_t).transpose(0, 1)  # [B, nh, 128]
+            return F.linear(o.reshape(b, self.nh * self.v_dim), self.o_proj)
         kv = cache.read_rows(self.layer, slots, length)  # [B, L, 576]
         scores = torch.bmm(q_full, kv.transpose(1, 2)).float() * self.scale  # [B, nh, L]
         valid = torch.arange(length, device=x.device)[None, :] < ctx_lens[:, None]  # [B, L]

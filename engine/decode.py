@@ -35,6 +35,8 @@ def decode_logits(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torc
     """[B, V] logits of every row's new token."""
     eps = model.cfg.rms_norm_eps
     x = F.embedding(inp.token_ids, model.embed)  # [B, H]
+    if model.fused_kernels:
+        return _decode_fused(model, inp, cache, x, eps)
     for layer in model.layers:
         with phase("attention"):
             h = rms_norm(x, layer.input_norm, eps)
@@ -42,3 +44,18 @@ def decode_logits(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torc
         x = x + layer.mlp(rms_norm(x, layer.post_attn_norm, eps))
     with phase("lm_head"):
         return F.linear(rms_norm(x, model.norm, eps), model.lm_head)  # [B, V]
+
+
+def _decode_fused(model: DeepseekV2, inp: DecodeInputs, cache: MLACache, x: torch.Tensor, eps: float) -> torch.Tensor:
+    """The same layers with each residual add folded into the next RMSNorm (one Triton launch)."""
+    from engine.kernels.rmsnorm import rmsnorm
+    delta = None
+    for layer in model.layers:
+        with phase("attention"):
+            h, x = rmsnorm(x, layer.input_norm, eps, residual=delta)
+            delta = layer.attn.decode_absorbed(h, inp.positions, inp.slots, inp.ctx_lens, inp.length, cache)
+        h, x = rmsnorm(delta, layer.post_attn_norm, eps, residual=x)
+        delta = layer.mlp(h)
+    with phase("lm_head"):
+        h, _ = rmsnorm(delta, model.norm, eps, residual=x)
+        return F.linear(h, model.lm_head)  # [B, V]

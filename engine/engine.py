@@ -40,6 +40,7 @@ class EngineSpec:
     num_slots: int = 8
     rank_timeout_s: float = 10.0
     cuda_graphs: bool = True  # capture the decode step on CUDA when the EP backend is graph-safe
+    triton_kernels: bool = True  # fused RMSNorm and MLA decode attention on CUDA (bf16)
 
     def torch_dtype(self) -> torch.dtype:
         name = self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
@@ -116,15 +117,26 @@ def build_engine(spec: EngineSpec) -> Engine:
                          f"{cfg.max_position_embeddings}")
     model = DeepseekV2(cfg, tensors, backend, max_len, device)
     cache = MLACache(cfg.num_hidden_layers, spec.num_slots, max_len, cfg.cache_width, device, dtype)
+    kernels = device.type == "cuda" and spec.triton_kernels and dtype == torch.bfloat16 and _triton_available()
+    model.use_kernels(kernels)
     graphs = None
     if device.type == "cuda" and spec.cuda_graphs and getattr(backend, "graph_safe", False):
         graphs = DecodeGraphs(model, cache, spec.num_slots, cache.scratch_slot)
-    log_event("decode_path", cuda_graphs=graphs is not None, attention="mla_absorbed" if graphs else "mla_expand",
+    log_event("decode_path", cuda_graphs=graphs is not None, triton_kernels=kernels,
+              attention=("mla_absorbed_triton" if kernels else "mla_absorbed") if graphs else "mla_expand",
               experts="grouped_mm" if getattr(backend, "fused", False) else "per_expert")
     log_event("engine_ready", backend=entry.name, maturity=entry.maturity, ep_size=spec.ep_size,
               max_model_len=max_len, kv_slots=spec.num_slots, kv_bytes=cache.data.numel() * cache.data.element_size(),
               startup_s=round(time.perf_counter() - t0, 4))
     return Engine(spec, cfg, model, cache, backend, graphs)
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _random_tensors(cfg: ModelConfig, spec: EngineSpec, keep, device, dtype) -> tuple[dict, LoadStats]:

@@ -70,8 +70,14 @@ class DeepseekV2:
         self.layers = [DecoderLayer(cfg, i, weights, self.rope, backend) for i in range(cfg.num_hidden_layers)]
         self.norm = weights.pop("model.norm.weight")
         self.lm_head = self.embed if cfg.tie_word_embeddings else weights.pop("lm_head.weight")  # [V, H]
+        self.fused_kernels = False  # Triton RMSNorm/MLA decode kernels in the decode step; see use_kernels
         if weights:
             raise ValueError(f"unused tensors after building the model: {sorted(weights)[:3]}")
+
+    def use_kernels(self, on: bool) -> None:
+        self.fused_kernels = on
+        for layer in self.layers:
+            layer.attn.fused_decode = on
 
     @torch.inference_mode()
     def forward(self, batch: Batch, cache: MLACache) -> torch.Tensor:

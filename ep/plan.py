@@ -46,6 +46,8 @@ class RoutePlan:
         buf = torch.empty_like(contributions)
         buf[self.perm] = contributions
         buf = buf.view(self.num_tokens, self.top_k, h)  # [T, k, H]
+        if buf.is_cuda:  # one reduction launch; deterministic, though not the CPU's add order
+            return buf.sum(dim=1)
         out = buf[:, 0].clone()
         for j in range(1, self.top_k):
             out += buf[:, j]

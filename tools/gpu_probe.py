@@ -3,7 +3,8 @@ the device's copy and matmul ceilings, grouped-GEMM availability, decode TPOT of
 several batch sizes with and without CUDA graphs, and greedy agreement of the graph path with the
 eager expand path.
 
-    python tools/gpu_probe.py [--batches 1,8,32] [--prompt-len 86] [--new-tokens 64] [--no-eager]
+    python tools/gpu_probe.py [--batches 1,8,32] [--prompt-len 86] [--new-tokens 64] [--variants triton,plain]
+    python tools/gpu_probe.py --diag tiny,lite
 """
 from __future__ import annotations
 
@@ -84,6 +85,8 @@ def diagnose(preset: str, prompt_len: int) -> None:
     from engine.decode import DecodeInputs, decode_logits
     engine = build_engine(EngineSpec(random_preset=preset, device="cuda", dtype="bfloat16", num_slots=4,
                                      max_model_len=1024))
+    plain = engine.model.fused_kernels
+    engine.model.use_kernels(False)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, engine.cfg.vocab_size - 2, (prompt_len,), generator=g).tolist()
     s = engine.cache.allocate()
@@ -96,11 +99,15 @@ def diagnose(preset: str, prompt_len: int) -> None:
     inp = DecodeInputs(t([tok]), t([prompt_len]), t([s]), t([prompt_len + 1]), 256)
     absorbed = decode_logits(engine.model, inp, engine.cache).float()
     engine.cache.data.copy_(saved)
+    engine.model.use_kernels(plain)
+    fused = decode_logits(engine.model, inp, engine.cache).float()
+    engine.cache.data.copy_(saved)
     graph_tok = engine.runner.graphs.run([row])[0]
     rel = float((absorbed - ref).norm() / ref.norm())
     top = ref[0].topk(3)
     print(json.dumps({"diag": preset, "expand_argmax": int(ref.argmax()), "absorbed_argmax": int(absorbed.argmax()),
-                      "graph_token": graph_tok, "rel_err": round(rel, 5), "top3": top.values.tolist(),
+                      "graph_token": graph_tok, "rel_err": round(rel, 5), "triton_argmax": int(fused.argmax()),
+                      "triton_rel_err": round(float((fused - ref).norm() / ref.norm()), 5), "top3": top.values.tolist(),
                       "absorbed_top3": absorbed[0].topk(3).values.tolist()}), flush=True)
     engine.cache.data.copy_(saved)
     from torch.profiler import ProfilerActivity, profile
@@ -121,7 +128,7 @@ def main() -> int:
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--prompt-len", type=int, default=86)
     p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--no-eager", action="store_true")
+    p.add_argument("--variants", default="triton,plain", help="triton, plain (graphs, torch ops), eager")
     p.add_argument("--out", type=Path)
     p.add_argument("--diag", help="preset to diagnose instead of timing (tiny|lite)")
     a = p.parse_args()
@@ -132,23 +139,26 @@ def main() -> int:
     batches = [int(b) for b in a.batches.split(",")]
     report = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "ceilings": ceilings()}
     print(json.dumps(report), flush=True)
-    for graphs in ([True] if a.no_eager else [True, False]):
+    variants = {"triton": dict(cuda_graphs=True, triton_kernels=True),
+                "plain": dict(cuda_graphs=True, triton_kernels=False),
+                "eager": dict(cuda_graphs=False, triton_kernels=False)}
+    for name in a.variants.split(","):
         t = time.perf_counter()
         engine = build_engine(EngineSpec(random_preset="lite", device="cuda", dtype="bfloat16",
-                                         num_slots=max(batches), max_model_len=1024, cuda_graphs=graphs))
-        report[f"build_s_graphs_{graphs}"] = round(time.perf_counter() - t, 1)
+                                         num_slots=max(batches), max_model_len=1024, **variants[name]))
+        report[f"build_s_{name}"] = round(time.perf_counter() - t, 1)
         rows = [run_batch(engine, b, a.prompt_len, a.new_tokens) for b in batches]
-        report[f"graphs_{graphs}"] = rows
+        report[name] = rows
         for r in rows:
-            print(json.dumps({k: v for k, v in r.items() if k != "tokens"} | {"graphs": graphs}), flush=True)
+            print(json.dumps({k: v for k, v in r.items() if k != "tokens"} | {"variant": name}), flush=True)
         del engine
         torch.cuda.empty_cache()
-    if not a.no_eager:
-        for rg, re_ in zip(report["graphs_True"], report["graphs_False"]):
-            flat_g = [t for step in rg["tokens"] for t in step]
-            flat_e = [t for step in re_["tokens"] for t in step]
-            same = sum(x == y for x, y in zip(flat_g, flat_e)) / len(flat_g)
-            print(json.dumps({"batch": rg["batch"], "graph_vs_eager_token_agreement": round(same, 4)}))
+    names = a.variants.split(",")
+    for other in names[1:]:
+        for r0, r1 in zip(report[names[0]], report[other]):
+            first = next((i for i, (x, y) in enumerate(zip(r0["tokens"], r1["tokens"])) if x != y), None)
+            print(json.dumps({"batch": r0["batch"], "compare": f"{names[0]} vs {other}",
+                              "first_differing_step": first}))
     if a.out:
         a.out.write_text(json.dumps(report))
     return 0

@@ -1,0 +1,40 @@
+"""Fused (residual add +) RMSNorm: one launch instead of seven, with the reference's rounding —
+normalise in float32, round to the model dtype, then multiply by the weight and round again."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
+                    HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
+    if HAS_RES:
+        # the residual sum is rounded to the model dtype first, as `residual + delta` is
+        x = (x.to(tl.float32) + tl.load(res_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32))
+        x = x.to(res_out_ptr.dtype.element_ty)
+        tl.store(res_out_ptr + row * n_cols + cols, x, mask=mask)
+    h = x.to(tl.float32)
+    var = tl.sum(h * h, axis=0) / n_cols
+    h = (h * tl.rsqrt(var + eps)).to(out_ptr.dtype.element_ty)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + row * n_cols + cols, (w.to(tl.float32) * h.to(tl.float32)).to(out_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+            residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: [T, N]. Returns (norm(x + residual) * weight, x + residual); without a residual the
+    second value is x itself."""
+    x = x.contiguous()
+    t, n = x.shape
+    out = torch.empty_like(x)
+    res_out = torch.empty_like(x) if residual is not None else x
+    _rmsnorm_kernel[(t,)](x, residual if residual is not None else x, weight, out, res_out, n, eps,
+                          HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n))
+    return out, res_out

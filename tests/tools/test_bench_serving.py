@@ -1,0 +1,235 @@
+"""The serving benchmark's client: against a fake OpenAI SSE server that fails every third request
+(each failure mode once: HTTP 500, an error chunk, a stream without [DONE]) and one that never
+answers in time; the trace join; and the real client against the real tiny-model daemon."""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from tests.daemon_process import DaemonProcess, free_port
+from tools import bench_serving
+from tools.benchkit import traces
+from tools.benchkit.workload import PROFILES, make_prompts, parse_levels, requests_per_level
+
+ROOT = Path(__file__).resolve().parents[2]
+FAIL_DELAY_S = 0.4  # failing requests are slow: if one leaked into an average, the p99s would show it
+CHUNK_GAP_S = 0.01
+TOKENS = 4
+
+
+def fake_app() -> Starlette:
+    counters: dict[str, int] = {}
+
+    async def models(_: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": "flaky", "backend": "fake", "maturity": "candidate", "gpu": "Fake GPU 80GB"},
+            {"id": "steady"}, {"id": "slow"}, {"id": "nousage"}]})
+
+    async def completions(http: Request) -> Response:
+        body = await http.json()
+        model = body["model"]
+        assert body["stream"] and body["stream_options"] == {"include_usage": True} and body["ignore_eos"]
+        n = counters[model] = counters.get(model, 0) + 1
+        rid = f"{model}-{n}"
+        words = len(body["prompt"].split())
+        if model == "slow":
+            await asyncio.sleep(30)
+        failing = model == "flaky" and n % 3 == 0
+        mode = (n // 3) % 3
+
+        if failing and mode == 0:
+            await asyncio.sleep(FAIL_DELAY_S)
+            return JSONResponse({"error": {"message": "engine fell over"}}, status_code=500)
+
+        def event(obj) -> str:
+            return "data: " + json.dumps(obj) + "\n\n"
+
+        async def stream():
+            yield ": ping\n\n"
+            for i in range(TOKENS):
+                await asyncio.sleep(CHUNK_GAP_S)
+                yield event({"id": rid, "choices": [{"index": 0, "text": f" t{i}",
+                                                     "finish_reason": "length" if i == TOKENS - 1 else None}]})
+            if failing:
+                await asyncio.sleep(FAIL_DELAY_S)
+                if mode == 1:
+                    yield event({"error": {"message": "rank 1 failed"}})
+                    yield event({"id": rid, "choices": [], "usage": {"prompt_tokens": words, "completion_tokens": 99}})
+                    yield "data: [DONE]\n\n"
+                else:  # usage, then the stream just ends
+                    yield event({"id": rid, "choices": [], "usage": {"prompt_tokens": words, "completion_tokens": 99}})
+                return
+            if model != "nousage":
+                yield event({"id": rid, "choices": [], "usage": {"prompt_tokens": words, "completion_tokens": TOKENS}})
+            yield "data: [DONE]\n\n"
+
+        headers = {"X-Request-Id": rid} if model != "steady" else {}  # steady: ids from the chunks
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+
+    return Starlette(routes=[Route("/v1/models", models), Route("/v1/completions", completions, methods=["POST"])])
+
+
+@pytest.fixture(scope="module")
+def fake_server():
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(fake_app(), host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="off", timeout_graceful_shutdown=1))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "fake server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def bench(tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / "report.json"
+    assert bench_serving.main([*args, "--out", str(out)]) == 0
+    assert out.with_suffix(".md").is_file()
+    return json.loads(out.read_text())
+
+
+def test_failures_are_counted_and_kept_out_of_the_averages(fake_server, tmp_path):
+    r = bench(tmp_path, "--base-url", fake_server, "--profile", "short", "--model", "flaky", "--concurrency", "1,3",
+              "--num-requests", "9", "--warmup", "0", "--max-tokens", "4", "--claim", "fake server")
+    assert (r["server"]["backend"], r["server"]["maturity"], r["server"]["gpu"]) == ("fake", "candidate",
+                                                                                     "Fake GPU 80GB")
+    errors = []
+    for lv in r["levels"]:
+        m = lv["runs"][0]["metrics"]
+        assert (m["num_requests"], m["completed"], m["failed"], m["timed_out"]) == (9, 6, 3, 0)
+        assert m["total_output_tokens"] == 6 * TOKENS  # the 99-token usage of failed streams is not counted
+        assert m["total_input_tokens"] == 6 * 64
+        assert m["p99_e2el_ms"] < FAIL_DELAY_S * 1e3 * 0.8 and m["p99_ttft_ms"] < FAIL_DELAY_S * 1e3 * 0.8
+        assert m["median_tpot_ms"] == pytest.approx(CHUNK_GAP_S * 1e3, rel=1.0)
+        assert lv["marker"] == "failure" and lv["summary"]["output_throughput"]["marker"] == "failure"
+        ids = lv["runs"][0]["request_ids"]
+        assert len(ids) == 9 and sum(i is None for i in ids) == 1  # the HTTP 500 carried no id
+        errors += lv["runs"][0]["errors"]
+    assert any("HTTP 500: engine fell over" in e for e in errors)
+    assert any("error chunk: rank 1 failed" in e for e in errors)
+    assert any("without data: [DONE]" in e for e in errors)
+    md = (tmp_path / "report.md").read_text()
+    assert "fake server" in md and "6 / 3 / 0" in md and "--model flaky" in md and "First failures" in md
+
+
+def test_timeouts_are_failures(fake_server, tmp_path):
+    r = bench(tmp_path, "--base-url", fake_server, "--profile", "short", "--model", "slow", "--concurrency", "2",
+              "--num-requests", "2", "--warmup", "0", "--timeout", "0.5")
+    m = r["levels"][0]["runs"][0]["metrics"]
+    assert (m["completed"], m["failed"], m["timed_out"]) == (0, 2, 2)
+    assert m["mean_ttft_ms"] is None and m["output_throughput"] == 0
+    assert r["levels"][0]["marker"] == "failure"
+
+
+def test_repeats_give_median_min_max(fake_server, tmp_path):
+    r = bench(tmp_path, "--base-url", fake_server, "--profile", "mixed", "--model", "steady", "--concurrency", "2",
+              "--num-requests", "4", "--repeats", "3", "--warmup", "1", "--max-tokens", "4")
+    lv = r["levels"][0]
+    assert len(lv["runs"]) == 3 and r["workload"]["warmup"] == {"requests": 1, "failed": 0, "errors": []}
+    s = lv["summary"]["output_throughput"]
+    assert s["n"] == 3 and s["min"] <= s["median"] <= s["max"] and s["marker"] in ("stable", "noisy")
+    assert all(i and i.startswith("steady-") for run in lv["runs"] for i in run["request_ids"])  # from chunk ids
+    # mixed: alternating 64- and 512-word prompts; the fake server reports words as prompt tokens
+    assert lv["runs"][0]["metrics"]["total_input_tokens"] == 2 * 64 + 2 * 512
+
+
+def test_a_server_without_usage_counts_chunks_and_says_so(fake_server, tmp_path):
+    r = bench(tmp_path, "--base-url", fake_server, "--profile", "short", "--model", "nousage", "--concurrency", "1",
+              "--num-requests", "2", "--warmup", "0")
+    m = r["levels"][0]["runs"][0]["metrics"]
+    assert (m["completed"], m["total_output_tokens"], m["usage_reported"]) == (2, 2 * TOKENS, False)
+    assert "sent no usage chunk" in (tmp_path / "report.md").read_text()
+
+
+def test_workload_is_fixed_by_the_seed():
+    a, b = make_prompts(PROFILES["mixed"], 4, seed=3), make_prompts(PROFILES["mixed"], 6, seed=3)
+    assert [p.text for p in a] == [p.text for p in b[:4]]
+    assert [len(p.text.split()) for p in a] == [64, 512, 64, 512]
+    assert make_prompts(PROFILES["short"], 1, seed=4)[0].text != a[0].text
+    assert [p.words for p in make_prompts(PROFILES["long"], 2, 0, words_override=7)] == [7, 7]
+    assert requests_per_level(1, None) == 16 and requests_per_level(64, None) == 256
+    assert requests_per_level(64, 10) == 10
+    assert parse_levels(None) == [1, 4, 8, 16, 32, 64, 128, 256] and parse_levels("1,2") == [1, 2]
+    with pytest.raises(ValueError):
+        parse_levels("0,4")
+
+
+def _root_span(rid: str, terminal: str | None, active: int, batch: int) -> dict:
+    attrs = [{"key": "gen_ai.response.id", "value": {"stringValue": rid}},
+             {"key": "pegainfer.active_set_size_max", "value": {"intValue": str(active)}},
+             {"key": "pegainfer.decode_batch_size_max", "value": {"intValue": str(batch)}}]
+    if terminal:
+        attrs.append({"key": "pegainfer.terminal_reason", "value": {"stringValue": terminal}})
+    return {"traceId": "0" * 32, "spanId": "1" * 16, "name": "text_completion tiny", "kind": 2,
+            "startTimeUnixNano": "1", "endTimeUnixNano": "2", "attributes": attrs}
+
+
+def test_trace_join_counts_coverage_and_missing(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    spans = [_root_span("a", "completed_length", 3, 2), _root_span("b", "failed", 5, 4),
+             _root_span("c", None, 9, 9),  # not terminal: does not count
+             {**_root_span("d", "completed_length", 7, 7), "name": "engine_step decode"}]
+    path.write_text("\n".join(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [s]}]}]}) for s in spans)
+                    + "\n{\"truncated")
+    found = traces.request_spans(path)
+    assert set(found) == {"a", "b"}
+    j = traces.join_level(["a", "b", "c", "d", None], found)
+    assert (j["traced"], j["missing"], j["coverage"], j["without_id"]) == (2, 2, 0.5, 1)
+    assert j["missing_ids"] == ["c", "d"]
+    assert (j["active_set_size_max"], j["decode_batch_size_max"]) == (5, 4)
+    assert j["terminal_reasons"] == {"completed_length": 1, "failed": 1}
+
+
+def test_unreachable_server_is_an_error(tmp_path):
+    assert bench_serving.main(["--base-url", f"http://127.0.0.1:{free_port()}", "--profile", "short",
+                               "--out", str(tmp_path / "r.json")]) == 2
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.slow
+def test_against_the_real_daemon(tiny_model_dir, tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    out, plots = tmp_path / "bench" / "short.json", tmp_path / "plots"
+    with DaemonProcess("--model", str(tiny_model_dir), "--served-model-name", "tiny", "--trace-file", str(trace)) as d:
+        proc = subprocess.run([sys.executable, "tools/bench_serving.py", "--base-url", d.url, "--profile", "short",
+                               "--concurrency", "1,2", "--num-requests", "4", "--max-tokens", "8", "--warmup", "1",
+                               "--trace-file", str(trace), "--plot-dir", str(plots), "--claim", "CPU smoke test",
+                               "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["report_intent"] == "serving_benchmark" and r["claim"] == "CPU smoke test"
+    assert (r["server"]["model"], r["server"]["backend"], r["server"]["maturity"]) == ("tiny", "local", "production")
+    assert r["command"].startswith("python tools/bench_serving.py --base-url")
+    assert len(r["git"]["sha"] or "") == 40 and r["date"]
+    assert [lv["concurrency"] for lv in r["levels"]] == [1, 2]
+    for lv in r["levels"]:
+        m = lv["runs"][0]["metrics"]
+        assert (m["completed"], m["failed"]) == (4, 0) and m["total_output_tokens"] == 32 and m["usage_reported"]
+        assert m["total_input_tokens"] > 4 * 64  # real prompt tokens from usage, not words
+        assert 0 < m["median_ttft_ms"] <= m["median_e2el_ms"] and m["mean_tpot_ms"] > 0
+        t = lv["trace"]
+        assert t["coverage"] == 1.0 and t["missing"] == 0 and t["terminal_reasons"] == {"completed_length": 4}
+        assert 1 <= t["decode_batch_size_max"] <= lv["concurrency"]
+        assert t["backend"] == "local" and t["backend_maturity"] == "production"
+    assert r["levels"][0]["trace"]["active_set_size_max"] == 1
+    for name in ("output_throughput", "ttft", "tpot"):
+        png = plots / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = out.with_suffix(".md").read_text()
+    assert "CPU smoke test" in md and "`local` (maturity `production`)" in md and "| 2 | 4 | 4 / 0 / 0 |" in md

@@ -1,0 +1,150 @@
+"""Direct (in-process, no HTTP) benchmark of the engine: prefill time, steady decode TPOT and
+decode tok/s per batch size, optionally beside HF transformers with the same weights
+(--compare-hf) and with a per-phase profile of decode steps (--attribution).
+
+    python tools/bench_direct.py (--model DIR | --preset tiny|lite) [--device cuda] [--dtype bfloat16]
+        [--backend local] [--ep-size 1] [--batches 1,4,8] [--prompt-len 128] [--new-tokens 64]
+        [--warmup 2] [--iters 3] [--compare-hf] [--attribution] --out FILE.json
+
+Writes FILE.json (report_intent "direct_diagnostic") and a markdown summary FILE.md beside it."""
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from engine.engine import EngineSpec, build_engine  # noqa: E402
+from engine.presets import PRESETS  # noqa: E402
+from tools.benchkit import hardware, hf_side, report  # noqa: E402
+from tools.benchkit.attribution import profile_steps  # noqa: E402
+from tools.benchkit.direct import DecodeRun, prompt_ids, run_ours, summarise, synchronizer  # noqa: E402
+
+ATTRIBUTION_STEPS = 16
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="HF checkpoint folder")
+    src.add_argument("--preset", choices=sorted(PRESETS), help="random weights of a preset, made on the device")
+    p.add_argument("--seed", type=int, default=0, help="weights seed (presets) and prompt seed")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: float32 on CPU, bfloat16 on CUDA")
+    p.add_argument("--backend", default="local")
+    p.add_argument("--ep-size", type=int, default=1)
+    p.add_argument("--batches", default="1,4,8", help="comma-separated batch sizes (rows decoding together)")
+    p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per row (the same ids in every row)")
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per row (1 prefill + N-1 decode)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed generations per batch size")
+    p.add_argument("--iters", type=int, default=3, help="timed generations per batch size")
+    p.add_argument("--compare-hf", action="store_true", help="time HF transformers with the same weights too")
+    p.add_argument("--attribution", action="store_true", help="profile decode steps per pegainfer:: phase")
+    p.add_argument("--out", type=Path, required=True)
+    a = p.parse_args(argv)
+    try:
+        a.batch_sizes = [int(x) for x in a.batches.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--batches must be comma-separated integers, got {a.batches!r}")
+    if not a.batch_sizes or min(a.batch_sizes) < 1:
+        p.error("--batches needs positive sizes")
+    if a.prompt_len < 1 or a.new_tokens < 2 or a.iters < 1 or a.warmup < 0:
+        p.error("need --prompt-len >= 1, --new-tokens >= 2 (one decode step at least), --iters >= 1, --warmup >= 0")
+    return a
+
+
+def measure(timed, batch: int, warmup: int, iters: int) -> dict:
+    for _ in range(warmup):
+        timed(batch)
+    return summarise([timed(batch) for _ in range(iters)], batch)
+
+
+def attribution(engine, prompt: list[int], batch: int, steps: int, sync, on_gpu: bool) -> dict:
+    with DecodeRun(engine, prompt, batch, sync) as run:
+        run.prefill()
+        return profile_steps(run.decode, steps, on_gpu)
+
+
+def run_engine_side(a: argparse.Namespace, spec: EngineSpec) -> tuple[dict, list[int], list[dict]]:
+    engine = build_engine(spec)
+    try:
+        cfg = engine.cfg
+        prompt = prompt_ids(cfg.vocab_size, [cfg.bos_token_id, cfg.eos_token_id], a.prompt_len, a.seed)
+        sync, on_gpu = synchronizer(a.device), a.device.startswith("cuda")
+        rows = []
+        for b in a.batch_sizes:
+            row = measure(lambda n: run_ours(engine, prompt, n, a.new_tokens, sync), b, a.warmup, a.iters)
+            if a.attribution:
+                row["attribution"] = attribution(engine, prompt, b, min(a.new_tokens - 1, ATTRIBUTION_STEPS),
+                                                 sync, on_gpu)
+            rows.append(row)
+            print(f"batch {b:>4}: prefill {row['prefill_ms_median']:.2f} ms, TPOT p50 {row['tpot_ms_p50']:.2f} ms, "
+                  f"{row['decode_tok_s']:.1f} tok/s", file=sys.stderr)
+        info = {"model": a.model or f"random preset {a.preset} (seed {a.seed})", "device": a.device,
+                "dtype": str(spec.torch_dtype()).removeprefix("torch."), "backend": engine.backend_name,
+                "maturity": engine.maturity, "ep_size": a.ep_size, "max_model_len": engine.max_model_len,
+                "norm_topk_prob": bool(cfg.norm_topk_prob)}
+        return info, prompt, rows
+    finally:
+        engine.close()
+
+
+def run_hf_side(a: argparse.Namespace, spec: EngineSpec, prompt: list[int], rows: list[dict], norm_topk: bool) -> dict:
+    dtype = spec.torch_dtype()
+    model, how = hf_side.from_dir(a.model, dtype, a.device) if a.model else \
+        hf_side.from_preset(a.preset, a.seed, dtype, a.device)
+    sync = synchronizer(a.device)
+    with hf_side.routing_patch(model, norm_topk) as patches:
+        for row in rows:
+            hf = measure(lambda n: hf_side.generate_timed(model, prompt, n, a.new_tokens, a.device, sync),
+                         row["batch"], a.warmup, a.iters)
+            hf["tokens_match"] = hf["token_hash"] == row["token_hash"]
+            row["hf"] = hf
+            row["hf_over_ours_tpot"] = hf["tpot_ms_p50"] / row["tpot_ms_p50"] if row["tpot_ms_p50"] else None
+            print(f"batch {row['batch']:>4}: HF TPOT p50 {hf['tpot_ms_p50']:.2f} ms "
+                  f"({row['hf_over_ours_tpot']:.2f}x ours), same tokens: {hf['tokens_match']}", file=sys.stderr)
+    return {"how": how, "patches": patches, **hf_side.describe(model)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    a = parse_args(argv)
+    spec = EngineSpec(model_dir=a.model, random_preset=a.preset, seed=a.seed, device=a.device, dtype=a.dtype,
+                      backend=a.backend, ep_size=a.ep_size, max_model_len=a.prompt_len + a.new_tokens,
+                      num_slots=max(a.batch_sizes))
+    engine_info, prompt, rows = run_engine_side(a, spec)
+    hf_setup = None
+    if a.compare_hf:
+        gc.collect()
+        if a.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        hf_setup = run_hf_side(a, spec, prompt, rows, engine_info["norm_topk_prob"])
+    rep = {
+        "report_intent": "direct_diagnostic",
+        "tool": "tools/bench_direct.py",
+        "command": hardware.command_line("tools/bench_direct.py", argv),
+        "date": hardware.now_utc(),
+        "git": hardware.git(),
+        "host": hardware.host(),
+        "stack": hardware.torch_stack(a.device),
+        "engine": engine_info,
+        "backend": engine_info["backend"],
+        "maturity": engine_info["maturity"],
+        "workload": {"prompt_len": a.prompt_len, "new_tokens": a.new_tokens, "warmup": a.warmup, "iters": a.iters,
+                     "batches": a.batch_sizes, "prompt_seed": a.seed, "greedy": True, "ignore_eos": True},
+        "hf_setup": hf_setup,
+        "batches": rows,
+    }
+    out, md = report.write(rep, a.out, report.direct_markdown(rep))
+    print(f"wrote {out} and {md}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

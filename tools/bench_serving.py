@@ -1,0 +1,157 @@
+"""HTTP serving benchmark for any OpenAI-compatible streaming /v1/completions endpoint (pegainfer,
+vLLM, SGLang), with vllm bench serve's metric definitions (tools/benchkit/metrics.py).
+
+    python tools/bench_serving.py --base-url URL --profile short|mixed|long [--concurrency N[,N...]]
+        [--num-requests N] [--repeats N] --out FILE.json [--trace-file PATH] [--plot-dir DIR]
+        [--claim TEXT] [--model NAME] [--max-tokens N] [--prompt-words N] [--seed S] [--timeout S]
+        [--warmup N] [--api-key KEY]
+
+Closed loop: at each concurrency level N workers send requests back to back until the level's
+requests are used up. Writes FILE.json and a markdown summary FILE.md beside it."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.benchkit import hardware, report, traces  # noqa: E402
+from tools.benchkit.client import ServerError, list_models, run_level  # noqa: E402
+from tools.benchkit.metrics import across_repeats, summarise, worst_marker  # noqa: E402
+from tools.benchkit.progress import Progress  # noqa: E402
+from tools.benchkit.workload import PROFILES, make_prompts, parse_levels, requests_per_level  # noqa: E402
+
+ERRORS_KEPT = 5  # per run, in the report
+TRACE_WAIT_S = 10.0
+HEADLINE = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_ms", "median_e2el_ms")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000")
+    p.add_argument("--profile", required=True, choices=sorted(PROFILES))
+    p.add_argument("--concurrency", help="comma-separated levels (default 1,4,8,16,32,64,128,256)")
+    p.add_argument("--num-requests", type=int, help="requests per level and repeat (default max(4 N, 16))")
+    p.add_argument("--repeats", type=int, default=1, help="runs per level (median/min/max and a marker)")
+    p.add_argument("--out", type=Path, required=True, help="report JSON (FILE.md is written beside it)")
+    p.add_argument("--model", help="model name to send (default: the first of /v1/models)")
+    p.add_argument("--max-tokens", type=int, help="output tokens per request (default: the profile's)")
+    p.add_argument("--prompt-words", type=int, help="words per prompt for every request (default: the profile's)")
+    p.add_argument("--seed", type=int, default=0, help="prompt text seed")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds a request may take in all")
+    p.add_argument("--warmup", type=int, default=2, help="requests sent (one at a time) before measuring")
+    p.add_argument("--api-key", help="bearer token for the server")
+    p.add_argument("--trace-file", type=Path, help="the server's JSONL trace file, to join request records")
+    p.add_argument("--plot-dir", type=Path, help="write throughput/TTFT/TPOT PNGs here")
+    p.add_argument("--claim", default="", help="claim boundary, e.g. 'HTTP pressure on one GPU'")
+    a = p.parse_args(argv)
+    for name in ("num_requests", "max_tokens", "prompt_words"):
+        if getattr(a, name) is not None and getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if a.repeats < 1 or a.warmup < 0 or a.timeout <= 0:
+        p.error("--repeats must be >= 1, --warmup >= 0 and --timeout > 0")
+    try:
+        a.levels = parse_levels(a.concurrency)
+    except ValueError as e:
+        p.error(str(e))
+    return a
+
+
+def server_info(a: argparse.Namespace) -> dict:
+    models = list_models(a.base_url, a.api_key)
+    entry = next((m for m in models if m.get("id") == a.model), None) if a.model else models[0]
+    if entry is None:
+        raise ServerError(f"model {a.model!r} is not served (have: {', '.join(str(m.get('id')) for m in models)})")
+    gpu = next((entry[k] for k in ("gpu", "gpu_name", "device_name") if entry.get(k)), None)
+    return {"base_url": a.base_url, "model": entry["id"], "backend": entry.get("backend"),
+            "maturity": entry.get("maturity"), "gpu": gpu, "models_entry": entry}
+
+
+def run_sweep(a: argparse.Namespace, model: str, max_tokens: int) -> tuple[dict, list[dict]]:
+    profile = PROFILES[a.profile]
+    warm = make_prompts(profile, a.warmup, a.seed + 1_000_003, a.prompt_words) if a.warmup else []
+    warm_records = asyncio.run(run_level(a.base_url, model, warm, 1, max_tokens, a.timeout, a.api_key))[0] \
+        if warm else []
+    warmup = {"requests": len(warm), "failed": sum(not r.ok for r in warm_records),
+              "errors": [r.error for r in warm_records if r.error][:ERRORS_KEPT]}
+    levels = []
+    for n in a.levels:
+        count = requests_per_level(n, a.num_requests)
+        prompts = make_prompts(profile, count, a.seed, a.prompt_words)
+        runs = []
+        for rep in range(a.repeats):
+            with Progress(count, f"concurrency {n} run {rep + 1}/{a.repeats}") as bar:
+                records, duration = asyncio.run(run_level(a.base_url, model, prompts, n, max_tokens, a.timeout,
+                                                          a.api_key, on_done=lambda r: bar.advance()))
+            runs.append({"repeat": rep, "metrics": summarise(records, duration),
+                         "request_ids": [r.request_id for r in records],
+                         "errors": [f"request {r.index}: {r.error}" for r in records if r.error][:ERRORS_KEPT]})
+        summary = across_repeats([r["metrics"] for r in runs])
+        levels.append({"concurrency": n, "requests": count, "runs": runs, "summary": summary,
+                       "marker": worst_marker([summary[k]["marker"] for k in HEADLINE])})
+    return warmup, levels
+
+
+def join_traces(path: Path, levels: list[dict]) -> None:
+    ids = {i for lv in levels for run in lv["runs"] for i in run["request_ids"] if i}
+    spans = traces.read_until_covered(path, ids, TRACE_WAIT_S)
+    for lv in levels:
+        lv["trace"] = traces.join_level([i for run in lv["runs"] for i in run["request_ids"]], spans)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    a = parse_args(argv)
+    try:
+        server = server_info(a)
+    except ServerError as e:
+        print(f"bench_serving: error: {e}", file=sys.stderr)
+        return 2
+    profile = PROFILES[a.profile]
+    max_tokens = a.max_tokens or profile.max_tokens
+    warmup, levels = run_sweep(a, server["model"], max_tokens)
+    if a.trace_file:
+        join_traces(a.trace_file, levels)
+    words = f"{a.prompt_words}-word prompts" if a.prompt_words else profile.summary.split(",")[0]
+    rep = {
+        "report_intent": "serving_benchmark",
+        "tool": "tools/bench_serving.py",
+        "command": hardware.command_line("tools/bench_serving.py", argv),
+        "date": hardware.now_utc(),
+        "git": hardware.git(),
+        "claim": a.claim,
+        "server": server,
+        "client_host": {**hardware.host(), "gpus": hardware.nvidia_smi_gpus()},
+        "workload": {"profile": a.profile, "summary": f"{a.profile}: {words}", "prompt_words": a.prompt_words
+                     or list(profile.words), "max_tokens": max_tokens, "seed": a.seed, "repeats": a.repeats,
+                     "num_requests": a.num_requests, "concurrency": a.levels, "timeout_s": a.timeout,
+                     "warmup": warmup, "ignore_eos": True, "stream": True},
+        "metric_definitions": "vllm bench serve (tools/benchkit/metrics.py); failed requests excluded from latencies",
+        "trace_file": str(a.trace_file) if a.trace_file else None,
+        "levels": levels,
+        "plots": [],
+    }
+    if a.plot_dir:
+        from tools.benchkit.plots import PlotsUnavailable, plot_levels
+        try:
+            rep["plots"] = [str(p) for p in plot_levels(levels, a.plot_dir, f" ({a.profile}, {server['model']})")]
+        except PlotsUnavailable as e:
+            rep["plots_skipped"] = str(e)
+            print(f"bench_serving: warning: no plots: {e}", file=sys.stderr)
+    out, md = report.write(rep, a.out, report.serving_markdown(rep))
+    for lv in levels:
+        s = lv["summary"]
+        print(f"concurrency {lv['concurrency']:>4}: {report.fmt(s['output_throughput']['median'])} tok/s, "
+              f"TTFT p50 {report.fmt(s['median_ttft_ms']['median'])} ms, TPOT p50 "
+              f"{report.fmt(s['median_tpot_ms']['median'])} ms, failed "
+              f"{sum(r['metrics']['failed'] for r in lv['runs'])}, {lv['marker']}", file=sys.stderr)
+    print(f"wrote {out} and {md}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

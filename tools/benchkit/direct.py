@@ -1,0 +1,112 @@
+"""The direct (in-process) measurement: one greedy generation over the engine, the prefill step and
+every decode step timed wall-clock between device synchronizes, and the summary of several such
+runs at one batch size. The HF side produces the same Timing, so both are summarised alike."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from engine.batch import RowInput
+from engine.engine import Engine
+from tools.benchkit.metrics import percentile
+
+
+@dataclasses.dataclass(slots=True)
+class Timing:
+    prefill_s: float  # the step that takes every row's prompt (HF: generate's first forward)
+    step_s: list[float]  # one per decode step
+    tokens: list[list[int]]  # [B][new_tokens] generated ids
+
+
+def synchronizer(device: str) -> Callable[[], None]:
+    if device.startswith("cuda"):
+        index = torch.device(device).index
+        return lambda: torch.cuda.synchronize(index)
+    return lambda: None
+
+
+def prompt_ids(vocab_size: int, special_ids: list[int | None], length: int, seed: int) -> list[int]:
+    """`length` ids below every special id (BOS/EOS) and the vocabulary size, from a fixed seed."""
+    upper = min([vocab_size, *(i for i in special_ids if i is not None)])
+    rng = random.Random(f"pegainfer-bench-direct:{seed}")
+    return [rng.randrange(upper) for _ in range(length)]
+
+
+class DecodeRun:
+    """One generation at one batch size: prefill() once, then decode() for each further token."""
+
+    def __init__(self, engine: Engine, prompt: list[int], batch: int, sync: Callable[[], None]):
+        self.engine, self.prompt, self.batch, self.sync = engine, prompt, batch, sync
+        self.slots: list[int] = []
+        self.tokens: list[list[int]] = []
+        self.pos = 0
+
+    def __enter__(self) -> DecodeRun:
+        self.slots = [self.engine.cache.allocate() for _ in range(self.batch)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s in self.slots:
+            self.engine.cache.release(s)
+
+    def prefill(self) -> float:
+        rows = [RowInput(s, self.prompt, 0) for s in self.slots]
+        self.sync()
+        t0 = time.perf_counter()
+        first = self.engine.runner.step(rows)  # [B]
+        self.sync()
+        dt = time.perf_counter() - t0
+        self.tokens = [[t] for t in first]
+        self.pos = len(self.prompt)
+        return dt
+
+    def decode(self) -> float:
+        rows = [RowInput(s, [out[-1]], self.pos) for s, out in zip(self.slots, self.tokens)]
+        self.sync()
+        t0 = time.perf_counter()
+        nxt = self.engine.runner.step(rows)  # [B]
+        self.sync()
+        dt = time.perf_counter() - t0
+        for out, t in zip(self.tokens, nxt):
+            out.append(t)
+        self.pos += 1
+        return dt
+
+
+def run_ours(engine: Engine, prompt: list[int], batch: int, new_tokens: int, sync: Callable[[], None]) -> Timing:
+    with DecodeRun(engine, prompt, batch, sync) as run:
+        prefill = run.prefill()
+        steps = [run.decode() for _ in range(new_tokens - 1)]
+        return Timing(prefill, steps, run.tokens)
+
+
+def token_hash(tokens: list[list[int]]) -> str:
+    return hashlib.sha256(json.dumps(tokens, separators=(",", ":")).encode()).hexdigest()
+
+
+def summarise(runs: list[Timing], batch: int) -> dict:
+    """Prefill median/min over the runs; decode TPOT p50/mean/p90 over every decode step of every
+    run; decode tok/s = batch / mean TPOT; the token trace hash of the first run."""
+    steps = [s for r in runs for s in r.step_s]
+    prefill = [r.prefill_s for r in runs]
+    tpot_mean = statistics.fmean(steps) if steps else None
+    return {
+        "batch": batch,
+        "iters": len(runs),
+        "decode_steps": len(steps),
+        "prefill_ms_median": statistics.median(prefill) * 1e3,
+        "prefill_ms_min": min(prefill) * 1e3,
+        "tpot_ms_p50": statistics.median(steps) * 1e3 if steps else None,
+        "tpot_ms_mean": tpot_mean * 1e3 if steps else None,
+        "tpot_ms_p90": percentile(steps, 90) * 1e3 if steps else None,
+        "decode_tok_s": batch / tpot_mean if tpot_mean else None,
+        "token_hash": token_hash(runs[0].tokens),
+        "deterministic": all(r.tokens == runs[0].tokens for r in runs),
+    }

@@ -1,0 +1,95 @@
+"""Joins a benchmark's requests with the server's trace records (pegainfer's --trace-file: JSONL,
+one OTLP/JSON TracesData object per line): per concurrency level, how many of the client's
+request ids have a terminal request span, which are missing, and what the server saw (largest
+active set and decode batch). Reads the file with the standard library only."""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT_PREFIX = "text_completion"  # request root spans: `text_completion {model}`
+MISSING_LISTED = 10
+
+
+def _value(v: dict) -> Any:
+    for key in ("stringValue", "boolValue", "doubleValue"):
+        if key in v:
+            return v[key]
+    if "intValue" in v:
+        return int(v["intValue"])
+    if "arrayValue" in v:
+        return [_value(x) for x in v["arrayValue"].get("values", [])]
+    return None
+
+
+def request_spans(path: Path) -> dict[str, dict[str, Any]]:
+    """gen_ai.response.id -> attributes of its terminal request root span (one with a terminal reason)."""
+    out: dict[str, dict[str, Any]] = {}
+    if not path.is_file():
+        return out
+    for raw in path.read_text(errors="replace").splitlines():
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            continue  # a line being written as we read
+        for rs in data.get("resourceSpans", []):
+            for ss in rs.get("scopeSpans", []):
+                for s in ss.get("spans", []):
+                    if not s.get("name", "").startswith(ROOT_PREFIX):
+                        continue
+                    attrs = {kv["key"]: _value(kv.get("value", {})) for kv in s.get("attributes", [])}
+                    rid = attrs.get("gen_ai.response.id")
+                    if rid and attrs.get("pegainfer.terminal_reason") is not None:
+                        out[rid] = attrs
+    return out
+
+
+def read_until_covered(path: Path, ids: set[str], wait_s: float) -> dict[str, dict[str, Any]]:
+    """The server exports in batches (about half a second behind): re-read until every id is there
+    or wait_s has passed."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        spans = request_spans(path)
+        if ids <= spans.keys() or time.monotonic() >= deadline:
+            return spans
+        time.sleep(0.25)
+
+
+def join_level(ids: list[str | None], spans: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One level's join. Coverage is over the requests the client learned an id for (header or chunk);
+    requests that never got one (refused before any response) are counted apart as `without_id`."""
+    known = [i for i in ids if i]
+    found = [spans[i] for i in known if i in spans]
+    missing = [i for i in known if i not in spans]
+
+    def biggest(key: str) -> int | None:
+        values = [a[key] for a in found if isinstance(a.get(key), (int, float))]
+        return max(values) if values else None
+
+    def median(key: str) -> float | None:
+        values = [a[key] for a in found if isinstance(a.get(key), (int, float))]
+        return statistics.median(values) if values else None
+
+    reasons: dict[str, int] = {}
+    for a in found:
+        reasons[str(a["pegainfer.terminal_reason"])] = reasons.get(str(a["pegainfer.terminal_reason"]), 0) + 1
+    return {
+        "client_requests": len(ids),
+        "client_ids": len(known),
+        "traced": len(found),
+        "without_id": len(ids) - len(known),
+        "coverage": len(found) / len(known) if known else None,
+        "missing": len(missing),
+        "missing_ids": missing[:MISSING_LISTED],
+        "active_set_size_max": biggest("pegainfer.active_set_size_max"),
+        "decode_batch_size_max": biggest("pegainfer.decode_batch_size_max"),
+        "server_queue_s_median": median("pegainfer.queue_s"),
+        "server_ttft_s_median": median("pegainfer.ttft_s"),
+        "terminal_reasons": reasons,
+        "backend": next((a.get("pegainfer.backend") for a in found if a.get("pegainfer.backend")), None),
+        "backend_maturity": next((a.get("pegainfer.backend_maturity") for a in found
+                                  if a.get("pegainfer.backend_maturity")), None),
+    }
