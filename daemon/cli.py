@@ -42,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     from daemon.settings import add_flags
     sv = sub.add_parser("serve", help="serve OpenAI-compatible /v1/completions over HTTP")
     add_flags(sv)
+
+    from daemon.install_service import add_arguments
+    ins = sub.add_parser("install-service", help="install the systemd unit, example config and service account")
+    add_arguments(ins)
     return parser
 
 
@@ -56,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             from daemon.serve import run_serve
             return run_serve(args)
+        if args.command == "install-service":
+            from daemon.install_service import run_install_service
+            return run_install_service(args)
         raise CliError(f"unknown command {args.command}")
     except CliError as e:
         print(f"pegainfer: error: {e}", file=sys.stderr)

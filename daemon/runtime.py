@@ -4,6 +4,7 @@ machine, the start-up sequence and the staged drain."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import time
@@ -76,9 +77,12 @@ class Runtime:
         """Runs in a worker thread: load weights, start ranks, one warm-up step."""
         if self.settings.debug_load_delay:
             time.sleep(self.settings.debug_load_delay)
-        self._status("loading weights")
+        s = self.settings
+        ranks = f", {s.ep_size} ranks" if s.ep_size > 1 else ""
+        self._status(f"loading weights: {self.model_name} ({s.backend} backend{ranks}, {s.device})")
         tok = Tokenizer(self.model_dir) if self.model_dir else _preset_tokenizer(self.settings.random_preset)
-        engine = build_engine(self.spec())
+        with self.notifier.load_progress(s.ep_size) if self.notifier else contextlib.nullcontext():
+            engine = build_engine(self.spec())
         self._status("warming up")
         generate(engine, [[tok.bos_id if tok.bos_id is not None else 0]], 2, ignore_eos=True)
         return engine, tok
@@ -90,6 +94,7 @@ class Runtime:
         except Exception as e:  # noqa: BLE001 - a load failure is reported, and the process exits non-zero
             self.load_error = f"{type(e).__name__}: {e}"
             log_event("load_failed", error=self.load_error)
+            self._status(f"load failed: {self.load_error}")
             self.exit_code = 1
             self.move(Phase.DEAD)
             self._request_exit()
@@ -116,6 +121,7 @@ class Runtime:
 
     def on_engine_died(self, message: str) -> None:
         log_event("engine_died", error=message)
+        self._status(f"engine failed: {message}")
         self.telemetry.on_engine_died(message)
         self.exit_code = 1
         if self.phase in (Phase.READY, Phase.DRAINING):

@@ -22,7 +22,11 @@ def _run(cmd: list[str]) -> str | None:
 
 
 def git() -> dict:
+    """The revision measured. A copy of the tree without .git (the GPU machine gets one) passes it
+    in PEGAINFER_GIT_SHA instead."""
     sha = _run(["git", "rev-parse", "HEAD"])
+    if sha is None and os.environ.get("PEGAINFER_GIT_SHA"):
+        return {"sha": os.environ["PEGAINFER_GIT_SHA"], "dirty": None}
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"])
     return {"sha": sha, "dirty": bool(status) if status is not None else None}
 
