@@ -7,15 +7,18 @@ import logging
 import sys
 
 from daemon.errors import CliError
+from daemon.settings import SettingsError
 from engine.config import ConfigError
 from engine.engine import RequestError
 from engine.weights import WeightsError
+from ep.launch import EPStartError
+from ep.nccl_runtime import NcclRuntimeError
 from ep.ownership import OwnershipError
 from ep.registry import UnknownBackend
-from daemon.settings import SettingsError
 
 # Errors whose message is the whole story for a user: no traceback.
-USER_ERRORS = (SettingsError, ConfigError, WeightsError, RequestError, OwnershipError, UnknownBackend, FileNotFoundError)
+USER_ERRORS = (SettingsError, EPStartError, NcclRuntimeError, ConfigError, WeightsError, RequestError, OwnershipError,
+               UnknownBackend, FileNotFoundError)
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -39,6 +42,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past the EOS token")
     g.add_argument("--json", action="store_true", help="print one JSON object")
 
+    w = sub.add_parser("expert-worker", help="join an EP group as an expert-only rank (multi-host)")
+    w.add_argument("--rank", type=int, required=True)
+    w.add_argument("--world-size", type=int, required=True)
+    w.add_argument("--master-addr", required=True, help="rank 0's address (its --ep-master-addr)")
+    w.add_argument("--master-port", type=int, default=29500)
+    w.add_argument("--model", help="the same checkpoint folder rank 0 serves")
+    w.add_argument("--random-preset", help="the same random preset rank 0 serves (tiny|lite)")
+    w.add_argument("--backend", default="host-staged")
+    w.add_argument("--device", default="cpu")
+    w.add_argument("--dtype", choices=["float32", "bfloat16"])
+    w.add_argument("--join-timeout", type=float, default=300.0)
+    w.add_argument("--num-threads", type=int, help="CPU threads; match rank 0's for bit-exact CPU results")
+
     from daemon.settings import add_flags
     sv = sub.add_parser("serve", help="serve OpenAI-compatible /v1/completions over HTTP")
     add_flags(sv)
@@ -57,6 +73,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "generate":
             from daemon.generate import run_generate
             return run_generate(args)
+        if args.command == "expert-worker":
+            from ep.worker import run_expert_worker
+            if not (args.model or args.random_preset):
+                raise CliError("expert-worker needs --model DIR (or --random-preset)")
+            return run_expert_worker(args.rank, args.world_size, args.master_addr, args.master_port,
+                                     model_dir=args.model, backend=args.backend, device=args.device,
+                                     dtype=args.dtype, random_preset=args.random_preset,
+                                     join_timeout_s=args.join_timeout, num_threads=args.num_threads)
         if args.command == "serve":
             from daemon.serve import run_serve
             return run_serve(args)

@@ -71,7 +71,10 @@ class Runtime:
         s = self.settings
         return EngineSpec(model_dir=self.model_dir, random_preset=s.random_preset, device=s.device, dtype=s.dtype,
                           backend=s.backend, ep_size=s.ep_size, max_model_len=s.max_model_len,
-                          num_slots=s.max_active, rank_timeout_s=s.rank_timeout)
+                          num_slots=s.max_active, rank_timeout_s=s.rank_timeout,
+                          rank_join_timeout_s=s.rank_join_timeout, ep_master_addr=s.ep_master_addr,
+                          ep_master_port=s.ep_master_port if s.ep_master_addr else None,
+                          ep_chunk_bytes=s.ep_chunk_bytes)
 
     def _build(self) -> tuple[Engine, Tokenizer]:
         """Runs in a worker thread: load weights, start ranks, one warm-up step."""

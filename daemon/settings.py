@@ -42,6 +42,11 @@ class Settings:
     max_body_bytes: int = _f(1 << 20, "largest accepted request body")
     sink_max_buffered: int = _f(4096, "unread tokens a stream may hold before it is cancelled")
     rank_timeout: float = _f(10.0, "seconds before a silent expert rank is declared failed")
+    rank_join_timeout: float = _f(300.0, "seconds rank 0 waits for every expert rank to load and join")
+    ep_master_addr: str | None = _f(None, "wait for expert ranks started with `pegainfer expert-worker` "
+                                          "at this address (default: spawn them on this host)")
+    ep_master_port: int = _f(29500, "rendezvous port for expert ranks on other hosts")
+    ep_chunk_bytes: int | None = _f(None, "nccl backend: largest single collective in bytes (default 64 MiB)")
     trace_file: str | None = _f(None, "JSONL trace-record file (OTLP/JSON lines)")
     otlp_endpoint: str | None = _f(None, "OTLP/HTTP collector endpoint (also OTEL_EXPORTER_OTLP_ENDPOINT)")
     step_trace_every: int = _f(1, "record every Nth engine step as a span (0: none)")

@@ -38,7 +38,11 @@ class EngineSpec:
     ep_size: int = 1
     max_model_len: int | None = None  # default: min(max_position_embeddings, 4096)
     num_slots: int = 8
-    rank_timeout_s: float = 10.0
+    rank_timeout_s: float = 10.0  # a silent expert rank fails the engine after this long
+    rank_join_timeout_s: float | None = None  # how long rank 0 waits for ranks to load (default 300 s)
+    ep_master_addr: str | None = None  # set: wait for `pegainfer expert-worker` ranks instead of spawning
+    ep_master_port: int | None = None
+    ep_chunk_bytes: int | None = None  # nccl backend: largest single collective (default 64 MiB)
     cuda_graphs: bool = True  # capture the decode step on CUDA when the EP backend is graph-safe
     triton_kernels: bool = True  # fused RMSNorm and MLA decode attention on CUDA (bf16)
 

@@ -24,6 +24,10 @@ REGISTRY: dict[str, BackendEntry] = {
     for e in (
         BackendEntry("local", "production", "ep.backends.local", "LocalBackend",
                      "one rank owns every expert; nothing moves"),
+        BackendEntry("host-staged", "production", "ep.backends.host_staged", "HostStagedBackend",
+                     "device -> pinned host -> gloo send/recv -> host -> device; CPU, shared GPU or many GPUs"),
+        BackendEntry("nccl", "candidate", "ep.backends.nccl", "NcclBackend",
+                     "device-resident broadcast + all-to-all on reusable scratch, chunked; one GPU per rank"),
     )
 }
 

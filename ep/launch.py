@@ -1,0 +1,95 @@
+"""Rank 0 brings up an EP group: host the rendezvous store, spawn the expert ranks on this host (or
+wait for `pegainfer expert-worker` ranks started elsewhere), wait for every rank with a deadline,
+vet what they report, then build the process group."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+
+import torch
+import torch.multiprocessing as mp
+
+from engine.startup_log import log_event
+from ep.group import RankGroup, make_process_group
+from ep.rendezvous import ReadyRecord, decide, free_port, host_store, wait_for_ranks
+from ep.worker import WorkerSpec, spawned_main
+
+DEFAULT_JOIN_TIMEOUT_S = 300.0  # loading a rank's experts of a real checkpoint takes a while
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LaunchPlan:
+    """Where the group meets and who starts the expert ranks. spawn: rank 0 starts ranks 1..N-1 on
+    this host (127.0.0.1, a free port); otherwise they are started elsewhere and join addr:port."""
+    world_size: int
+    backend: str
+    pg_backend: str
+    addr: str
+    port: int
+    spawn: bool
+    rank_timeout_s: float
+    join_timeout_s: float
+
+    @classmethod
+    def from_spec(cls, spec, world_size: int, pg_backend: str) -> LaunchPlan:
+        # Multi-host fields are optional on EngineSpec: without them rank 0 spawns every rank itself.
+        addr = getattr(spec, "ep_master_addr", None)
+        port = getattr(spec, "ep_master_port", None)
+        join = getattr(spec, "rank_join_timeout_s", None) or DEFAULT_JOIN_TIMEOUT_S
+        spawn = addr is None
+        return cls(world_size, spec.backend, pg_backend, addr or "127.0.0.1", port or free_port(), spawn,
+                   spec.rank_timeout_s, join)
+
+
+def launch_group(spec, plan: LaunchPlan, device_of: Callable[[int], torch.device],
+                 vet: Callable[[list[ReadyRecord]], str | None] = lambda records: None) -> RankGroup:
+    """Rank 0's side of start-up. device_of(rank): the device a spawned rank runs on; vet: a reason
+    to refuse the ranks as they reported themselves (None: accept). Raises RankFailure naming the
+    ranks that failed or never joined; every spawned rank is stopped on any failure."""
+    store = host_store(plan.addr, plan.port, plan.world_size, plan.join_timeout_s)
+    procs = {}
+    decided = False
+    try:
+        if plan.spawn:
+            procs = _spawn(spec, plan, device_of)
+        where = "" if plan.spawn else (f" (start them with: pegainfer expert-worker --rank R --world-size "
+                                       f"{plan.world_size} --master-addr {plan.addr} --master-port {plan.port} "
+                                       f"--backend {plan.backend})")
+        records = wait_for_ranks(store, list(range(1, plan.world_size)), plan.join_timeout_s,
+                                 exitcode=lambda r: procs[r].exitcode if r in procs else None, where=where)
+        for rec in records.values():
+            log_event("expert_rank_joined", **dataclasses.asdict(rec), backend=plan.backend)
+        reason = vet(list(records.values()))
+        decide(store, reason)
+        decided = True
+        if reason is not None:
+            raise EPStartError(reason)
+        pg = make_process_group(store, 0, plan.world_size, plan.pg_backend, plan.rank_timeout_s)
+    except BaseException as e:
+        if not decided:
+            decide(store, f"rank 0 gave up: {e}")
+        RankGroup(0, plan.world_size, store, None, plan.pg_backend, plan.rank_timeout_s, procs).close()
+        raise
+    return RankGroup(0, plan.world_size, store, pg, plan.pg_backend, plan.rank_timeout_s, procs)
+
+
+class EPStartError(RuntimeError):
+    """Rank 0 refused the group the expert ranks formed (the message says what to change)."""
+
+
+def _spawn(spec, plan: LaunchPlan, device_of: Callable[[int], torch.device]) -> dict:
+    ctx = mp.get_context("spawn")
+    level = logging.getLogger("pegainfer").getEffectiveLevel()
+    procs = {}
+    for r in range(1, plan.world_size):
+        device = device_of(r)
+        ws = WorkerSpec(rank=r, world_size=plan.world_size, master_addr=plan.addr, master_port=plan.port,
+                        backend=plan.backend,
+                        model_dir=None if spec.model_dir is None else str(spec.model_dir), random_preset=spec.random_preset,
+                        seed=spec.seed, device=str(device), dtype=str(spec.torch_dtype()).removeprefix("torch."),
+                        num_threads=torch.get_num_threads(), join_timeout_s=plan.join_timeout_s, log_level=level)
+        p = ctx.Process(target=spawned_main, args=(ws,), name=f"pegainfer-expert-rank-{r}", daemon=True)
+        p.start()
+        procs[r] = p
+    return procs

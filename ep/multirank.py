@@ -1,0 +1,148 @@
+"""The rank-0 half shared by the backends that move route rows to expert ranks (host-staged, nccl):
+start-up, the per-layer skeleton (counts, spans, dispatch, rank 0's own span, combine), counters,
+the failed state and close. A subclass says only how the bytes move."""
+from __future__ import annotations
+
+import abc
+import time
+from typing import Any
+
+import torch
+
+from ep.backend import ExchangeCounters, ExpertBackend, RankFailure
+from ep.experts import ExpertShard
+from ep.group import RankGroup
+from ep.grouped import grouped_mm_available
+from ep.launch import LaunchPlan, launch_group
+from ep.ownership import Ownership
+from ep.plan import RoutePlan
+from ep.rendezvous import ReadyRecord
+
+Spans = list[tuple[int, int]]  # [start, end) of each rank's routes in execution order
+
+
+def uses_grouped_mm(shard: ExpertShard, device: torch.device) -> bool:
+    """The expert kernel `local` picks (grouped GEMMs for bfloat16 on CUDA where available, else the
+    per-expert loop): every rank picks the same way, so each expert's rows see the same kernel."""
+    return all(w.dtype == torch.bfloat16 for w in shard.w13.values()) and grouped_mm_available(device)
+
+
+def run_span(shard: ExpertShard, grouped: bool, layer: int, hidden: torch.Tensor, token_index: torch.Tensor,
+             weight: torch.Tensor, counts: list[int], counts_dev: torch.Tensor | None = None) -> torch.Tensor:
+    """ExpertShard over one rank's span ([r] routes) -> [r, H] float32, with the kernel `local` uses."""
+    if grouped:
+        if counts_dev is None:
+            counts_dev = torch.tensor(counts, dtype=torch.int64, device=hidden.device)
+        return shard.run_grouped(layer, hidden, token_index, weight, counts_dev, True)
+    return shard.run(layer, hidden, token_index, weight, counts)
+
+
+class MultiRankBackend(ExpertBackend):
+    def __init__(self, group: RankGroup, shard: ExpertShard, cfg, ownership: Ownership, device: torch.device,
+                 dtype: torch.dtype):
+        self.group = group
+        self.shard = shard
+        self.cfg = cfg
+        self.ownership = ownership
+        self.device = device
+        self.dtype = dtype
+        self.hidden_size = cfg.hidden_size
+        self.last_moe_layer = cfg.moe_layers[-1]
+        self.grouped = uses_grouped_mm(shard, device)
+        self._counters = ExchangeCounters.zero(ownership.world_size, cfg.n_routed_experts)
+
+    # ---- what a subclass provides --------------------------------------------------------------
+    @classmethod
+    @abc.abstractmethod
+    def pg_backend_for(cls, device: torch.device) -> str:
+        """The torch.distributed backend this transport runs over on `device`."""
+
+    @classmethod
+    def device_of(cls, rank: int, device: torch.device, world_size: int) -> torch.device:
+        """The device a rank spawned by rank 0 (on `device`) runs on."""
+        return device
+
+    @classmethod
+    def check_runtime(cls, device: torch.device, ranks_here: int) -> None:
+        """Refuse, before anything starts, a runtime this transport cannot work on."""
+
+    @classmethod
+    def check_rank_runtime(cls, device: torch.device) -> None:
+        """The same refusal on an expert rank started on another host."""
+
+    @classmethod
+    def vet(cls, records: list[ReadyRecord], device: torch.device) -> str | None:
+        """A reason to refuse the expert ranks as they reported themselves, or None."""
+        return None
+
+    @abc.abstractmethod
+    def _dispatch(self, layer: int, hidden: torch.Tensor, plan: RoutePlan, counts: list[int], spans: Spans) -> Any:
+        """Start moving the remote routes' rows out and their results back; returns what _combine needs."""
+
+    @abc.abstractmethod
+    def _combine(self, exchange: Any, out: torch.Tensor) -> None:
+        """Finish the exchange: remote results into out[spans[0][1]:] ([R, H] float32)."""
+
+    @abc.abstractmethod
+    def _send_stop(self) -> None:
+        """Tell every expert rank to exit its serve loop."""
+
+    @classmethod
+    @abc.abstractmethod
+    def serve(cls, group: RankGroup, shard: ExpertShard, cfg, device: torch.device, dtype: torch.dtype) -> None:
+        """An expert rank's loop: receive rows, run ExpertShard.run, send results, until stop."""
+
+    # ---- the contract ---------------------------------------------------------------------------
+    @classmethod
+    def start(cls, spec, cfg, ownership: Ownership, shard: ExpertShard) -> MultiRankBackend:
+        device, world = torch.device(spec.device), ownership.world_size
+        spawn = getattr(spec, "ep_master_addr", None) is None
+        cls.check_runtime(device, world if spawn else 1)
+        plan = LaunchPlan.from_spec(spec, world, cls.pg_backend_for(device))
+        group = launch_group(spec, plan, lambda r: cls.device_of(r, device, world), lambda recs: cls.vet(recs, device))
+        return cls(group, shard, cfg, ownership, device, spec.torch_dtype())
+
+    def expert_outputs(self, layer: int, hidden: torch.Tensor, plan: RoutePlan) -> torch.Tensor:
+        """hidden: [T, H] -> [R, H] float32, execution order: rank 0's span computed here, the rest
+        by their owners, in the same ExpertShard code (so the bits equal `local`)."""
+        self.group.check()  # a failed group stays failed: raise at once
+        self.group.settle()  # earlier device-side exchanges must be complete before the host reads counts
+        t0 = time.perf_counter()
+        counts = plan.expert_counts.tolist()  # [E] the one host read routing needs
+        spans = [plan.span(self.ownership.experts_of(r), counts) for r in range(self.ownership.world_size)]
+        self._tally(counts, spans)
+        out = torch.empty(plan.token_index.shape[0], self.hidden_size, dtype=torch.float32, device=hidden.device)
+        exchange = self._dispatch(layer, hidden, plan, counts, spans)
+        t1 = time.perf_counter()
+        s0, e0 = spans[0]
+        mine = self.shard.experts
+        if e0 > s0:
+            out[s0:e0] = run_span(self.shard, self.grouped, layer, hidden, plan.token_index[s0:e0], plan.weight[s0:e0],
+                                  counts[mine.start:mine.stop], plan.expert_counts[mine.start:mine.stop])  # [r0, H]
+        t2 = time.perf_counter()
+        self._combine(exchange, out)
+        if layer == self.last_moe_layer:
+            self.group.settle()  # nothing after the last MoE layer would notice a stalled rank
+        self._counters.exchange_s += time.perf_counter() - t0 - (t2 - t1)
+        return out
+
+    def _tally(self, counts: list[int], spans: Spans) -> None:
+        c = self._counters
+        for r, (s, e) in enumerate(spans):
+            c.routes_per_rank[r] += e - s
+        for e, n in enumerate(counts):
+            c.routes_per_expert[e] += n
+
+    def take_counters(self) -> ExchangeCounters:
+        out = self._counters
+        traffic = self.group.traffic.take()
+        out.collective_calls, out.bytes_sent, out.bytes_received = traffic.calls, traffic.sent, traffic.received
+        self._counters = ExchangeCounters.zero(self.ownership.world_size, self.cfg.n_routed_experts)
+        return out
+
+    def close(self) -> None:
+        self.group.close(self._send_stop)
+
+    @property
+    def failed(self) -> RankFailure | None:
+        return self.group.failure

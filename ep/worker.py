@@ -1,0 +1,191 @@
+"""An expert-only rank: connect to rank 0's rendezvous, load only the experts this rank owns, report
+ready, then serve the backend's per-layer exchange until rank 0 says stop (or goes away).
+
+`run_expert_worker` is what `pegainfer expert-worker` calls on another host; rank 0 spawns the same
+code on its own host through `spawned_main`."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+
+import torch
+
+from engine.config import ModelConfig
+from engine.engine import EngineSpec
+from engine.startup_log import log_event
+from engine.weights import is_expert_tensor, load_tensors
+from ep import registry
+from ep.experts import ExpertShard
+from ep.group import RankGroup, make_process_group
+from ep.ownership import Ownership
+from ep.rendezvous import (
+    ABANDONED_KEY,
+    ReadyRecord,
+    await_decision,
+    connect_store,
+    post_failed,
+    post_ready,
+)
+
+log = logging.getLogger("pegainfer.ep.worker")
+
+SERVE_TIMEOUT_S = 7 * 24 * 3600.0  # an expert rank idles as long as rank 0 does: only rank 0 times out
+RANK0_CHECK_S = 2.0  # how often an expert rank checks that rank 0's store still answers
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    backend: str
+    model_dir: str | None = None
+    random_preset: str | None = None
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str | None = None  # default as rank 0's: float32 on CPU, bfloat16 on CUDA
+    num_threads: int | None = None  # CPU GEMM threads; rank 0 passes its own so the bits match
+    join_timeout_s: float = 300.0
+    log_level: int | None = None  # set by rank 0 for the ranks it spawns (they inherit its stderr)
+
+
+def run_expert_worker(rank: int, world_size: int, master_addr: str, master_port: int, model_dir: str | None = None,
+                      backend: str = "host-staged", device: str = "cpu", dtype: str | None = None, seed: int = 0,
+                      random_preset: str | None = None, *, join_timeout_s: float = 300.0,
+                      num_threads: int | None = None) -> int:
+    """Run expert rank `rank` of a `world_size` EP group whose rank 0 listens at master_addr:master_port.
+    Returns the process exit code: 0 after rank 0's stop message, 1 when start-up or the group failed."""
+    return serve(WorkerSpec(rank, world_size, master_addr, master_port, backend, model_dir, random_preset, seed,
+                            device, dtype, num_threads, join_timeout_s))
+
+
+def spawned_main(spec: WorkerSpec) -> None:
+    """torch.multiprocessing entry point for the ranks rank 0 starts on its own host."""
+    if spec.log_level is not None:
+        logging.basicConfig(level=spec.log_level, stream=sys.stderr, format="%(message)s")
+    code = serve(spec)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip interpreter teardown (seconds with torch loaded): nothing is left to clean up
+
+
+def serve(spec: WorkerSpec) -> int:
+    if not 0 < spec.rank < spec.world_size:
+        raise ValueError(f"expert rank must be in 1..{spec.world_size - 1}, got {spec.rank}")
+    if spec.num_threads:
+        torch.set_num_threads(spec.num_threads)
+    store = connect_store(spec.master_addr, spec.master_port, spec.world_size, spec.join_timeout_s)
+    try:
+        cls = registry.entry(spec.backend).load()
+        if not hasattr(cls, "serve"):
+            raise ValueError(f"backend {spec.backend!r} runs no expert ranks (use host-staged or nccl)")
+        device = _rank_device(spec.device)
+        cls.check_rank_runtime(device)
+        cfg = _config(spec)
+        experts = Ownership(cfg.n_routed_experts, spec.world_size).experts_of(spec.rank)
+        dtype = EngineSpec(device=str(device), dtype=spec.dtype).torch_dtype()
+        shard, record = load_shard(spec, cfg, experts, device, dtype)
+    except Exception as e:  # noqa: BLE001 - any start-up error goes to rank 0, which names it and this rank
+        post_failed(store, spec.rank, f"{type(e).__name__}: {e}")
+        log_event("expert_rank_failed", rank=spec.rank, error=f"{type(e).__name__}: {e}")
+        return 1
+    post_ready(store, record)
+    log_event("expert_rank_ready", **dataclasses.asdict(record), backend=spec.backend)
+    verdict = await_decision(store)
+    if verdict is not None:
+        log_event("expert_rank_aborted", rank=spec.rank, reason=verdict)
+        return 1
+    _exit_when_rank0_is_gone(spec)
+    pg_backend = cls.pg_backend_for(device)
+    group = RankGroup(spec.rank, spec.world_size, store,
+                      make_process_group(store, spec.rank, spec.world_size, pg_backend, SERVE_TIMEOUT_S), pg_backend,
+                      SERVE_TIMEOUT_S)
+    try:
+        with torch.inference_mode():
+            cls.serve(group, shard, cfg, device, dtype)
+    except RuntimeError as e:  # rank 0 went away or a collective failed: nothing left to serve
+        log_event("expert_rank_lost", rank=spec.rank, error=str(e).splitlines()[0][:200])
+        return 1
+    log_event("expert_rank_stopped", rank=spec.rank)
+    return 0
+
+
+def _exit_when_rank0_is_gone(spec: WorkerSpec, period_s: float = RANK0_CHECK_S) -> None:
+    """End this process when rank 0's store stops answering (rank 0 died) or rank 0 abandoned the
+    failed group: a rank blocked in an NCCL kernel would otherwise wait on the GPU for good. Its own
+    store connection, so the serving thread's use of the store is untouched."""
+    store = connect_store(spec.master_addr, spec.master_port, spec.world_size, 10.0)
+
+    def watch() -> None:
+        while True:
+            time.sleep(period_s)
+            try:
+                if not store.check([ABANDONED_KEY]):
+                    continue
+                reason = "rank 0 abandoned the group: " + store.get(ABANDONED_KEY).decode()
+            except Exception as e:  # noqa: BLE001 - failing to reach the store means rank 0 is gone
+                reason = str(e).splitlines()[0][:200]
+            log_event("expert_rank_orphaned", rank=spec.rank, reason=reason)
+            logging.shutdown()
+            os._exit(1)
+
+    threading.Thread(target=watch, name=f"rank0-watch-{spec.rank}", daemon=True).start()
+
+
+def load_shard(spec: WorkerSpec, cfg: ModelConfig, experts: range, device: torch.device,
+               dtype: torch.dtype) -> tuple[ExpertShard, ReadyRecord]:
+    """This rank's experts of every MoE layer, and nothing else: from the checkpoint through the
+    loader's keep filter, or drawn from the random preset with rank 0's seed (the same values)."""
+    t0 = time.perf_counter()
+
+    def keep(name: str) -> bool:
+        e = is_expert_tensor(name)
+        return e is not None and e in experts
+
+    if spec.model_dir is not None:
+        tensors, _ = load_tensors(spec.model_dir, cfg, keep=keep, device=device, dtype=dtype)
+    else:
+        from engine.presets import random_tensors
+        tensors = dict(random_tensors(cfg, spec.seed, device=device, dtype=dtype, keep=keep))
+    shard = ExpertShard.from_tensors(experts, tensors, cfg.moe_layers)
+    if tensors:
+        raise ValueError(f"rank {spec.rank} loaded tensors it does not use: {sorted(tensors)[:3]}")
+    record = ReadyRecord(rank=spec.rank, host=socket.gethostname(), pid=os.getpid(), device=str(device),
+                         gpu=_gpu_id(device), experts=f"{experts.start}..{experts.stop - 1}", bytes=shard.nbytes(),
+                         load_s=round(time.perf_counter() - t0, 4))
+    return shard, record
+
+
+def _config(spec: WorkerSpec) -> ModelConfig:
+    if spec.model_dir is not None:
+        return ModelConfig.load(spec.model_dir)
+    if spec.random_preset is None:
+        raise ValueError("an expert rank needs a model directory or a random preset")
+    from engine.presets import PRESETS
+    return ModelConfig.from_dict(PRESETS[spec.random_preset], f"preset {spec.random_preset}")
+
+
+def _rank_device(name: str) -> torch.device:
+    """'cuda' without an index means this host's LOCAL_RANK GPU (as torchrun sets it), else GPU 0."""
+    device = torch.device(name)
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    return device
+
+
+def _gpu_id(device: torch.device) -> str:
+    """The physical GPU behind `device` (so two ranks on one GPU are caught across CUDA_VISIBLE_DEVICES)."""
+    if device.type != "cuda":
+        return ""
+    props = torch.cuda.get_device_properties(device)
+    uuid = getattr(props, "uuid", None)
+    return str(uuid) if uuid is not None else f"{socket.gethostname()}:cuda:{device.index}"

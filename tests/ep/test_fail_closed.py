@@ -1,0 +1,104 @@
+"""Runtimes the EP backends cannot work on are refused at start-up, before any rank is spawned, with a
+message that says what to change: nccl with more ranks than GPUs or two ranks on one GPU, an NCCL
+runtime older than the GPU architecture's floor, more ranks than routed experts."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from engine.config import ModelConfig
+from engine.engine import EngineSpec, build_engine
+from engine.presets import PRESETS
+from ep.backends.nccl import NcclBackend, chunk_bytes_of
+from ep.nccl_runtime import (
+    NCCL_FLOORS,
+    NcclRuntimeError,
+    check_distinct_gpus,
+    check_nccl_runtime,
+)
+from ep.ownership import Ownership, OwnershipError
+from ep.rendezvous import ReadyRecord
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch):
+    """fake(count, capability, nccl_version): pretend this CPU build sees CUDA GPUs."""
+    def fake(count: int, capability: tuple[int, int] = (9, 0), version: tuple = (2, 21, 5)) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: capability)
+        monkeypatch.setattr(torch.cuda.nccl, "version", lambda: version)
+        monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    return fake
+
+
+def test_more_ranks_than_gpus_is_refused_before_anything_starts(fake_gpus) -> None:
+    fake_gpus(2)
+    cfg = ModelConfig.from_dict(PRESETS["tiny"], "preset tiny")
+    spec = EngineSpec(random_preset="tiny", device="cuda:0", backend="nccl", ep_size=4)
+    with pytest.raises(NcclRuntimeError, match=r"one GPU per rank: 4 rank\(s\) on this host starting at cuda:0 need 4 "
+                                               r"visible GPUs, found 2\. Use --ep-size <= 2.*--backend host-staged"):
+        NcclBackend.start(spec, cfg, Ownership(8, 4), shard=None)
+
+
+def test_placement_counts_from_rank0s_gpu(fake_gpus) -> None:
+    fake_gpus(4)
+    check_nccl_runtime(torch.device("cuda:0"), 4)
+    with pytest.raises(NcclRuntimeError, match="starting at cuda:2 need 5 visible GPUs, found 4"):
+        check_nccl_runtime(torch.device("cuda:2"), 3)
+
+
+def test_nccl_older_than_the_architecture_floor_is_refused(fake_gpus) -> None:
+    assert NCCL_FLOORS[(12, 0)] == (2, 26, 2)
+    fake_gpus(2, capability=(12, 0), version=(2, 21, 5))
+    with pytest.raises(NcclRuntimeError, match=r"NCCL 2\.21\.5 is loaded, but cuda:0 \(sm_120\) needs NCCL >= 2\.26\.2\. "
+                                               r"Point the loader at a newer libnccl\.so\.2.*LD_LIBRARY_PATH"):
+        check_nccl_runtime(torch.device("cuda:0"), 2)
+    fake_gpus(2, capability=(12, 0), version=(2, 26, 2))
+    check_nccl_runtime(torch.device("cuda:0"), 2)  # at the floor: accepted
+    fake_gpus(2, capability=(9, 0), version=(2, 18, 1))
+    check_nccl_runtime(torch.device("cuda:0"), 2)  # Hopper has no floor in the table
+
+
+def test_no_cuda_or_no_nccl_is_refused(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(NcclRuntimeError, match="CUDA is not available; use --device cpu"):
+        check_nccl_runtime(torch.device("cuda:0"), 2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: False)
+    with pytest.raises(NcclRuntimeError, match="no NCCL; use --backend host-staged"):
+        check_nccl_runtime(torch.device("cuda:0"), 2)
+
+
+def test_cpu_runs_the_nccl_code_over_gloo_without_gpu_checks() -> None:
+    check_nccl_runtime(torch.device("cpu"), 64)
+    assert NcclBackend.pg_backend_for(torch.device("cpu")) == "gloo"
+    assert NcclBackend.pg_backend_for(torch.device("cuda:0")) == "nccl"
+
+
+def _rec(rank: int, gpu: str, host: str = "h1") -> ReadyRecord:
+    return ReadyRecord(rank, host, 100 + rank, f"cuda:{rank}", gpu, "0..1", 1, 0.1)
+
+
+def test_two_ranks_on_one_gpu_are_refused() -> None:
+    assert check_distinct_gpus([_rec(1, "GPU-b"), _rec(2, "GPU-c")], "GPU-a") is None
+    reason = check_distinct_gpus([_rec(1, "GPU-b"), _rec(2, "GPU-a")], "GPU-a")
+    assert reason is not None and "ranks 0 and 2 both run on GPU GPU-a" in reason
+    assert "Duplicate GPU detected" in reason and "--backend host-staged" in reason
+    assert "ranks 1 and 2" in check_distinct_gpus([_rec(1, "GPU-b"), _rec(2, "GPU-b", "h2")], "GPU-a")
+
+
+def test_more_ranks_than_experts_is_refused_before_spawning() -> None:
+    with pytest.raises(OwnershipError, match="ep size 9 is larger than the 8 routed experts"):
+        build_engine(EngineSpec(random_preset="tiny", backend="host-staged", ep_size=9))
+
+
+def test_chunk_size_comes_from_the_spec_then_the_environment(monkeypatch) -> None:
+    monkeypatch.delenv("PEGAINFER_EP_CHUNK_BYTES", raising=False)
+    assert chunk_bytes_of(EngineSpec()) == 64 << 20
+    monkeypatch.setenv("PEGAINFER_EP_CHUNK_BYTES", "4096")
+    assert chunk_bytes_of(EngineSpec()) == 4096
+    with pytest.raises(ValueError, match="positive"):
+        monkeypatch.setenv("PEGAINFER_EP_CHUNK_BYTES", "0")
+        chunk_bytes_of(EngineSpec())

@@ -1,0 +1,66 @@
+"""One registry names the EP backends: every entry's maturity is a known one, agrees with the
+backend class it loads, and the docs/STATUS.md "EP backends" table says exactly the same."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ep import registry
+from ep.backend import MATURITIES
+
+STATUS = Path(__file__).resolve().parents[2] / "docs" / "STATUS.md"
+
+
+def status_table(section: str = "## EP backends") -> dict[str, str]:
+    """backend name -> maturity, from the first markdown table under `section`."""
+    lines = STATUS.read_text().splitlines()
+    start = lines.index(section) + 1
+    rows: dict[str, str] = {}
+    in_table = False
+    for line in lines[start:]:
+        if line.startswith("## "):
+            break
+        if not line.startswith("|"):
+            if in_table:
+                break
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not in_table:  # header row, then the --- separator
+            in_table = True
+            assert cells[:2] == ["backend", "maturity"], cells
+            continue
+        if set(cells[0]) <= {"-", " "}:
+            continue
+        rows[cells[0].strip("`")] = cells[1]
+    return rows
+
+
+def test_every_backend_has_a_known_maturity() -> None:
+    assert registry.REGISTRY
+    for name, e in registry.REGISTRY.items():
+        assert e.name == name
+        assert e.maturity in MATURITIES, (name, e.maturity)
+
+
+@pytest.mark.parametrize("name", sorted(registry.REGISTRY))
+def test_entry_agrees_with_the_backend_class(name: str) -> None:
+    e = registry.entry(name)
+    cls = e.load()
+    assert cls.name == e.name
+    assert cls.maturity == e.maturity
+    assert registry.maturity(name) == cls.maturity
+
+
+def test_status_table_agrees_with_the_registry() -> None:
+    assert status_table() == {n: e.maturity for n, e in registry.REGISTRY.items()}
+
+
+def test_the_ep_backends_of_the_design_are_registered() -> None:
+    assert {"local": "production", "host-staged": "production", "nccl": "candidate"}.items() <= \
+        {n: e.maturity for n, e in registry.REGISTRY.items()}.items()
+
+
+def test_unknown_backend_names_the_known_ones() -> None:
+    with pytest.raises(registry.UnknownBackend, match="known: local, host-staged, nccl"):
+        registry.entry("mpi")
