@@ -1,41 +1,101 @@
-"""The telemetry hub the daemon wires in: it observes every lifecycle transition and engine step
-and fans them out to trace records and metrics. (Spans and metrics are filled in by the telemetry
-issue; this is the seam the rest of the daemon calls.)"""
+"""The telemetry hub the daemon wires in: it observes every lifecycle transition (it is the
+scheduler's LifecycleObserver) and every engine step, and fans them out to request spans, engine
+step spans and Prometheus metrics. Everything here runs on the event loop and only records: spans
+are exported on the batch processors' worker threads, so nothing here blocks on I/O.
+
+A telemetry bug must not fail a request: the observer callbacks run inside the scheduler's moves,
+so an exception there is logged (the first few times), counted in
+pegainfer:telemetry_errors_total, and swallowed."""
 from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+from starlette.routing import Route
+
+from engine.messages import StepRecord
+from lifecycle.request import Request
+from lifecycle.states import RequestState
+from telemetry.clock import EpochClock
+from telemetry.engine_info import EngineInfo
+from telemetry.metrics import Metrics
+from telemetry.request_spans import RequestSpans
+from telemetry.step_spans import StepSpans
+from telemetry.tracing import Tracing
+
+log = logging.getLogger("pegainfer.telemetry")
+LOGGED_ERRORS = 10  # tracebacks logged before the rest are only counted
 
 
 class Telemetry:
-    def __init__(self) -> None:
-        self.backend = "unknown"
-        self.maturity = "unknown"
-        self.model = "unknown"
+    def __init__(self, tracing: Tracing | None = None, *, step_trace_every: int = 1,
+                 clock: EpochClock | None = None) -> None:
+        """`tracing` defaults to a pipeline with no exporter (spans are made, then dropped)."""
+        self.tracing = tracing if tracing is not None else Tracing()
+        self.engine = EngineInfo()
+        self.clock = clock if clock is not None else EpochClock()
+        self.metrics = Metrics()
+        self.requests = RequestSpans(self.tracing.tracer, self.clock, self.engine)
+        self.steps = StepSpans(self.tracing.tracer, self.engine, step_trace_every)
+        self.errors = 0
+
+    @contextlib.contextmanager
+    def _guard(self, where: str) -> Iterator[None]:
+        try:
+            yield
+        except Exception:  # noqa: BLE001 - see the module docstring
+            self.errors += 1
+            self.metrics.telemetry_errors.inc()
+            if self.errors <= LOGGED_ERRORS:
+                log.exception("telemetry: %s failed (error %d)", where, self.errors)
 
     def set_engine(self, backend: str, maturity: str, model: str) -> None:
-        self.backend, self.maturity, self.model = backend, maturity, model
+        self.engine.backend, self.engine.maturity, self.engine.model = backend, maturity, model
+        self.metrics.set_engine(backend, maturity, model)
 
-    def on_transition(self, request, old, new) -> None:
-        pass
+    # ---- LifecycleObserver ------------------------------------------------------------------------
+    def on_transition(self, request: Request, old: RequestState, new: RequestState) -> None:
+        with self._guard("on_transition"):
+            self.requests.on_transition(request, old, new)
+        with self._guard("on_transition metrics"):
+            self.metrics.on_transition(request, old, new)
 
-    def on_step(self, record) -> None:
-        pass
+    # ---- StepObserver -----------------------------------------------------------------------------
+    def on_step(self, record: StepRecord) -> None:
+        with self._guard("on_step"):
+            if self.steps.wanted(record):
+                self.steps.record(record, self.requests.contexts(record.request_ids))
+        with self._guard("on_step metrics"):
+            self.metrics.on_step(record)
+        self.requests.step_done()
 
     def on_engine_died(self, message: str) -> None:
-        pass
+        with self._guard("on_engine_died"):
+            self.metrics.on_engine_died()
 
-    def on_front_rejection(self, status: int, message: str, body: dict | None) -> None:
+    # ---- the HTTP side ----------------------------------------------------------------------------
+    def on_front_rejection(self, status: int, message: str, headers) -> None:
         """A request refused before it reached the scheduler (bad JSON, auth, validation)."""
+        with self._guard("on_front_rejection"):
+            self.requests.front_rejection(status, message, self.tracing.extract(headers))
+        with self._guard("on_front_rejection metrics"):
+            self.metrics.on_front_rejection()
 
-    def on_request_attributes(self, request_id: str, parsed) -> None:
-        """The parsed OpenAI request (model, max_tokens, temperature, stream) before submission."""
-
-    def on_token_delta(self, request_id: str, n_tokens: int, now: float) -> None:
-        pass
+    def on_request_start(self, request_id: str, parsed, headers) -> None:
+        """The parsed OpenAI request (daemon.protocol.CompletionRequest) and the HTTP headers
+        (for an incoming traceparent), before the request is submitted or rejected."""
+        with self._guard("on_request_start"):
+            self.requests.announce(request_id, parsed, self.tracing.extract(headers))
 
     def render_metrics(self, runtime) -> tuple[bytes, str]:
-        return b"", "text/plain; version=0.0.4"
+        return self.metrics.render(runtime.scheduler, runtime.engine, self.tracing.dropped())
 
-    def extra_routes(self, runtime) -> list:
-        return []
+    def extra_routes(self, runtime) -> list[Route]:
+        return [self.tracing.recent.route()] if self.tracing.recent is not None else []
 
     def shutdown(self) -> None:
-        pass
+        """Flush every exporter (the trace file included) and close them; safe to call twice."""
+        if self.requests.live_count:
+            log.warning("telemetry shutdown with %d requests still open", self.requests.live_count)
+        self.tracing.shutdown()

@@ -1,0 +1,201 @@
+"""Request spans: one root span per request (`text_completion {model}`, kind SERVER, parented on
+an incoming W3C traceparent), with queue, prefill and decode child spans and first_token and
+terminal events, all timed from the request's own timestamps.
+
+The root span starts at the request's first transition (its start time is `received_at`) so that
+engine steps can link to it while it runs; children, events and most attributes are written at
+the terminal transition, when every timestamp is known. A request gets exactly one root span:
+the scheduler moves a request to a terminal state exactly once, and a front rejection never
+reaches the scheduler."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+from typing import Any
+
+import orjson
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import Span
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Tracer
+
+from lifecycle.rejection import Draining, NotReady, QueueFull
+from lifecycle.request import Request
+from lifecycle.states import ENGINE_HELD, RequestState, TerminalReason
+from telemetry.clock import EpochClock
+from telemetry.engine_info import EngineInfo
+
+OPERATION = "text_completion"
+MAX_ANNOUNCED = 4096  # announced requests not yet seen by the scheduler (normally 0 or 1)
+
+# Scheduler refusals, by their message: (HTTP status, error.type). Anything else the daemon
+# rejected before admission (over the context, a token outside the vocabulary) was a 400.
+_REFUSALS = {QueueFull(0).message: (429, "queue_full"), NotReady(0).message: (503, "not_ready"),
+             Draining().message: (503, "draining")}
+_INVALID = (400, "invalid_request")
+
+
+@dataclasses.dataclass(slots=True)
+class _Announced:
+    parsed: Any  # daemon.protocol.CompletionRequest
+    parent: Context | None
+
+
+def output_hash(token_ids: list[int]) -> str:
+    """sha256 of the output token ids as compact JSON (`[1,2,3]`)."""
+    return hashlib.sha256(orjson.dumps(token_ids)).hexdigest()
+
+
+class RequestSpans:
+    def __init__(self, tracer: Tracer, clock: EpochClock, engine: EngineInfo) -> None:
+        self._tracer = tracer
+        self._clock = clock
+        self._engine = engine
+        self._announced: collections.OrderedDict[str, _Announced] = collections.OrderedDict()
+        self._live: dict[str, Span] = {}
+        self._ended: dict[str, SpanContext] = {}  # ended since the last engine step (its links)
+
+    # ---- what the hub calls ----------------------------------------------------------------------
+    def announce(self, request_id: str, parsed: Any, parent: Context | None) -> None:
+        self._announced[request_id] = _Announced(parsed, parent)
+        while len(self._announced) > MAX_ANNOUNCED:
+            self._announced.popitem(last=False)
+
+    def on_transition(self, request: Request, old: RequestState, new: RequestState) -> None:
+        if request.request_id not in self._live and old is RequestState.RECEIVED:
+            self._start(request)
+        if new.is_terminal:
+            self._finish(request, linkable=old in ENGINE_HELD)
+
+    def front_rejection(self, status: int, message: str, parent: Context | None) -> None:
+        now = self._clock.now_ns()
+        span = self._tracer.start_span(f"{OPERATION} {self._engine.model}", context=parent or Context(),
+                                       kind=SpanKind.SERVER, start_time=now)
+        span.set_attributes({
+            "gen_ai.operation.name": OPERATION, "gen_ai.request.model": self._engine.model,
+            "error.type": str(status), "http.response.status_code": status,
+            "pegainfer.terminal_reason": TerminalReason.REJECTED.value, "pegainfer.error": message,
+            "pegainfer.rejected_at": "front", **self._engine.attributes()})
+        span.add_event("terminal", {"pegainfer.terminal_reason": TerminalReason.REJECTED.value,
+                                    "pegainfer.state": RequestState.REJECTED.value}, timestamp=now)
+        span.set_status(Status(StatusCode.ERROR, message))
+        span.end(end_time=now)
+
+    def contexts(self, request_ids: list[str]) -> list[tuple[str, SpanContext]]:
+        """The span contexts of these requests, live or ended since the last engine step."""
+        out = []
+        for rid in request_ids:
+            span = self._live.get(rid)
+            ctx = span.get_span_context() if span is not None else self._ended.get(rid)
+            if ctx is not None:
+                out.append((rid, ctx))
+        return out
+
+    def step_done(self) -> None:
+        self._ended.clear()
+
+    @property
+    def live_count(self) -> int:
+        return len(self._live)
+
+    # ---- internals -------------------------------------------------------------------------------
+    def _start(self, request: Request) -> None:
+        rid = request.request_id
+        announced = self._announced.pop(rid, None)
+        parsed = announced.parsed if announced else None
+        received = request.received_at if request.received_at is not None else request.finished_at
+        attributes = {
+            "gen_ai.operation.name": OPERATION,
+            "gen_ai.request.model": (parsed.model if parsed and parsed.model else request.model),
+            "gen_ai.request.max_tokens": request.params.max_tokens,
+            "gen_ai.response.id": rid,
+            "gen_ai.response.model": request.model,
+            "gen_ai.usage.input_tokens": len(request.prompt_ids),
+            "pegainfer.ignore_eos": request.params.ignore_eos,
+            **self._engine.attributes(),
+        }
+        if parsed is not None:
+            attributes["gen_ai.request.stream"] = parsed.stream
+            if parsed.temperature is not None:
+                attributes["gen_ai.request.temperature"] = float(parsed.temperature)
+        parent = announced.parent if announced is not None and announced.parent is not None else Context()
+        span = self._tracer.start_span(f"{OPERATION} {request.model}", context=parent, kind=SpanKind.SERVER,
+                                       start_time=self._clock.ns(received), attributes=attributes)
+        self._live[rid] = span
+
+    def _finish(self, request: Request, linkable: bool) -> None:
+        rid = request.request_id
+        span = self._live.pop(rid, None)
+        if span is None:
+            return
+        ns = self._clock.ns
+        end = ns(request.finished_at)
+        reason = request.terminal_reason
+        self._children(span, request)
+        attributes: dict[str, Any] = {
+            "gen_ai.usage.output_tokens": len(request.output_ids),
+            "pegainfer.terminal_reason": reason.value,
+            "pegainfer.active_set_size_max": request.active_set_size_max,
+            "pegainfer.decode_batch_size_max": request.decode_batch_size_max,
+            "pegainfer.pending_depth_at_admit": request.pending_depth_at_admit,
+            "pegainfer.output_hash": output_hash(request.output_ids),
+            **_durations(request),
+        }
+        if request.finish_reason is not None:
+            attributes["gen_ai.response.finish_reasons"] = [request.finish_reason.value]
+        if request.error:
+            attributes["pegainfer.error"] = request.error
+        if reason is TerminalReason.FAILED:
+            attributes["error.type"] = "engine_failed"
+        elif reason is TerminalReason.REJECTED:
+            status, kind = _REFUSALS.get(request.error or "", _INVALID)
+            attributes["error.type"] = kind
+            attributes["http.response.status_code"] = status
+        span.set_attributes(attributes)
+        if request.first_token_at is not None:
+            ttft = {k: v for k, v in attributes.items() if k == "pegainfer.ttft_s"}
+            span.add_event("first_token", ttft, timestamp=ns(request.first_token_at))
+        span.add_event("terminal", {"pegainfer.terminal_reason": reason.value, "pegainfer.state": request.state.value,
+                                    "gen_ai.usage.output_tokens": len(request.output_ids)}, timestamp=end)
+        if reason in (TerminalReason.FAILED, TerminalReason.REJECTED):
+            span.set_status(Status(StatusCode.ERROR, request.error or reason.value))
+        span.end(end_time=max(end, span.start_time))
+        if linkable:  # the engine held it: its last step's record is still to come
+            self._ended[rid] = span.get_span_context()
+
+    def _children(self, root: Span, request: Request) -> None:
+        """queue: PENDING -> ADMITTED; prefill: PREFILL -> first token; decode: first token -> end.
+        A phase the request ended in is cut at its terminal time."""
+        r, end = request, request.finished_at
+        phases = []
+        if r.pending_at is not None:
+            phases.append(("queue", r.pending_at, r.admitted_at if r.admitted_at is not None else end))
+        prefill_from = r.prefill_started_at if r.prefill_started_at is not None else r.admitted_at
+        if prefill_from is not None and (r.prefill_started_at is not None or r.first_token_at is not None):
+            phases.append(("prefill", prefill_from, r.first_token_at if r.first_token_at is not None else end))
+        if r.first_token_at is not None:
+            phases.append(("decode", r.first_token_at, end))
+        parent = trace.set_span_in_context(root)
+        for name, start, stop in phases:
+            start_ns, stop_ns = self._clock.ns(start), self._clock.ns(stop)
+            child = self._tracer.start_span(name, context=parent, kind=SpanKind.INTERNAL, start_time=start_ns,
+                                            attributes={"pegainfer.phase": name, "gen_ai.response.id": r.request_id})
+            child.end(end_time=max(start_ns, stop_ns))
+
+
+def _durations(r: Request) -> dict[str, float]:
+    """The request's phase durations in seconds, for the phases it reached."""
+    out = {}
+    if r.first_token_at is not None and r.received_at is not None:
+        out["pegainfer.ttft_s"] = r.first_token_at - r.received_at
+    if r.admitted_at is not None and r.pending_at is not None:
+        out["pegainfer.queue_s"] = r.admitted_at - r.pending_at
+    prefill_from = r.prefill_started_at if r.prefill_started_at is not None else r.admitted_at
+    if r.first_token_at is not None and prefill_from is not None:
+        out["pegainfer.prefill_s"] = r.first_token_at - prefill_from
+    if r.first_token_at is not None and r.finished_at is not None:
+        out["pegainfer.decode_s"] = r.finished_at - r.first_token_at
+    if r.received_at is not None and r.finished_at is not None:
+        out["pegainfer.e2e_s"] = r.finished_at - r.received_at
+    return out

@@ -1,0 +1,62 @@
+"""The tracing pipeline one Telemetry instance owns: its own TracerProvider (never the global one),
+the W3C trace-context propagator for incoming `traceparent` headers, and the span processors that
+export (trace file, OTLP/HTTP collector) or keep (recent spans for /debug/traces)."""
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from opentelemetry.trace import Tracer
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from telemetry.export import GatedBatchProcessor
+from telemetry.recent import RecentSpans
+
+SCOPE = "pegainfer"
+VERSION = "0.1.0"
+MAX_LINKS = 1024  # an engine step links every request in its batch
+
+
+class Tracing:
+    def __init__(self, exporters: Mapping[str, SpanExporter] | None = None, *, recent: RecentSpans | None = None,
+                 processors: list[SpanProcessor] | None = None) -> None:
+        """`exporters` by name ("file", "otlp"), each behind its own gated batch processor;
+        `processors` are added as they are (tests use a SimpleSpanProcessor with an in-memory exporter)."""
+        resource = Resource.create({"service.name": SCOPE, "service.version": VERSION,
+                                    "service.instance.id": f"{socket.gethostname()}:{os.getpid()}"})
+        # ALWAYS_ON, not parent-based: every request gets its record, even under an unsampled caller
+        self.provider = TracerProvider(resource=resource, sampler=ALWAYS_ON,
+                                       span_limits=SpanLimits(max_links=MAX_LINKS), shutdown_on_exit=True)
+        self.gated = [GatedBatchProcessor(exporter, name) for name, exporter in (exporters or {}).items()]
+        self.recent = recent
+        for p in [*self.gated, *([recent] if recent else []), *(processors or [])]:
+            self.provider.add_span_processor(p)
+        self.tracer: Tracer = self.provider.get_tracer(SCOPE, VERSION)
+        self._propagator = TraceContextTextMapPropagator()
+        self._shut = False
+
+    def extract(self, headers: Mapping[str, str] | None) -> Context | None:
+        """The remote parent from a `traceparent` header, or None (a new trace)."""
+        carrier = {k.lower(): v for k, v in (headers or {}).items()}
+        if "traceparent" not in carrier:
+            return None
+        return self._propagator.extract(carrier)
+
+    def dropped(self) -> dict[str, int]:
+        """Spans refused because an exporter's queue was full, per exporter."""
+        return {p.name: p.dropped for p in self.gated}
+
+    def flush(self, timeout_millis: int = 10000) -> bool:
+        return self.provider.force_flush(timeout_millis)
+
+    def shutdown(self) -> None:
+        """Export everything still queued, then close the exporters (idempotent)."""
+        if not self._shut:
+            self._shut = True
+            self.provider.shutdown()

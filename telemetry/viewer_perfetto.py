@@ -1,0 +1,55 @@
+"""The trace as Chrome trace-event JSON ({"traceEvents": [...]}) for ui.perfetto.dev and
+chrome://tracing: one process, an engine track (tid 1) with a complete ("X") event per step, and
+one track per request (tid 2, 3, ...) with the request, its queue/prefill/decode phases nested
+inside it, and first-token and terminal instant events. Times are microseconds from the first
+span, so that large epoch values keep their precision in the viewer's doubles."""
+from __future__ import annotations
+
+from telemetry.trace_reader import PHASES, RequestView, StepView
+
+PID = 1
+ENGINE_TID = 1
+
+
+def _args(attributes: dict) -> dict:
+    return {k: v for k, v in attributes.items() if not isinstance(v, list) or len(v) <= 64}
+
+
+def render(requests: list[RequestView], steps: list[StepView]) -> dict:
+    t0 = min([r.start_ns for r in requests] + [s.start_ns for s in steps], default=0)
+
+    def us(ns: int) -> float:
+        return (ns - t0) / 1e3
+
+    events: list[dict] = [
+        {"ph": "M", "pid": PID, "tid": 0, "name": "process_name", "args": {"name": "pegainfer"}},
+        {"ph": "M", "pid": PID, "tid": ENGINE_TID, "name": "thread_name", "args": {"name": "engine steps"}},
+        {"ph": "M", "pid": PID, "tid": ENGINE_TID, "name": "thread_sort_index", "args": {"sort_index": 0}},
+    ]
+    for s in steps:
+        events.append({"ph": "X", "pid": PID, "tid": ENGINE_TID, "name": f"step {s.index} {s.phase}",
+                       "cat": "engine_step", "ts": us(s.start_ns), "dur": max(0.0, us(s.end_ns) - us(s.start_ns)),
+                       "args": {"request_ids": s.request_ids, **_args(s.attributes)}})
+    for n, r in enumerate(requests):
+        tid = ENGINE_TID + 1 + n
+        events += [
+            {"ph": "M", "pid": PID, "tid": tid, "name": "thread_name",
+             "args": {"name": f"{r.request_id} [{r.terminal_reason}]"}},
+            {"ph": "M", "pid": PID, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}},
+            {"ph": "X", "pid": PID, "tid": tid, "name": f"request {r.terminal_reason}", "cat": "request",
+             "ts": us(r.start_ns), "dur": max(0.0, us(r.end_ns) - us(r.start_ns)),
+             "args": {"request_id": r.request_id, "trace_id": r.trace_id, "span_id": r.span_id,
+                      "steps": len(r.steps), **_args(r.attributes)}},
+        ]
+        for name in PHASES:
+            if name in r.phases:
+                start, end = r.phases[name]
+                events.append({"ph": "X", "pid": PID, "tid": tid, "name": name, "cat": "phase", "ts": us(start),
+                               "dur": max(0.0, us(end) - us(start)), "args": {"request_id": r.request_id}})
+        if r.first_token_ns is not None:
+            events.append({"ph": "i", "s": "t", "pid": PID, "tid": tid, "name": "first_token", "cat": "event",
+                           "ts": us(r.first_token_ns)})
+        events.append({"ph": "i", "s": "t", "pid": PID, "tid": tid, "name": f"terminal {r.terminal_reason}",
+                       "cat": "event", "ts": us(r.end_ns)})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"source": "pegainfer", "t0_unix_ns": str(t0)}}
