@@ -71,6 +71,27 @@ class MLAttention:
                                         mask=_causal_mask(n, ctx, x.device))[0]
         return F.linear(out.reshape(t, self.nh * self.v_dim), self.o_proj)
 
+    def prefill_packed(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
+                       cache: MLACache) -> torch.Tensor:
+        """Fresh prompts packed into one sequence (no earlier cache): keys and values come from the
+        new tokens themselves; `mask` [1, 1, T, T] keeps each token to its own prompt, causally.
+        x: [T, H]; positions, slots: [T]. Graph-safe (no host synchronisation)."""
+        t = x.shape[0]
+        if self.q_proj is not None:
+            q = F.linear(x, self.q_proj)
+        else:
+            q = F.linear(_rms(F.linear(x, self.q_a), self.q_a_norm), self.q_b)
+        q_nope, q_pe = q.view(t, self.nh, self.nope + self.rope_dim).split([self.nope, self.rope_dim], dim=-1)
+        latent, k_pe = F.linear(x, self.kv_a).split([self.rank, self.rope_dim], dim=-1)  # [T, 512], [T, 64]
+        latent = _rms(latent, self.kv_a_norm)
+        q_pe = self.rope.apply(q_pe, positions)  # [T, nh, 64]
+        k_pe = self.rope.apply(k_pe, positions)  # [T, 64]
+        kv = torch.cat([latent, k_pe], dim=-1)  # [T, 576]
+        cache.write(self.layer, slots, positions, kv)
+        q = torch.cat([q_nope, q_pe], dim=-1).unsqueeze(0)  # [1, T, nh, 192]
+        out = self._attend(q, kv.unsqueeze(0), mask=mask)[0]  # [T, nh, 128]
+        return F.linear(out.reshape(t, self.nh * self.v_dim), self.o_proj)
+
     def decode_absorbed(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, ctx_lens: torch.Tensor,
                         length: int, cache: MLACache) -> torch.Tensor:
         """One new token per row over the latent cache, with no host synchronisation (graph-safe).

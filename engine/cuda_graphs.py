@@ -67,6 +67,7 @@ class DecodeGraphs:
         return DecodeInputs(s[0, :b], s[1, :b], s[2, :b], s[3, :b], length)
 
     def _capture(self, b: int, length: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        torch.cuda.current_stream().synchronize()  # the step's host->device copy must land first
         saved = self.static[:, :b].clone()
         self._pad(self.host, 0, b)  # warm up on the scratch slot only: real caches stay untouched
         self.static[:, :b].copy_(self.host[:, :b])

@@ -10,6 +10,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.cuda_graphs import DecodeGraphs
+from engine.prefill_graphs import PrefillGraphs
 from engine.kv_cache import MLACache
 from engine.model import DeepseekV2
 from engine.runner import ModelRunner
@@ -55,13 +56,14 @@ class EngineSpec:
 
 class Engine:
     def __init__(self, spec: EngineSpec, cfg: ModelConfig, model: DeepseekV2, cache: MLACache,
-                 backend: ExpertBackend, graphs: DecodeGraphs | None = None):
+                 backend: ExpertBackend, graphs: DecodeGraphs | None = None,
+                 prefill_graphs: PrefillGraphs | None = None):
         self.spec = spec
         self.cfg = cfg
         self.model = model
         self.cache = cache
         self.backend = backend
-        self.runner = ModelRunner(model, cache, spec.device, graphs)
+        self.runner = ModelRunner(model, cache, spec.device, graphs, prefill_graphs)
         self.eos_id = cfg.eos_token_id
         self.max_model_len = cache.max_len
 
@@ -123,16 +125,17 @@ def build_engine(spec: EngineSpec) -> Engine:
     cache = MLACache(cfg.num_hidden_layers, spec.num_slots, max_len, cfg.cache_width, device, dtype)
     kernels = device.type == "cuda" and spec.triton_kernels and dtype == torch.bfloat16 and _triton_available()
     model.use_kernels(kernels)
-    graphs = None
+    graphs = prefill_graphs = None
     if device.type == "cuda" and spec.cuda_graphs and getattr(backend, "graph_safe", False):
         graphs = DecodeGraphs(model, cache, spec.num_slots, cache.scratch_slot)
+        prefill_graphs = PrefillGraphs(model, cache, graphs.pool, max_tokens=4096)
     log_event("decode_path", cuda_graphs=graphs is not None, triton_kernels=kernels,
               attention=("mla_absorbed_triton" if kernels else "mla_absorbed") if graphs else "mla_expand",
               experts="grouped_mm" if getattr(backend, "fused", False) else "per_expert")
     log_event("engine_ready", backend=entry.name, maturity=entry.maturity, ep_size=spec.ep_size,
               max_model_len=max_len, kv_slots=spec.num_slots, kv_bytes=cache.data.numel() * cache.data.element_size(),
               startup_s=round(time.perf_counter() - t0, 4))
-    return Engine(spec, cfg, model, cache, backend, graphs)
+    return Engine(spec, cfg, model, cache, backend, graphs, prefill_graphs)
 
 
 def _triton_available() -> bool:

@@ -6,6 +6,7 @@ import torch
 
 from engine.batch import Batch, RowInput
 from engine.cuda_graphs import DecodeGraphs
+from engine.prefill_graphs import PrefillGraphs
 from engine.kv_cache import MLACache
 from engine.model import DeepseekV2
 from engine.phases import phase
@@ -13,11 +14,12 @@ from engine.phases import phase
 
 class ModelRunner:
     def __init__(self, model: DeepseekV2, cache: MLACache, device: torch.device | str,
-                 graphs: DecodeGraphs | None = None):
+                 graphs: DecodeGraphs | None = None, prefill_graphs: PrefillGraphs | None = None):
         self.model = model
         self.cache = cache
         self.device = device
         self.graphs = graphs
+        self.prefill_graphs = prefill_graphs
 
     def step(self, rows: list[RowInput]) -> list[int]:
         """Run the rows' new tokens through the model; return each row's greedy next token."""
@@ -28,7 +30,10 @@ class ModelRunner:
             return self.graphs.run(rows)
         out = [0] * len(rows)
         prompt = [i for i in range(len(rows)) if i not in set(decode)]
-        for i, tok in zip(prompt, self._eager([rows[i] for i in prompt])):
+        prompt_rows = [rows[i] for i in prompt]
+        pg = self.prefill_graphs
+        first = pg.run(prompt_rows) if pg is not None and pg.fits(prompt_rows) else self._eager(prompt_rows)
+        for i, tok in zip(prompt, first):
             out[i] = tok
         if decode:
             for i, tok in zip(decode, self.graphs.run([rows[i] for i in decode])):

@@ -147,6 +147,8 @@ def main() -> int:
         engine = build_engine(EngineSpec(random_preset="lite", device="cuda", dtype="bfloat16",
                                          num_slots=max(batches), max_model_len=1024, **variants[name]))
         report[f"build_s_{name}"] = round(time.perf_counter() - t, 1)
+        for b in batches:  # a first pass captures the graphs; the second is the one reported
+            run_batch(engine, b, a.prompt_len, 4)
         rows = [run_batch(engine, b, a.prompt_len, a.new_tokens) for b in batches]
         report[name] = rows
         for r in rows:

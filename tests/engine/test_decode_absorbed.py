@@ -31,3 +31,33 @@ def test_absorbed_decode_matches_expand_path(tiny_model_dir):
         first = got.argmax(-1).tolist()
         pos = [p + 1 for p in pos]
     engine.close()
+
+
+def test_packed_prefill_matches_row_by_row_prefill(tiny_model_dir):
+    """Several fresh prompts packed into one masked sequence give each prompt's own first token
+    and the same cache contents."""
+    from engine.prefill import PrefillInputs, prefill_step
+    engine = build_engine(EngineSpec(model_dir=str(tiny_model_dir), num_slots=4))
+    prompts = [[5, 9, 200, 31], list(range(40, 90)), [7], [11, 12, 13]]
+    slots = [engine.cache.allocate() for _ in prompts]
+    ref = engine.runner.step([RowInput(s, p, 0) for s, p in zip(slots, prompts)])
+    ref_cache = engine.cache.data.clone()
+    engine.cache.data.zero_()
+    ids, pos, sl, rows, last = [], [], [], [], []
+    for r, (s, p) in enumerate(zip(slots, prompts)):
+        ids += p
+        pos += range(len(p))
+        sl += [s] * len(p)
+        rows += [r] * len(p)
+        last.append(len(ids) - 1)
+    pad = 8  # padding tokens: scratch slot, a row each
+    ids += [0] * pad
+    pos += range(pad)
+    sl += [engine.cache.scratch_slot] * pad
+    rows += range(100, 100 + pad)
+    t = torch.tensor
+    got = prefill_step(engine.model, PrefillInputs(t(ids), t(pos), t(sl), t(rows), t(last)), engine.cache)
+    assert got.tolist() == ref
+    real = engine.cache.data[:, : engine.cache.num_slots]
+    assert torch.allclose(real, ref_cache[:, : engine.cache.num_slots], atol=1e-5)
+    engine.close()

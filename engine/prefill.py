@@ -1,0 +1,41 @@
+"""The prefill step for fresh prompts as one graph-capturable function: every prompt's tokens packed
+into one sequence, attention kept inside each prompt by a mask built on the device, MoE without
+host synchronisation, and the greedy choice for each prompt's last token on the device."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+from engine.kv_cache import MLACache
+from engine.model import DeepseekV2, rms_norm
+from engine.phases import phase
+
+
+@dataclasses.dataclass(slots=True)
+class PrefillInputs:
+    token_ids: torch.Tensor  # [T] int64, prompts back to back (padding at the end)
+    positions: torch.Tensor  # [T] int64, position within its own prompt
+    slots: torch.Tensor  # [T] int64, KV slot of its prompt (padding: the scratch slot)
+    row_ids: torch.Tensor  # [T] int64, which prompt (padding tokens: a row of their own each)
+    last_index: torch.Tensor  # [R] int64, index in T of each prompt's last token
+
+
+@torch.inference_mode()
+def prefill_step(model: DeepseekV2, inp: PrefillInputs, cache: MLACache) -> torch.Tensor:
+    """Returns the greedy next token of every prompt, [R] int64, on the device."""
+    eps = model.cfg.rms_norm_eps
+    same_row = inp.row_ids[:, None] == inp.row_ids[None, :]  # [T, T]
+    causal = inp.positions[None, :] <= inp.positions[:, None]  # [T, T] key position <= query position
+    mask = (same_row & causal)[None, None]  # [1, 1, T, T]
+    x = F.embedding(inp.token_ids, model.embed)  # [T, H]
+    for layer in model.layers:
+        with phase("attention"):
+            h = rms_norm(x, layer.input_norm, eps)
+            x = x + layer.attn.prefill_packed(h, inp.positions, inp.slots, mask, cache)
+        x = x + layer.mlp(rms_norm(x, layer.post_attn_norm, eps))
+    with phase("lm_head"):
+        logits = F.linear(rms_norm(x[inp.last_index], model.norm, eps), model.lm_head)  # [R, V]
+    with phase("sampling"):
+        return torch.argmax(logits, dim=-1)

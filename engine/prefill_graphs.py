@@ -1,0 +1,87 @@
+"""CUDA graphs for the prefill of fresh prompts: one graph per packed-token bucket, captured on first
+use into the decode graphs' memory pool. A step's prompts are packed back to back; the tail of the
+bucket is padding on the scratch KV slot, each padding token a prompt of its own."""
+from __future__ import annotations
+
+import torch
+
+from engine.batch import RowInput
+from engine.cuda_graphs import bucket
+from engine.kv_cache import MLACache
+from engine.model import DeepseekV2
+from engine.prefill import PrefillInputs, prefill_step
+from engine.startup_log import log_event
+
+TOKEN_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096)
+MAX_ROWS = 64  # prompts per graphed prefill step; larger steps run eagerly
+
+
+class PrefillGraphs:
+    def __init__(self, model: DeepseekV2, cache: MLACache, pool, max_tokens: int):
+        self.model = model
+        self.cache = cache
+        self.pool = pool
+        limit = min(max_tokens, cache.max_len)
+        self.buckets = [b for b in TOKEN_BUCKETS if b < limit] + [limit]
+        self.max_rows = MAX_ROWS
+        dev = cache.data.device
+        n = self.buckets[-1]
+        self.host = torch.zeros(4, n, dtype=torch.int64).pin_memory()  # ids, pos, slot, row
+        self.host_last = torch.zeros(self.max_rows, dtype=torch.int64).pin_memory()
+        self.static = torch.zeros(4, n, dtype=torch.int64, device=dev)
+        self.static_last = torch.zeros(self.max_rows, dtype=torch.int64, device=dev)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+    def fits(self, rows: list[RowInput]) -> bool:
+        return (len(rows) <= self.max_rows and all(r.start_pos == 0 for r in rows)
+                and sum(len(r.token_ids) for r in rows) <= self.buckets[-1])
+
+    def run(self, rows: list[RowInput]) -> list[int]:
+        total = sum(len(r.token_ids) for r in rows)
+        t = bucket(total, self.buckets)
+        ids, pos, slots, row_ids, last = [], [], [], [], []
+        for i, r in enumerate(rows):
+            ids += r.token_ids
+            pos += range(len(r.token_ids))
+            slots += [r.slot] * len(r.token_ids)
+            row_ids += [i] * len(r.token_ids)
+            last.append(len(ids) - 1)
+        h = self.host
+        h[:, :total] = torch.tensor([ids, pos, slots, row_ids])
+        self._pad(total, t)
+        self.host_last[: len(rows)] = torch.tensor(last)
+        self.host_last[len(rows):] = 0
+        self.static[:, :t].copy_(h[:, :t], non_blocking=True)
+        self.static_last.copy_(self.host_last, non_blocking=True)
+        graph, out = self.graphs.get(t) or self._capture(t)
+        graph.replay()
+        return out[: len(rows)].tolist()
+
+    def _pad(self, start: int, end: int) -> None:
+        h = self.host
+        h[0, start:end] = 0
+        h[1, start:end] = torch.arange(end - start)
+        h[2, start:end] = self.cache.scratch_slot
+        h[3, start:end] = torch.arange(self.max_rows, self.max_rows + end - start)
+
+    def _capture(self, t: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        torch.cuda.current_stream().synchronize()  # the step's host->device copies must land first
+        saved, saved_last = self.static[:, :t].clone(), self.static_last.clone()
+        self._pad(0, t)  # warm up on the scratch slot only
+        self.static[:, :t].copy_(self.host[:, :t])
+        self.static_last.zero_()
+        s = self.static
+        inp = PrefillInputs(s[0, :t], s[1, :t], s[2, :t], s[3, :t], self.static_last)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            prefill_step(self.model, inp, self.cache)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = prefill_step(self.model, inp, self.cache)
+        self.static[:, :t].copy_(saved)
+        self.static_last.copy_(saved_last)
+        self.graphs[t] = (graph, out)
+        log_event("cuda_graph_captured", kind="prefill", tokens=t, graphs=len(self.graphs))
+        return graph, out
