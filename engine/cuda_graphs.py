@@ -15,6 +15,16 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 MIN_LENGTH_BUCKET = 256
 
 
+def wait_and_read(t: torch.Tensor) -> list[int]:
+    """Wait for the device with the GIL released, then read the values. A plain .tolist() blocks
+    inside the device copy while holding the GIL, which would stall the asyncio thread for the
+    whole step."""
+    done = torch.cuda.Event()
+    done.record()
+    done.synchronize()
+    return t.tolist()
+
+
 def bucket(n: int, buckets: tuple[int, ...] | list[int]) -> int:
     for b in buckets:
         if b >= n:
@@ -54,7 +64,7 @@ class DecodeGraphs:
         self.static[:, :b].copy_(h[:, :b], non_blocking=True)
         graph, out = self.graphs.get((b, length)) or self._capture(b, length)
         graph.replay()
-        return out[:n].tolist()
+        return wait_and_read(out[:n])
 
     def _pad(self, h: torch.Tensor, n: int, b: int) -> None:
         h[0, n:b] = 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from engine.batch import RowInput
-from engine.cuda_graphs import bucket
+from engine.cuda_graphs import bucket, wait_and_read
 from engine.kv_cache import MLACache
 from engine.model import DeepseekV2
 from engine.prefill import PrefillInputs, prefill_step
@@ -55,7 +55,7 @@ class PrefillGraphs:
         self.static_last.copy_(self.host_last, non_blocking=True)
         graph, out = self.graphs.get(t) or self._capture(t)
         graph.replay()
-        return out[: len(rows)].tolist()
+        return wait_and_read(out[: len(rows)])
 
     def _pad(self, start: int, end: int) -> None:
         h = self.host

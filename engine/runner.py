@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.batch import Batch, RowInput
-from engine.cuda_graphs import DecodeGraphs
+from engine.cuda_graphs import DecodeGraphs, wait_and_read
 from engine.prefill_graphs import PrefillGraphs
 from engine.kv_cache import MLACache
 from engine.model import DeepseekV2
@@ -44,4 +44,7 @@ class ModelRunner:
         batch = Batch.build(rows, self.device)
         logits = self.model.forward(batch, self.cache)  # [R, V]
         with phase("sampling"):
-            return torch.argmax(logits.float(), dim=-1).tolist()
+            tokens = torch.argmax(logits.float(), dim=-1)
+        if tokens.is_cuda:
+            return wait_and_read(tokens)
+        return tokens.tolist()
