@@ -46,36 +46,10 @@ class MLAttention:
         self.w_uk = kv_b[:, :self.nope].contiguous()  # [nh, 128, 512]
         self.w_uv_t = kv_b[:, self.nope:].transpose(1, 2).contiguous()  # [nh, 512, 128]
 
-    def __call__(self, x: torch.Tensor, batch: Batch, cache: MLACache) -> torch.Tensor:
-        t = x.shape[0]
-        if self.q_proj is not None:
-            q = F.linear(x, self.q_proj)
-        else:
-            q = F.linear(_rms(F.linear(x, self.q_a), self.q_a_norm), self.q_b)
-        q = q.view(t, self.nh, self.nope + self.rope_dim)  # [T, nh, 192]
-        q_nope, q_pe = q.split([self.nope, self.rope_dim], dim=-1)
-        latent, k_pe = F.linear(x, self.kv_a).split([self.rank, self.rope_dim], dim=-1)  # [T, 512], [T, 64]
-        latent = _rms(latent, self.kv_a_norm)
-        q_pe = self.rope.apply(q_pe, batch.positions)  # [T, nh, 64]
-        k_pe = self.rope.apply(k_pe, batch.positions)  # [T, 64]
-        cache.write(self.layer, batch.token_slots, batch.positions, torch.cat([latent, k_pe], dim=-1))
-        q = torch.cat([q_nope, q_pe], dim=-1)  # [T, nh, 192]
-
-        out = torch.empty(t, self.nh, self.v_dim, dtype=x.dtype, device=x.device)  # [T, nh, 128]
-        if batch.decode_rows:
-            self._decode(q, batch, cache, out)
-        for r in batch.prefill_rows:
-            s, row = batch.starts[r], batch.rows[r]
-            n, ctx = len(row.token_ids), batch.context_lens[r]
-            out[s:s + n] = self._attend(q[s:s + n].unsqueeze(0), cache.read(self.layer, row.slot, ctx).unsqueeze(0),
-                                        mask=_causal_mask(n, ctx, x.device))[0]
-        return F.linear(out.reshape(t, self.nh * self.v_dim), self.o_proj)
-
-    def prefill_packed(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
-                       cache: MLACache) -> torch.Tensor:
-        """Fresh prompts packed into one sequence (no earlier cache): keys and values come from the
-        new tokens themselves; `mask` [1, 1, T, T] keeps each token to its own prompt, causally.
-        x: [T, H]; positions, slots: [T]. Graph-safe (no host synchronisation)."""
+    def _project(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                 cache: MLACache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, and the new tokens' latent + roped key written to the cache.
+        x: [T, H] -> q_nope [T, nh, 128], q_pe [T, nh, 64] (roped), kv [T, 576]."""
         t = x.shape[0]
         if self.q_proj is not None:
             q = F.linear(x, self.q_proj)
@@ -83,44 +57,55 @@ class MLAttention:
             q = F.linear(_rms(F.linear(x, self.q_a), self.q_a_norm), self.q_b)
         q_nope, q_pe = q.view(t, self.nh, self.nope + self.rope_dim).split([self.nope, self.rope_dim], dim=-1)
         latent, k_pe = F.linear(x, self.kv_a).split([self.rank, self.rope_dim], dim=-1)  # [T, 512], [T, 64]
-        latent = _rms(latent, self.kv_a_norm)
-        q_pe = self.rope.apply(q_pe, positions)  # [T, nh, 64]
-        k_pe = self.rope.apply(k_pe, positions)  # [T, 64]
-        kv = torch.cat([latent, k_pe], dim=-1)  # [T, 576]
+        kv = torch.cat([_rms(latent, self.kv_a_norm), self.rope.apply(k_pe, positions)], dim=-1)  # [T, 576]
         cache.write(self.layer, slots, positions, kv)
+        return q_nope, self.rope.apply(q_pe, positions), kv
+
+    def _out(self, o: torch.Tensor) -> torch.Tensor:
+        """o: [T, nh, 128] -> [T, H]."""
+        return F.linear(o.reshape(o.shape[0], self.nh * self.v_dim), self.o_proj)
+
+    def __call__(self, x: torch.Tensor, batch: Batch, cache: MLACache) -> torch.Tensor:
+        """The reference computation: keys and values expanded from the cached latent, any mix of
+        prompt rows and one-token rows."""
+        q_nope, q_pe, _ = self._project(x, batch.positions, batch.token_slots, cache)
+        q = torch.cat([q_nope, q_pe], dim=-1)  # [T, nh, 192]
+        out = torch.empty(x.shape[0], self.nh, self.v_dim, dtype=x.dtype, device=x.device)  # [T, nh, 128]
+        if batch.decode_rows:
+            self._decode(q, batch, cache, out)
+        for r in batch.prefill_rows:
+            s, row = batch.starts[r], batch.rows[r]
+            n, ctx = len(row.token_ids), batch.context_lens[r]
+            out[s:s + n] = self._attend(q[s:s + n].unsqueeze(0), cache.read(self.layer, row.slot, ctx).unsqueeze(0),
+                                        mask=_causal_mask(n, ctx, x.device))[0]
+        return self._out(out)
+
+    def prefill_packed(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
+                       cache: MLACache) -> torch.Tensor:
+        """Fresh prompts packed into one sequence (no earlier cache): keys and values come from the
+        new tokens themselves; `mask` [1, 1, T, T] keeps each token to its own prompt, causally.
+        x: [T, H]; positions, slots: [T]. Graph-safe (no host synchronisation)."""
+        q_nope, q_pe, kv = self._project(x, positions, slots, cache)
         q = torch.cat([q_nope, q_pe], dim=-1).unsqueeze(0)  # [1, T, nh, 192]
-        out = self._attend(q, kv.unsqueeze(0), mask=mask)[0]  # [T, nh, 128]
-        return F.linear(out.reshape(t, self.nh * self.v_dim), self.o_proj)
+        return self._out(self._attend(q, kv.unsqueeze(0), mask=mask)[0])
 
     def decode_absorbed(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, ctx_lens: torch.Tensor,
                         length: int, cache: MLACache) -> torch.Tensor:
         """One new token per row over the latent cache, with no host synchronisation (graph-safe).
         x: [B, H]; positions, slots, ctx_lens: [B] int64; length: static bound >= every ctx_len."""
-        b = x.shape[0]
-        if self.q_proj is not None:
-            q = F.linear(x, self.q_proj)
-        else:
-            q = F.linear(_rms(F.linear(x, self.q_a), self.q_a_norm), self.q_b)
-        q_nope, q_pe = q.view(b, self.nh, self.nope + self.rope_dim).split([self.nope, self.rope_dim], dim=-1)
-        latent, k_pe = F.linear(x, self.kv_a).split([self.rank, self.rope_dim], dim=-1)  # [B, 512], [B, 64]
-        latent = _rms(latent, self.kv_a_norm)
-        q_pe = self.rope.apply(q_pe, positions)  # [B, nh, 64]
-        k_pe = self.rope.apply(k_pe, positions)  # [B, 64]
-        cache.write(self.layer, slots, positions, torch.cat([latent, k_pe], dim=-1))
+        q_nope, q_pe, _ = self._project(x, positions, slots, cache)
         q_lat = torch.bmm(q_nope.transpose(0, 1), self.w_uk)  # [nh, B, 512]
         q_full = torch.cat([q_lat, q_pe.transpose(0, 1)], dim=-1).transpose(0, 1)  # [B, nh, 576]
         if self.fused_decode:
             from engine.kernels.mla_decode import mla_decode
             o_lat = mla_decode(q_full, cache.data[self.layer], slots, ctx_lens, length, self.scale, self.rank)
-            o = torch.bmm(o_lat.transpose(0, 1), self.w_uv_t).transpose(0, 1)  # [B, nh, 128]
-            return F.linear(o.reshape(b, self.nh * self.v_dim), self.o_proj)
-        kv = cache.read_rows(self.layer, slots, length)  # [B, L, 576]
-        scores = torch.bmm(q_full, kv.transpose(1, 2)).float() * self.scale  # [B, nh, L]
-        valid = torch.arange(length, device=x.device)[None, :] < ctx_lens[:, None]  # [B, L]
-        probs = scores.masked_fill(~valid[:, None, :], float("-inf")).softmax(dim=-1).to(kv.dtype)
-        o_lat = torch.bmm(probs, kv[..., :self.rank])  # [B, nh, 512]
-        o = torch.bmm(o_lat.transpose(0, 1), self.w_uv_t).transpose(0, 1)  # [B, nh, 128]
-        return F.linear(o.reshape(b, self.nh * self.v_dim), self.o_proj)
+        else:
+            kv = cache.read_rows(self.layer, slots, length)  # [B, L, 576]
+            scores = torch.bmm(q_full, kv.transpose(1, 2)).float() * self.scale  # [B, nh, L]
+            valid = torch.arange(length, device=x.device)[None, :] < ctx_lens[:, None]  # [B, L]
+            probs = scores.masked_fill(~valid[:, None, :], float("-inf")).softmax(dim=-1).to(kv.dtype)
+            o_lat = torch.bmm(probs, kv[..., :self.rank])  # [B, nh, 512]
+        return self._out(torch.bmm(o_lat.transpose(0, 1), self.w_uv_t).transpose(0, 1))  # [B, nh, 128] -> [B, H]
 
     def _decode(self, q: torch.Tensor, batch: Batch, cache: MLACache, out: torch.Tensor) -> None:
         """Every one-token row at once, whatever its position: pad to the longest context, mask the rest."""
