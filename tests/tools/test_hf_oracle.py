@@ -96,3 +96,16 @@ def test_weights_in_the_engine_are_the_checkpoint(tiny_model_dir):
     on_disk = load_file(str(tiny_model_dir / index[name]))[name]
     w13 = engine.backend.shard.w13[2][5]
     assert torch.equal(w13[on_disk.shape[0]:], on_disk)
+
+
+@pytest.mark.parametrize("backend,ep_size", [("host-staged", 2), ("host-staged", 4), ("nccl", 2)])
+def test_gate_passes_across_ep_backends(backend, ep_size, tiny_model_dir, tmp_path):
+    """The same HF gate through expert-parallel ranks (nccl's code over gloo on CPU)."""
+    cases = tmp_path / "cases.json"
+    full = json.loads((ROOT / "tests/data/cases.json").read_text())
+    full["cases"] = [c for c in full["cases"] if c["name"] in ("ascii", "utf8_cjk_emoji", "batch8_mixed")]
+    cases.write_text(json.dumps(full))
+    report = run_gate(tiny_model_dir, cases_path=cases, backend=backend, ep_size=ep_size)
+    assert report["classification"] == "all_token_text_exact", report["first_divergence"]
+    assert report["backend"] == backend and report["ep_size"] == ep_size
+    assert report["maturity"] == {"host-staged": "production", "nccl": "candidate"}[backend]
