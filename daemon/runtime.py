@@ -105,7 +105,7 @@ class Runtime:
         self.engine, self.tokenizer = engine, tok
         self.bridge = EngineBridge(loop, self)
         self.gpu = GpuThread(engine, self.bridge.emit)
-        self.scheduler = Scheduler(self.bridge, max_active=s.max_active, max_pending=s.max_pending,
+        self.scheduler = Scheduler(self.bridge, max_active=engine.cache.num_slots, max_pending=s.max_pending,
                                    observer=self.telemetry)
         self.bridge.connect(self.gpu, self.scheduler)
         self.gpu.start()
@@ -114,7 +114,7 @@ class Runtime:
         if self.phase is Phase.LOADING:
             self.move(Phase.READY)
         log_event("serving", host=s.host, port=s.port, model=self.model_name, backend=engine.backend_name,
-                  maturity=engine.maturity, max_active=s.max_active, max_pending=s.max_pending,
+                  maturity=engine.maturity, max_active=engine.cache.num_slots, max_pending=s.max_pending,
                   max_model_len=engine.max_model_len)
         self._notify(ready=True)
 

@@ -33,7 +33,8 @@ class Settings:
     host: str = _f("127.0.0.1", "listen address")
     port: int = _f(8000, "listen port")
     served_model_name: str | None = _f(None, "model id in the API (default: the model folder's name)")
-    max_active: int = _f(8, "requests decoding at once (KV slots)")
+    max_active: int | None = _f(None, "requests decoding at once (KV slots); default: as many as fit in free GPU "
+                                      "memory (at most 256) on CUDA, 8 on CPU")
     max_pending: int = _f(64, "requests waiting for a slot before 429")
     max_model_len: int | None = _f(None, "context limit in tokens (default: min(model limit, 4096))")
     max_tokens_default: int = _f(16, "max_tokens when a request gives none")
@@ -122,7 +123,9 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
 
 
 def _validate(s: Settings) -> None:
-    for name in ("max_active", "ep_size", "max_tokens_default", "max_body_bytes", "sink_max_buffered"):
+    if s.max_active is not None and s.max_active < 1:
+        raise SettingsError(f"max_active must be at least 1, got {s.max_active}")
+    for name in ("ep_size", "max_tokens_default", "max_body_bytes", "sink_max_buffered"):
         if getattr(s, name) < 1:
             raise SettingsError(f"{name} must be at least 1, got {getattr(s, name)}")
     if s.max_pending < 0:

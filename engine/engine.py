@@ -12,6 +12,7 @@ from engine.config import ModelConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.prefill_graphs import PrefillGraphs
 from engine.kv_cache import MLACache
+from engine.kv_capacity import kv_slots
 from engine.model import DeepseekV2
 from engine.runner import ModelRunner
 from engine.startup_log import log_event
@@ -38,7 +39,7 @@ class EngineSpec:
     backend: str = "local"
     ep_size: int = 1
     max_model_len: int | None = None  # default: min(max_position_embeddings, 4096)
-    num_slots: int = 8
+    num_slots: int | None = 8  # KV slots (requests decoding at once); None: as many as fit (CUDA)
     rank_timeout_s: float = 10.0  # a silent expert rank fails the engine after this long
     rank_join_timeout_s: float | None = None  # how long rank 0 waits for ranks to load (default 300 s)
     ep_master_addr: str | None = None  # set: wait for `pegainfer expert-worker` ranks instead of spawning
@@ -122,18 +123,21 @@ def build_engine(spec: EngineSpec) -> Engine:
         raise ValueError(f"max_model_len {max_len} exceeds the model's max_position_embeddings "
                          f"{cfg.max_position_embeddings}")
     model = DeepseekV2(cfg, tensors, backend, max_len, device)
-    cache = MLACache(cfg.num_hidden_layers, spec.num_slots, max_len, cfg.cache_width, device, dtype)
+    slots, free = kv_slots(device, max_len, MLACache.bytes_per_token(cfg.num_hidden_layers, cfg.cache_width, dtype),
+                           spec.num_slots)
+    log_event("kv_capacity", slots=slots, max_model_len=max_len, free_bytes=free, cap=spec.num_slots)
+    cache = MLACache(cfg.num_hidden_layers, slots, max_len, cfg.cache_width, device, dtype)
     kernels = device.type == "cuda" and spec.triton_kernels and dtype == torch.bfloat16 and _triton_available()
     model.use_kernels(kernels)
     graphs = prefill_graphs = None
     if device.type == "cuda" and spec.cuda_graphs and getattr(backend, "graph_safe", False):
-        graphs = DecodeGraphs(model, cache, spec.num_slots, cache.scratch_slot)
+        graphs = DecodeGraphs(model, cache, slots, cache.scratch_slot)
         prefill_graphs = PrefillGraphs(model, cache, graphs.pool, max_tokens=4096)
     log_event("decode_path", cuda_graphs=graphs is not None, triton_kernels=kernels,
               attention=("mla_absorbed_triton" if kernels else "mla_absorbed") if graphs else "mla_expand",
               experts="grouped_mm" if getattr(backend, "fused", False) else "per_expert")
     log_event("engine_ready", backend=entry.name, maturity=entry.maturity, ep_size=spec.ep_size,
-              max_model_len=max_len, kv_slots=spec.num_slots, kv_bytes=cache.data.numel() * cache.data.element_size(),
+              max_model_len=max_len, kv_slots=slots, kv_bytes=cache.data.numel() * cache.data.element_size(),
               startup_s=round(time.perf_counter() - t0, 4))
     return Engine(spec, cfg, model, cache, backend, graphs, prefill_graphs)
 
