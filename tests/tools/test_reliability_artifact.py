@@ -1,0 +1,111 @@
+"""The reliability artifact: --dry-run writes a deterministic artifact that validates against the
+schema, --scenarios selects a subset, scenarios that end the server are skipped (with the reason)
+under --url, the schema validator itself rejects broken artifacts, and usage errors exit 2."""
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools import reliability
+from tools.reliakit.artifact import InvalidArtifact, write
+from tools.reliakit.scenarios import SCENARIOS
+from tools.reliakit.schema import SCHEMA
+from tools.reliakit.schema_check import validate
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def dry(tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / "artifact.json"
+    assert reliability.main(["--dry-run", "--out", str(out), *args]) == 0
+    return json.loads(out.read_text())
+
+
+def test_dry_run_is_schema_valid_and_covers_every_scenario(tmp_path):
+    doc = dry(tmp_path, "--spawn", "--backend", "host-staged", "--ep-size", "2")
+    assert validate(doc, SCHEMA) == []
+    assert [s["name"] for s in doc["scenarios"]] == list(SCENARIOS)
+    assert doc["summary"] == {"passed": list(SCENARIOS), "failed": [], "skipped": {}, "verdict": "pass",
+                              "exit_code": 0}
+    assert doc["dry_run"] is True and doc["mode"] == "spawn" and doc["artifact"] == "pegainfer-reliability"
+    for s in doc["scenarios"]:
+        names = [c["name"] for c in s["checks"]]
+        assert {"trace_coverage", "trace_fields", "terminal_reasons", "client_outcomes", "no_unexplained_timeouts",
+                "output_hash_stability", "follow_up", "scenario_ran", "idle_after"} <= set(names), s["name"]
+        assert all(c["status"] in ("pass", "skip") for c in s["checks"])
+        assert s["trace_coverage"]["missing"] == 0 and s["requests"]
+    overload = next(s for s in doc["scenarios"] if s["name"] == "overload_active_cap")
+    assert {"active_set_evidence", "pending_queue_evidence", "decode_batch_evidence", "queue_full_seen",
+            "nothing_lost"} <= {c["name"] for c in overload["checks"]}
+    assert [c["name"] for c in doc["checks"]] == ["baseline", "output_hash_stability", "final_idle"]
+
+
+def test_dry_run_is_deterministic(tmp_path):
+    out = tmp_path / "a.json"
+    argv = ["--dry-run", "--spawn", "--out", str(out)]
+    assert reliability.main(argv) == 0
+    first = out.read_bytes()
+    assert reliability.main(argv) == 0
+    assert out.read_bytes() == first
+    assert json.loads(first)["date"] == "2000-01-01T00:00:00+00:00"
+
+
+def test_scenarios_selects_a_subset_in_registry_order(tmp_path):
+    doc = dry(tmp_path, "--spawn", "--scenarios", "invalid_requests,cancel_disconnect")
+    assert [s["name"] for s in doc["scenarios"]] == ["cancel_disconnect", "invalid_requests"]
+    assert doc["requested"]["scenarios"] == ["cancel_disconnect", "invalid_requests"]
+
+
+def test_ep1_skips_the_rank_failure_and_url_skips_what_ends_the_server(tmp_path):
+    doc = dry(tmp_path, "--spawn")
+    assert "expert_rank_failure" in doc["summary"]["skipped"]
+    doc = dry(tmp_path, "--url", "http://127.0.0.1:9")
+    skipped = doc["summary"]["skipped"]
+    assert set(skipped) == {"drain", "expert_rank_failure"}
+    assert "needs --spawn" in skipped["drain"]
+    assert validate(doc, SCHEMA) == []
+
+
+def test_the_schema_rejects_broken_artifacts(tmp_path):
+    doc = dry(tmp_path, "--spawn")
+    for breakage, words in [
+        (lambda d: d.pop("summary"), "missing 'summary'"),
+        (lambda d: d["scenarios"][0]["requests"][0].update(outcome="fine"), "not in"),
+        (lambda d: d["scenarios"][0]["checks"][0].update(status="ok"), "not in"),
+        (lambda d: d["scenarios"][0]["requests"][0].update(extra=1), "unexpected 'extra'"),
+        (lambda d: d["scenarios"][0]["requests"][0]["expected"].update(tokens="24"), "is not integer"),
+        (lambda d: d["summary"].update(exit_code=True), "not in"),
+    ]:
+        broken = copy.deepcopy(doc)
+        breakage(broken)
+        problems = validate(broken, SCHEMA)
+        assert any(words in p for p in problems), (words, problems)
+        with pytest.raises(InvalidArtifact):
+            write(broken, tmp_path / "broken.json")
+
+
+@pytest.mark.parametrize("argv", [
+    ["--out", "x.json"],  # neither --url nor --spawn
+    ["--spawn", "--url", "http://127.0.0.1:1", "--out", "x.json"],
+    ["--spawn", "--out", "x.json", "--scenarios", "no_such_scenario"],
+    ["--spawn", "--out", "x.json", "--trace-file", "t.jsonl"],
+    ["--url", "http://127.0.0.1:1", "--backend", "nccl", "--out", "x.json"],
+    ["--spawn", "--ep-size", "0", "--out", "x.json"],
+])
+def test_usage_errors_exit_2(argv):
+    with pytest.raises(SystemExit) as e:
+        reliability.parse_args(argv)
+    assert e.value.code == 2
+
+
+def test_runs_as_a_script_from_the_repository_root(tmp_path):
+    out = tmp_path / "artifact.json"
+    r = subprocess.run([sys.executable, "tools/reliability.py", "--dry-run", "--spawn", "--out", str(out),
+                        "--scenarios", "drain"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    assert "PASS: wrote" in r.stderr and json.loads(out.read_text())["scenarios"][0]["name"] == "drain"

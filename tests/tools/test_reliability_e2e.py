@@ -1,0 +1,95 @@
+"""The reliability runner end to end on CPU against the tiny model: --spawn with the local backend
+(every scenario that applies), --spawn with host-staged at ep 2 (drain and the killed expert rank
+included), and --url against a daemon started here (with and without its trace file)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.daemon_process import DaemonProcess
+from tools import reliability
+from tools.reliakit.scenarios import SCENARIOS
+
+pytestmark = pytest.mark.slow
+
+
+def run(tmp_path: Path, *args: str) -> tuple[int, dict]:
+    out = tmp_path / "artifact.json"
+    code = reliability.main([*args, "--out", str(out)])
+    return code, json.loads(out.read_text())
+
+
+def by_name(doc: dict) -> dict[str, dict]:
+    return {s["name"]: s for s in doc["scenarios"]}
+
+
+def failures(doc: dict) -> list[str]:
+    """Every failed check, for the assertion message."""
+    out = [f"run:{c['name']}: {c['detail']}" for c in doc["checks"] if c["status"] == "fail"]
+    for s in doc["scenarios"]:
+        out += [f"{s['name']}:{c['name']}: {c['detail']}" for c in s["checks"] if c["status"] == "fail"]
+    return out
+
+
+def assert_common(doc: dict) -> None:
+    for s in doc["scenarios"]:
+        if s["status"] == "skipped":
+            continue
+        cov = s["trace_coverage"]
+        assert cov["exactly_one"] == cov["requests"] > 0, s["name"]
+        assert s["follow_up"]["text_sha256"] == doc["baseline"]["text_sha256"]
+        assert s["follow_up"]["server"]["output_hash"] == doc["baseline"]["server"]["output_hash"]
+    s = by_name(doc)
+    assert s["cancel_disconnect"]["terminal_reasons"] == {"cancelled": 1, "completed_length": 1, "disconnected": 2}
+    invalid = s["invalid_requests"]
+    assert invalid["terminal_reasons"] == {"completed_length": 1, "rejected": 14}
+    assert {r["label"]: r["server"]["http_status"] for r in invalid["requests"]}["unknown_model"] == 404
+    overload = s["overload_active_cap"]
+    assert overload["maxima"]["active_set"]["trace"] == 2 and overload["maxima"]["pending_queue"]["trace"] >= 1
+    assert overload["terminal_reasons"]["rejected"] >= 1
+    assert s["drain"]["facts"]["exit_code"] == 0
+    assert doc["checks"][-1]["name"] == "final_idle" and doc["checks"][-1]["status"] == "pass"
+
+
+def test_spawn_local_every_applicable_scenario(tmp_path, tiny_model_dir):
+    code, doc = run(tmp_path, "--spawn", "--model", str(tiny_model_dir), "--work-dir", str(tmp_path / "work"))
+    assert code == 0, failures(doc)
+    assert doc["target"]["backend"] == "local" and doc["target"]["maturity"] == "production"
+    assert doc["summary"]["passed"] == [n for n in SCENARIOS if n != "expert_rank_failure"]
+    assert "expert_rank_failure" in doc["summary"]["skipped"]
+    assert_common(doc)
+    assert all(d["ended_by"] in ("runner_sigterm", "scenario") for d in doc["daemons"])
+
+
+def test_spawn_host_staged_ep2_with_drain_and_a_killed_expert_rank(tmp_path, tiny_model_dir):
+    code, doc = run(tmp_path, "--spawn", "--model", str(tiny_model_dir), "--backend", "host-staged",
+                    "--ep-size", "2", "--work-dir", str(tmp_path / "work"))
+    assert code == 0, failures(doc)
+    assert doc["summary"]["passed"] == list(SCENARIOS)
+    assert_common(doc)
+    erf = by_name(doc)["expert_rank_failure"]
+    assert erf["terminal_reasons"] == {"failed": 2}
+    assert erf["facts"]["exit_code"] not in (None, 0) and erf["facts"]["killed_rank"] == 1
+    assert erf["facts"]["first_503_s"] >= erf["facts"]["kill_s"]
+    for r in erf["requests"]:
+        assert r["outcome"] == "error_chunk" and r["error"]["code"] == "engine_failed" and r["done"]
+        assert r["end_s"] - erf["facts"]["kill_s"] < 15
+    assert erf["server"]["restarted_for_follow_up"] is not None
+
+
+def test_url_mode_joins_the_given_trace_file_and_skips_what_ends_the_server(tmp_path, tiny_model_dir):
+    trace = tmp_path / "trace.jsonl"
+    with DaemonProcess("--model", str(tiny_model_dir), "--trace-file", str(trace), "--max-active", "4",
+                       "--max-pending", "4", "--max-model-len", "512") as d:
+        code, doc = run(tmp_path, "--url", d.url, "--trace-file", str(trace),
+                        "--scenarios", "cancel_disconnect,invalid_requests,drain")
+        assert code == 0, failures(doc)
+        assert doc["mode"] == "url" and doc["trace_files"] == [str(trace)] and doc["daemons"] == []
+        assert "needs --spawn" in doc["summary"]["skipped"]["drain"]
+        assert by_name(doc)["invalid_requests"]["trace_coverage"]["exactly_one"] == 16
+        code, doc = run(tmp_path, "--url", d.url, "--scenarios", "invalid_requests")  # no trace file
+        assert code == 0, failures(doc)
+        checks = {c["name"]: c["status"] for c in by_name(doc)["invalid_requests"]["checks"]}
+        assert checks["trace_coverage"] == "skip" and checks["client_outcomes"] == "pass"

@@ -1,0 +1,142 @@
+"""Scenario-level rules of the reliability runner, fed crafted facts: the expert-rank failure must
+fail in time with an explicit message, /ready 503 and a non-zero exit; the drain must exit 0; the
+overload burst must see a 429 and lose nothing; a scenario with one failed check fails, and the
+run's exit status follows. Also the trace-file reader and the expert-rank discovery via /proc."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from tests.tools.test_reliability_fakes import done, index, span
+from tools.reliakit import observation as o
+from tools.reliakit.check import Check
+from tools.reliakit.daemon import child_pids, cmdline
+from tools.reliakit.dry_run import dry_record
+from tools.reliakit.limits import Limits
+from tools.reliakit.observation import Expectation, completes, refused
+from tools.reliakit.result import ScenarioRun
+from tools.reliakit.run_record import RunRecord
+from tools.reliakit.scenarios import (
+    SCENARIOS,
+    drain,
+    expert_rank_failure,
+    overload_active_cap,
+)
+from tools.reliakit.server_spans import read
+
+LIMITS = Limits("tiny", "host-staged", "production", 2, 2, 2, 512)
+FAILED = Expectation(o.ERROR_CHUNK, ("failed",), error_code="engine_failed")
+GOOD_KILL = {"kill_s": 10.0, "first_503_s": 10.2, "exit_code": 1}
+
+
+def in_flight(end_s: float = 10.1, message: str = "engine failed: expert rank 1 exited") -> o.RequestObservation:
+    x = done("in_flight_0", FAILED)
+    x.end_s = end_s
+    x.error["message"] = message
+    return x
+
+
+def failing(checks: list[Check]) -> set[str]:
+    return {c.name for c in checks if c.failed}
+
+
+def test_expert_rank_failure_rules():
+    assert failing(expert_rank_failure.checks([in_flight()], GOOD_KILL, LIMITS)) == set()
+    assert failing(expert_rank_failure.checks([in_flight(end_s=30.0)], GOOD_KILL, LIMITS)) == {"failed_within_bound"}
+    assert failing(expert_rank_failure.checks([in_flight(message="something went wrong")], GOOD_KILL, LIMITS)) == \
+        {"failure_message_explicit"}
+    hung = done("in_flight_0", FAILED, outcome=o.TIMED_OUT)
+    assert "failed_within_bound" in failing(expert_rank_failure.checks([hung], GOOD_KILL, LIMITS))
+    assert failing(expert_rank_failure.checks([in_flight()], {**GOOD_KILL, "first_503_s": None}, LIMITS)) == \
+        {"ready_503_after_failure"}
+    assert failing(expert_rank_failure.checks([in_flight()], {**GOOD_KILL, "exit_code": 0}, LIMITS)) == \
+        {"exit_status_nonzero"}
+    assert failing(expert_rank_failure.checks([in_flight()], {**GOOD_KILL, "exit_code": None}, LIMITS)) == \
+        {"exit_status_nonzero"}  # still running: a hang
+
+
+def test_drain_rules():
+    good = {"ready_status_while_draining": 503, "exit_code": 0}
+    assert failing(drain.checks([], good, LIMITS)) == set()
+    assert failing(drain.checks([], {**good, "exit_code": 1}, LIMITS)) == {"exit_status_zero"}
+    assert failing(drain.checks([], {**good, "exit_code": None}, LIMITS)) == {"exit_status_zero"}
+    assert failing(drain.checks([], {**good, "ready_status_while_draining": 200}, LIMITS)) == \
+        {"ready_503_while_draining"}
+
+
+def test_overload_rules():
+    def burst(i: int, status: int, tokens: int | None = 24):
+        x = done(f"burst_{i}", completes(24), status=status, tokens=tokens,
+                 outcome=o.COMPLETED if status == 200 else o.HTTP_ERROR)
+        x.max_tokens = 24
+        return x
+
+    assert failing(overload_active_cap.checks([burst(0, 200), burst(1, 429)], {}, LIMITS)) == set()
+    assert failing(overload_active_cap.checks([burst(0, 200), burst(1, 200)], {}, LIMITS)) == {"queue_full_seen"}
+    lost = burst(0, 200, tokens=20)
+    assert failing(overload_active_cap.checks([lost, burst(1, 429)], {}, LIMITS)) == {"nothing_lost"}
+    queued = done("queue_0", completes(24), status=429, outcome=o.HTTP_ERROR)
+    assert "nothing_lost" in failing(overload_active_cap.checks([queued, burst(1, 429)], {}, LIMITS))
+
+
+def test_one_failed_check_fails_the_scenario_and_the_run():
+    rec = dry_record(list(SCENARIOS.values()), "host-staged", 2, spawn=True)
+    assert rec.exit_code == 0 and not rec.failed
+    run = rec.scenarios[1]
+    run.checks.append(Check("something", "fail", "broken"))
+    run.status = "failed"
+    assert rec.exit_code == 1 and run.name in rec.failed
+    rec = dry_record(list(SCENARIOS.values()), "local", 1, spawn=True)
+    rec.run_checks.append(Check("final_idle", "fail", "kv_slots_free 3 of 4"))
+    assert rec.exit_code == 1 and "run:final_idle" in rec.failed
+    assert RunRecord(baseline=rec.baseline, final=rec.final).exit_code == 1  # nothing ran: not a pass
+
+
+def test_finalize_fails_a_scenario_whose_request_lost_its_span():
+    scenario = SCENARIOS["invalid_requests"]
+    run = ScenarioRun(scenario.name, scenario.description, limits=Limits("tiny", "local", "production", 1, 2, 2, 512))
+    x = done("bad_json", refused(400))
+    base = done("baseline", completes(24), kind="follow_up")
+    run.observations, run.follow_up = [x], done("follow_up", completes(24), kind="follow_up")
+    run.finalize(scenario, base, index(span(base), span(run.follow_up)))  # no span for bad_json
+    assert run.status == "failed"
+    assert {c.name for c in run.checks if c.failed} == {"trace_coverage", "terminal_reasons"}
+
+
+def otlp_line(trace_id: str, name: str, attrs: dict) -> str:
+    def value(v):
+        return {"intValue": str(v)} if isinstance(v, int) else {"stringValue": v}
+
+    span_ = {"traceId": trace_id, "spanId": "ab" * 8, "parentSpanId": "cd" * 8, "name": name, "kind": 2,
+             "startTimeUnixNano": "1", "endTimeUnixNano": "2",
+             "attributes": [{"key": k, "value": value(v)} for k, v in attrs.items()]}
+    return json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [{"scope": {}, "spans": [span_]}]}]})
+
+
+def test_trace_reader_indexes_request_roots_and_skips_a_torn_line(tmp_path):
+    root = {"gen_ai.operation.name": "text_completion", "pegainfer.terminal_reason": "rejected",
+            "http.response.status_code": 400}
+    lines = [otlp_line("1" * 32, "text_completion tiny", root),
+             otlp_line("1" * 32, "queue", {"gen_ai.operation.name": "x"}),  # a child: not a root
+             otlp_line("2" * 32, "engine_step decode", {"pegainfer.step.index": 3})]
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join(lines) + "\n" + otlp_line("3" * 32, "text_completion tiny", root)[:50])
+    spans = read([path, tmp_path / "missing.jsonl"])
+    assert list(spans) == ["1" * 32]
+    assert spans["1" * 32][0].reason == "rejected" and spans["1" * 32][0].joined()["http_status"] == 400
+
+
+def test_expert_ranks_are_found_among_child_processes():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert child.pid in child_pids(os.getpid())
+        deadline = time.monotonic() + 10  # /proc/PID/cmdline is empty for a moment while exec runs
+        while not cmdline(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert "time.sleep(30)" in cmdline(child.pid)
+    finally:
+        child.kill()
+        child.wait()
