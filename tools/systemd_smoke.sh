@@ -118,6 +118,13 @@ pid1() {
     printf '# smoke: this host'"'"'s Python is under %s\n[Service]\n%s\n' "$python" "$protect_home" \
       >/etc/systemd/system/pegainfer.service.d/home-python.conf
   fi
+  case $(readlink -f "$PEGAINFER") in
+    /tmp/*|/var/tmp/*)
+      # A checkout under /tmp (CI clones can live there): the unit's PrivateTmp=yes would hide the venv
+      # and the editable source from the service. A real install lives elsewhere (README).
+      printf '# smoke: the checkout is under a tmp folder\n[Service]\nPrivateTmp=no\n' \
+        >/etc/systemd/system/pegainfer.service.d/tmp-checkout.conf ;;
+  esac
   if [ -f "$w/smoke.conf" ]; then cp "$w/smoke.conf" /etc/systemd/system/pegainfer.service.d/; fi
   echo "$hostpid" >"$w/pid"
   export container=pegainfer-smoke
