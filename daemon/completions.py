@@ -1,6 +1,8 @@
-"""POST /v1/completions: from the HTTP body to a lifecycle Request, then its token sink rendered as
-OpenAI SSE chunks (or one JSON body). A client that goes away becomes DISCONNECTED; an error after
-the stream started becomes an error chunk and then [DONE]."""
+"""POST /v1/completions: from the HTTP body to a lifecycle Request, then its output rendered as
+OpenAI SSE chunks (or one JSON body). The token sink wakes the handler and carries the end; the
+bridge's TokenDetails carry each token's choice and log-probs (daemon.choices turns them into text,
+stop strings, log-probs). A client that goes away becomes DISCONNECTED; an error after the stream
+started becomes an error chunk and then [DONE]."""
 from __future__ import annotations
 
 import asyncio
@@ -13,9 +15,9 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 
 from daemon import protocol
-from daemon.protocol import APIError
+from daemon.choices import Choices
+from daemon.protocol import APIError, CompletionRequest
 from daemon.runtime import Runtime
-from engine.tokenizer import IncrementalDetokenizer
 from lifecycle.params import GenerationParams
 from lifecycle.rejection import Draining, NotReady, QueueFull, Rejection
 from lifecycle.request import Request
@@ -81,33 +83,55 @@ async def create_completion(http: HTTPRequest, rt: Runtime) -> Response:
 
     ids = req.prompt_ids if req.prompt_ids is not None else rt.tokenizer.encode(req.prompt)
     rid = protocol.completion_id(next(_ids))
-    request = Request(rid, ids, GenerationParams(req.max_tokens, req.ignore_eos), rt.model_name,
-                      TokenSink(s.sink_max_buffered))
+    request = Request(rid, ids, generation_params(req), rt.model_name, TokenSink(s.sink_max_buffered))
     rt.telemetry.on_request_start(rid, req, http.headers)
-    problem = _context_problem(rt, ids, req.max_tokens)
+    problem = _context_problem(rt, ids, req)
     if problem is not None:
         rt.scheduler.reject(request, problem.message)
         return error_response(problem)
+    rt.bridge.details.open(rid)
     try:
         rt.scheduler.submit(request)
     except Rejection as r:
+        rt.bridge.details.close(rid)
         return error_response(rejection_error(r))
     created = int(time.time())
+    choices = Choices(req, rt.tokenizer, ids)
     if req.stream:
-        return EventSourceResponse(_stream(rt, request, created, req.include_usage), sep="\n",
+        return EventSourceResponse(_stream(rt, request, choices, created, req.include_usage), sep="\n",
                                    ping=15, headers={"X-Request-Id": rid})
-    return await _complete(http, rt, request, created)
+    return await _complete(http, rt, request, choices, created)
 
 
-def _context_problem(rt: Runtime, ids: list[int], max_tokens: int) -> APIError | None:
-    vocab, limit = rt.engine.cfg.vocab_size, rt.engine.max_model_len
+def generation_params(req: CompletionRequest) -> GenerationParams:
+    """The engine's view of a request. best_of ranks candidates by cumulative log-prob, so the
+    engine reports the chosen tokens' log-probs whenever there is a choice to make."""
+    logprobs = req.logprobs if req.logprobs is not None else (0 if req.candidates > req.n else None)
+    return GenerationParams(
+        req.max_tokens, req.ignore_eos, temperature=float(req.temperature or 0.0), top_p=req.top_p, top_k=req.top_k,
+        min_p=req.min_p, seed=req.seed, presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty, logprobs=logprobs,
+        prompt_logprobs=req.logprobs if req.echo else None, stop_token_ids=tuple(req.stop_token_ids),
+        n=req.candidates)
+
+
+def _context_problem(rt: Runtime, ids: list[int], req: CompletionRequest) -> APIError | None:
+    vocab, limit, max_tokens = rt.engine.cfg.vocab_size, rt.engine.max_model_len, req.max_tokens
     bad = next((t for t in ids if not 0 <= t < vocab), None)
     if bad is not None:
         return protocol.bad_request(f"prompt token id {bad} is outside the vocabulary [0, {vocab})", "prompt")
+    bad = next((t for t in req.stop_token_ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        return protocol.bad_request(f"stop token id {bad} is outside the vocabulary [0, {vocab})", "stop_token_ids")
     if len(ids) + max_tokens > limit:
         return protocol.bad_request(
             f"this model's maximum context length is {limit} tokens; the prompt has {len(ids)} tokens and "
             f"max_tokens is {max_tokens} ({len(ids) + max_tokens} in all)", "prompt", "context_length_exceeded")
+    slots = rt.engine.cache.num_slots
+    if req.candidates > slots:
+        param = "best_of" if req.best_of is not None and req.best_of > req.n else "n"
+        return protocol.bad_request(f"{param} = {req.candidates} needs {req.candidates} KV slots at once; this "
+                                    f"server has {slots} (--max-active)", param)
     return None
 
 
@@ -116,30 +140,33 @@ def _end_error(end: SinkEnd) -> APIError:
     return APIError(status, end.message or end.reason.value, kind, None, code)
 
 
-async def _stream(rt: Runtime, request: Request, created: int, include_usage: bool):
+def _advance(rt: Runtime, request: Request, choices: Choices) -> list:
+    """Take the token details recorded so far; tell the engine about choices that hit a stop string."""
+    rid = request.request_id
+    deltas, stopped = choices.feed(rt.bridge.details.take(rid), rt.bridge.details.prompt(rid))
+    for index in stopped:
+        if not request.is_terminal:
+            rt.bridge.stop_choice(rid, index)
+    return deltas
+
+
+async def _stream(rt: Runtime, request: Request, choices: Choices, created: int, include_usage: bool):
     rid, model = request.request_id, request.model
-    detok = IncrementalDetokenizer(rt.tokenizer)
-    n = 0
     try:
         async for item in request.sink:
-            text = "".join(detok.push(t) for t in item.token_ids)
-            n += len(item.token_ids)
+            deltas = _advance(rt, request, choices)
             end = item.end
-            if end is None:
-                if text:
-                    yield _data(protocol.chunk(rid, created, model, text, None))
-                continue
-            if end.state is RequestState.FINISHED:
-                text += detok.flush()
-                yield _data(protocol.chunk(rid, created, model, text, end.finish_reason.value))
-            else:
-                if text:
-                    yield _data(protocol.chunk(rid, created, model, text, None))
+            if end is not None and end.state is RequestState.FINISHED:
+                deltas += choices.finish(end.finish_reason.value)
+            for index, d in deltas:
+                yield _data(protocol.chunk(rid, created, model, [choices.chunk_choice(index, d)]))
+            if end is not None and end.state is not RequestState.FINISHED:
                 yield _data(_end_error(end).body())
         if include_usage:
-            yield _data(protocol.usage_chunk(rid, created, model, len(request.prompt_ids), n))
+            yield _data(protocol.usage_chunk(rid, created, model, len(request.prompt_ids), choices.completion_tokens))
         yield {"data": "[DONE]"}
     finally:
+        rt.bridge.details.close(rid)
         # the client went away mid-stream (sse-starlette cancels this generator) or we are exiting
         if not request.is_terminal and rt.scheduler is not None:
             rt.scheduler.disconnect(rid)
@@ -149,10 +176,9 @@ def _data(obj: dict) -> dict:
     return {"data": orjson.dumps(obj).decode()}
 
 
-async def _complete(http: HTTPRequest, rt: Runtime, request: Request, created: int) -> Response:
+async def _complete(http: HTTPRequest, rt: Runtime, request: Request, choices: Choices, created: int) -> Response:
     """Non-streaming: wait for the end, watching for the client going away meanwhile."""
     watcher = asyncio.create_task(_wait_disconnect(http))
-    tokens: list[int] = []
     end: SinkEnd | None = None
     try:
         while end is None:
@@ -162,16 +188,16 @@ async def _complete(http: HTTPRequest, rt: Runtime, request: Request, created: i
                 read.cancel()
                 rt.scheduler.disconnect(request.request_id)
                 return Response(status_code=499)
-            item = read.result()
-            tokens += item.token_ids
-            end = item.end
+            end = read.result().end
+            _advance(rt, request, choices)
     finally:
         watcher.cancel()
+        rt.bridge.details.close(request.request_id)
     if end.state is not RequestState.FINISHED:
         return error_response(_end_error(end))
-    text = rt.tokenizer.decode(tokens)
-    return JSONResponse(protocol.completion(request.request_id, created, request.model, text,
-                                            end.finish_reason.value, len(request.prompt_ids), len(tokens)),
+    choices.finish(end.finish_reason.value)
+    return JSONResponse(protocol.completion(request.request_id, created, request.model, choices.final(),
+                                            len(request.prompt_ids), choices.completion_tokens),
                         headers={"X-Request-Id": request.request_id})
 
 

@@ -1,12 +1,14 @@
-"""CUDA graphs for the decode step: one graph per (batch bucket, attention-length bucket), captured
-on first use into one shared memory pool, replayed with the step's rows copied into static input
-buffers. Rows beyond the real batch point at a scratch KV slot and are ignored."""
+"""CUDA graphs for the decode step: one graph per (batch bucket, attention-length bucket, output),
+captured on first use into one shared memory pool, replayed with the step's rows copied into static
+input buffers. Rows beyond the real batch point at a scratch KV slot and are ignored. The output is
+either the greedy token of each row (the fast path) or the [B, V] logits, for steps that sample or
+report log-probs; every logits graph writes into one shared buffer, so their number costs no memory."""
 from __future__ import annotations
 
 import torch
 
 from engine.batch import RowInput
-from engine.decode import DecodeInputs, decode_step
+from engine.decode import DecodeInputs, decode_logits, decode_step
 from engine.kv_cache import MLACache
 from engine.model import DeepseekV2
 from engine.startup_log import log_event
@@ -47,10 +49,13 @@ class DecodeGraphs:
         self.host = torch.zeros(4, max_batch, dtype=torch.int64).pin_memory()  # ids, pos, slot, ctx
         self.static = torch.zeros(4, max_batch, dtype=torch.int64, device=dev)
         self.pool = torch.cuda.graph_pool_handle()
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.max_batch = max_batch
+        self.logits_out: torch.Tensor | None = None  # [max_batch, V], allocated with the first logits graph
 
-    def run(self, rows: list[RowInput]) -> list[int]:
-        """rows: decode rows only (one token each)."""
+    def run(self, rows: list[RowInput], logits: bool = False):
+        """rows: decode rows only (one token each). Returns the greedy tokens (list[int]), or with
+        logits=True the graph's static [n, V] logits (the caller copies them before the next replay)."""
         n = len(rows)
         b = bucket(n, self.batch_buckets)
         longest = max(r.start_pos for r in rows) + 1
@@ -62,9 +67,9 @@ class DecodeGraphs:
         h[3, :n] = h[1, :n] + 1
         self._pad(h, n, b)
         self.static[:, :b].copy_(h[:, :b], non_blocking=True)
-        graph, out = self.graphs.get((b, length)) or self._capture(b, length)
+        graph, out = self.graphs.get((b, length, logits)) or self._capture(b, length, logits)
         graph.replay()
-        return wait_and_read(out[:n])
+        return out[:n] if logits else wait_and_read(out[:n])
 
     def _pad(self, h: torch.Tensor, n: int, b: int) -> None:
         h[0, n:b] = 0
@@ -76,21 +81,35 @@ class DecodeGraphs:
         s = self.static
         return DecodeInputs(s[0, :b], s[1, :b], s[2, :b], s[3, :b], length)
 
-    def _capture(self, b: int, length: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(self, b: int, length: int, logits: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         torch.cuda.current_stream().synchronize()  # the step's host->device copy must land first
         saved = self.static[:, :b].clone()
         self._pad(self.host, 0, b)  # warm up on the scratch slot only: real caches stay untouched
         self.static[:, :b].copy_(self.host[:, :b])
         inp = self._inputs(b, length)
+        fn = self._logits_fn(b) if logits else decode_step
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            decode_step(self.model, inp, self.cache)
+            fn(self.model, inp, self.cache)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            out = decode_step(self.model, inp, self.cache)
+            out = fn(self.model, inp, self.cache)
         self.static[:, :b].copy_(saved)
-        self.graphs[(b, length)] = (graph, out)
-        log_event("cuda_graph_captured", batch=b, length=length, graphs=len(self.graphs))
+        self.graphs[(b, length, logits)] = (graph, out)
+        log_event("cuda_graph_captured", batch=b, length=length, logits=logits, graphs=len(self.graphs))
         return graph, out
+
+    def _logits_fn(self, b: int):
+        """The decode step that leaves its [b, V] logits in the shared output buffer."""
+        if self.logits_out is None:
+            head = self.model.lm_head  # [V, H]
+            self.logits_out = torch.empty(self.max_batch, head.shape[0], dtype=head.dtype, device=head.device)
+        buf = self.logits_out[:b]  # [b, V]
+        return lambda model, inp, cache: write_into(buf, decode_logits(model, inp, cache))
+
+
+@torch.inference_mode()
+def write_into(buf: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    return buf.copy_(values)

@@ -1,11 +1,14 @@
-"""Offline batched greedy generation over the engine: what `pegainfer generate`, the HF oracle and
-the direct benchmark run. All rows prefill in one step, then decode together in one step each."""
+"""Offline batched generation over the engine: what `pegainfer generate`, the HF oracle and the
+direct benchmark run. All rows prefill in one step, then decode together in one step each. Greedy
+unless a SamplingSpec is given (one for all prompts, or one per prompt)."""
 from __future__ import annotations
 
 import dataclasses
 
 from engine.batch import RowInput
 from engine.engine import Engine
+from engine.messages import SamplingSpec, TopLogprobs
+from engine.sampler import Draw
 
 
 @dataclasses.dataclass(slots=True)
@@ -13,22 +16,32 @@ class Generation:
     prompt_ids: list[int]
     token_ids: list[int]
     finish_reason: str  # "stop" | "length"
+    logprobs: list[float | None] = dataclasses.field(default_factory=list)  # per token, when asked for
+    top_logprobs: list[TopLogprobs] = dataclasses.field(default_factory=list)
 
 
-def generate(engine: Engine, prompts: list[list[int]], max_tokens: int, ignore_eos: bool = False) -> list[Generation]:
+def generate(engine: Engine, prompts: list[list[int]], max_tokens: int, ignore_eos: bool = False,
+             sampling: SamplingSpec | list[SamplingSpec] | None = None) -> list[Generation]:
     for p in prompts:
         engine.check_request(p, max_tokens)
+    specs = sampling if isinstance(sampling, list) else [sampling or SamplingSpec()] * len(prompts)
+    if len(specs) != len(prompts):
+        raise ValueError(f"{len(specs)} sampling specs for {len(prompts)} prompts")
     slots = [engine.cache.allocate() for _ in prompts]
     try:
         out = [Generation(p, [], "length") for p in prompts]
         rows = [RowInput(s, p, 0) for s, p in zip(slots, prompts)]
         live = list(range(len(prompts)))
         while live:
-            tokens = engine.runner.step(rows)
+            draws = [Draw(r, specs[i], specs[i].seed or 0, 0, len(out[i].token_ids), prompts[i], out[i].token_ids)
+                     for r, i in enumerate(live)]
+            step = engine.runner.run(rows, draws)
             next_rows, next_live = [], []
-            for i, row, tok in zip(live, rows, tokens):
+            for i, row, tok, lp, top in zip(live, rows, step.tokens, step.logprobs, step.top_logprobs):
                 g = out[i]
                 g.token_ids.append(tok)
+                g.logprobs.append(lp)
+                g.top_logprobs.append(top)
                 if tok == engine.eos_id and not ignore_eos:
                     g.finish_reason = "stop"
                 elif len(g.token_ids) < max_tokens:

@@ -1,17 +1,57 @@
 """The typed messages across the thread boundary: commands into the GPU thread, events out of it.
-Plain data only (ints, strings, lists), so the asyncio side never touches a tensor."""
+Plain data only (ints, floats, strings, tuples, lists), so the asyncio side never touches a tensor."""
 from __future__ import annotations
 
 import dataclasses
+
+# A top-N list: (token id, log-probability) pairs, most likely first.
+TopLogprobs = tuple[tuple[int, float], ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SamplingSpec:
+    """How one request's tokens are chosen. The defaults are greedy decoding without log-probs:
+    a request with only defaults takes the engine's argmax fast path."""
+    temperature: float = 0.0  # 0: greedy (argmax of the penalised logits)
+    top_p: float = 1.0
+    top_k: int = -1  # -1: off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None  # None: the engine draws one
+    logprobs: int | None = None  # per sampled token: its log-prob and the top-N (N may be 0)
+    prompt_logprobs: int | None = None  # per prompt token likewise (the first has none)
+
+    @property
+    def penalised(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Nothing beyond the argmax of the raw logits is needed."""
+        return (self.temperature == 0 and not self.penalised and self.logprobs is None
+                and self.prompt_logprobs is None)
 
 
 # ---- commands (asyncio loop -> GPU thread) --------------------------------------------------------
 @dataclasses.dataclass(frozen=True, slots=True)
 class Admit:
+    """A request of `n` sequences (choices 0..n-1) that share one prefill of `prompt_ids`."""
     request_id: str
     prompt_ids: list[int]
     max_tokens: int
     ignore_eos: bool = False
+    sampling: SamplingSpec = SamplingSpec()
+    n: int = 1
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StopChoice:
+    """The daemon found a stop string in choice `index`'s text: finish that sequence now ("stop")."""
+    request_id: str
+    index: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -37,7 +77,7 @@ class InjectFailure:
     message: str
 
 
-Command = Admit | Cancel | Shutdown | Stall | InjectFailure
+Command = Admit | StopChoice | Cancel | Shutdown | Stall | InjectFailure
 
 
 # ---- events (GPU thread -> asyncio loop), delivered as one StepEvents per step --------------------
@@ -46,12 +86,24 @@ class Token:
     request_id: str
     token_id: int
     first: bool  # the prefill's token
+    index: int = 0  # which choice (sequence) of the request
+    logprob: float | None = None  # log-softmax of the raw logits at token_id, when asked for
+    top_logprobs: TopLogprobs = ()
+    finish_reason: str | None = None  # set on a choice's last token: "stop" (EOS / stop token) | "length"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Finished:
+    """Every sequence of the request has ended: "length" if any hit max_tokens, else "stop"."""
     request_id: str
     reason: str  # "stop" | "length"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PromptLogprobs:
+    """Per prompt token: (its log-prob given the tokens before it, the top-N); None for the first."""
+    request_id: str
+    entries: list[tuple[float, TopLogprobs] | None]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -84,16 +136,19 @@ class StepRecord:
     collective_bytes: int
     exchange_s: float
     kv_slots_used: int
+    draws: int = 0  # tokens chosen this step (a prefill of n choices draws n from one row)
+    sampled: bool = False  # the step took the sampling path (logits out), not the argmax fast path
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class StepEvents:
-    """Everything one step produced, in order: tokens, then terminal events."""
+    """Everything one step produced, in order: prompt log-probs, tokens, then terminal events."""
     tokens: list[Token]
     finished: list[Finished]
     failed: list[Failed]
     released: list[Released]
     record: StepRecord | None
+    prompt_logprobs: list[PromptLogprobs] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

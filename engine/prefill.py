@@ -1,6 +1,7 @@
 """The prefill step for fresh prompts as one graph-capturable function: every prompt's tokens packed
 into one sequence, attention kept inside each prompt by a mask built on the device, MoE without
-host synchronisation, and the greedy choice for each prompt's last token on the device."""
+host synchronisation, and the greedy choice for each prompt's last token on the device (or, for
+steps that sample, the logits of each prompt's last token)."""
 from __future__ import annotations
 
 import dataclasses
@@ -25,6 +26,14 @@ class PrefillInputs:
 @torch.inference_mode()
 def prefill_step(model: DeepseekV2, inp: PrefillInputs, cache: MLACache) -> torch.Tensor:
     """Returns the greedy next token of every prompt, [R] int64, on the device."""
+    logits = prefill_logits(model, inp, cache)
+    with phase("sampling"):
+        return torch.argmax(logits, dim=-1)
+
+
+@torch.inference_mode()
+def prefill_logits(model: DeepseekV2, inp: PrefillInputs, cache: MLACache) -> torch.Tensor:
+    """[R, V] logits of every prompt's last token."""
     eps = model.cfg.rms_norm_eps
     same_row = inp.row_ids[:, None] == inp.row_ids[None, :]  # [T, T]
     causal = inp.positions[None, :] <= inp.positions[:, None]  # [T, T] key position <= query position
@@ -36,6 +45,4 @@ def prefill_step(model: DeepseekV2, inp: PrefillInputs, cache: MLACache) -> torc
             x = x + layer.attn.prefill_packed(h, inp.positions, inp.slots, mask, cache)
         x = x + layer.mlp(rms_norm(x, layer.post_attn_norm, eps))
     with phase("lm_head"):
-        logits = F.linear(rms_norm(x[inp.last_index], model.norm, eps), model.lm_head)  # [R, V]
-    with phase("sampling"):
-        return torch.argmax(logits, dim=-1)
+        return F.linear(rms_norm(x[inp.last_index], model.norm, eps), model.lm_head)  # [R, V]

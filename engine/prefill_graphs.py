@@ -1,15 +1,17 @@
 """CUDA graphs for the prefill of fresh prompts: one graph per packed-token bucket, captured on first
 use into the decode graphs' memory pool. A step's prompts are packed back to back; the tail of the
-bucket is padding on the scratch KV slot, each padding token a prompt of its own."""
+bucket is padding on the scratch KV slot, each padding token a prompt of its own. Like the decode
+graphs, a bucket has a greedy-token graph and, captured only once a step samples, a logits graph
+writing into a buffer all logits graphs share."""
 from __future__ import annotations
 
 import torch
 
 from engine.batch import RowInput
-from engine.cuda_graphs import bucket, wait_and_read
+from engine.cuda_graphs import bucket, wait_and_read, write_into
 from engine.kv_cache import MLACache
 from engine.model import DeepseekV2
-from engine.prefill import PrefillInputs, prefill_step
+from engine.prefill import PrefillInputs, prefill_logits, prefill_step
 from engine.startup_log import log_event
 
 TOKEN_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096)
@@ -30,13 +32,16 @@ class PrefillGraphs:
         self.host_last = torch.zeros(self.max_rows, dtype=torch.int64).pin_memory()
         self.static = torch.zeros(4, n, dtype=torch.int64, device=dev)
         self.static_last = torch.zeros(self.max_rows, dtype=torch.int64, device=dev)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.logits_out: torch.Tensor | None = None  # [max_rows, V], allocated with the first logits graph
 
     def fits(self, rows: list[RowInput]) -> bool:
         return (len(rows) <= self.max_rows and all(r.start_pos == 0 for r in rows)
                 and sum(len(r.token_ids) for r in rows) <= self.buckets[-1])
 
-    def run(self, rows: list[RowInput]) -> list[int]:
+    def run(self, rows: list[RowInput], logits: bool = False):
+        """The greedy token of every prompt (list[int]), or with logits=True the graph's static
+        [R, V] logits of their last tokens (the caller copies them before the next replay)."""
         total = sum(len(r.token_ids) for r in rows)
         t = bucket(total, self.buckets)
         ids, pos, slots, row_ids, last = [], [], [], [], []
@@ -53,9 +58,9 @@ class PrefillGraphs:
         self.host_last[len(rows):] = 0
         self.static[:, :t].copy_(h[:, :t], non_blocking=True)
         self.static_last.copy_(self.host_last, non_blocking=True)
-        graph, out = self.graphs.get(t) or self._capture(t)
+        graph, out = self.graphs.get((t, logits)) or self._capture(t, logits)
         graph.replay()
-        return wait_and_read(out[: len(rows)])
+        return out[: len(rows)] if logits else wait_and_read(out[: len(rows)])
 
     def _pad(self, start: int, end: int) -> None:
         h = self.host
@@ -64,7 +69,7 @@ class PrefillGraphs:
         h[2, start:end] = self.cache.scratch_slot
         h[3, start:end] = torch.arange(self.max_rows, self.max_rows + end - start)
 
-    def _capture(self, t: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(self, t: int, logits: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         torch.cuda.current_stream().synchronize()  # the step's host->device copies must land first
         saved, saved_last = self.static[:, :t].clone(), self.static_last.clone()
         self._pad(0, t)  # warm up on the scratch slot only
@@ -72,16 +77,25 @@ class PrefillGraphs:
         self.static_last.zero_()
         s = self.static
         inp = PrefillInputs(s[0, :t], s[1, :t], s[2, :t], s[3, :t], self.static_last)
+        fn = self._logits_fn() if logits else prefill_step
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            prefill_step(self.model, inp, self.cache)
+            fn(self.model, inp, self.cache)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            out = prefill_step(self.model, inp, self.cache)
+            out = fn(self.model, inp, self.cache)
         self.static[:, :t].copy_(saved)
         self.static_last.copy_(saved_last)
-        self.graphs[t] = (graph, out)
-        log_event("cuda_graph_captured", kind="prefill", tokens=t, graphs=len(self.graphs))
+        self.graphs[(t, logits)] = (graph, out)
+        log_event("cuda_graph_captured", kind="prefill", tokens=t, logits=logits, graphs=len(self.graphs))
         return graph, out
+
+    def _logits_fn(self):
+        """The prefill step that leaves its [max_rows, V] logits in the shared output buffer."""
+        if self.logits_out is None:
+            head = self.model.lm_head  # [V, H]
+            self.logits_out = torch.empty(self.max_rows, head.shape[0], dtype=head.dtype, device=head.device)
+        buf = self.logits_out
+        return lambda model, inp, cache: write_into(buf, prefill_logits(model, inp, cache))

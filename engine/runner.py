@@ -1,15 +1,35 @@
-"""One forward step over a batch of rows and the greedy choice of each row's next token. On CUDA the
-one-token (decode) rows replay a captured graph; prompt rows run eagerly beside them."""
+"""One forward step over a batch of rows and the choice of each row's next token. On CUDA the
+one-token (decode) rows replay a captured graph; prompt rows run a prefill graph or eagerly beside
+them.
+
+Two ways out of the forward: when every draw of the step is plain greedy (temperature 0, no
+penalties, no log-probs) the graphs return the argmax they compute on the device, exactly as before
+sampling existed; otherwise the same graphs return their logits and engine.sampler chooses every
+draw in one batched call. Rows that want prompt log-probs (echo with logprobs) run eagerly, with
+the logits of every prompt position."""
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
 from engine.batch import Batch, RowInput
 from engine.cuda_graphs import DecodeGraphs, wait_and_read
-from engine.prefill_graphs import PrefillGraphs
 from engine.kv_cache import MLACache
+from engine.messages import TopLogprobs
 from engine.model import DeepseekV2
 from engine.phases import phase
+from engine.prefill_graphs import PrefillGraphs
+from engine.sampler import Draw, SamplingBatch, prompt_logprobs, sample
+
+
+@dataclasses.dataclass(slots=True)
+class StepOutput:
+    tokens: list[int]  # one per draw
+    logprobs: list[float | None]  # one per draw: the chosen token's raw log-prob, where asked for
+    top_logprobs: list[TopLogprobs]  # one per draw, cut to the N that draw asked for
+    prompt: dict[int, list[tuple[float, TopLogprobs] | None]]  # forward row -> prompt log-probs
+    sampled: bool  # False: the argmax fast path ran
 
 
 class ModelRunner:
@@ -40,11 +60,81 @@ class ModelRunner:
                 out[i] = tok
         return out
 
+    def run(self, rows: list[RowInput], draws: list[Draw], prompt_rows: dict[int, int] | None = None) -> StepOutput:
+        """The step with a token chosen per draw (several draws may read one row: the first step of
+        a request with n choices). prompt_rows: forward row -> N of the prompt log-probs it wants."""
+        prompt_rows = prompt_rows or {}
+        if not prompt_rows and all(d.spec.plain_greedy for d in draws):
+            greedy = self.step(rows)
+            tokens = [greedy[d.row] for d in draws]
+            return StepOutput(tokens, [None] * len(draws), [()] * len(draws), {}, sampled=False)
+        logits, full = self.logits(rows, set(prompt_rows))  # [R, V]
+        with phase("sampling"):
+            out = sample(logits, SamplingBatch.build(draws, logits.shape[-1], logits.device))
+        tokens = _read(out.tokens)  # waits for the device with the GIL released; the reads below are quick
+        prompt = {r: prompt_logprobs(full[r], rows[r].token_ids, n) for r, n in prompt_rows.items()}
+        chosen = out.logprobs.tolist() if out.logprobs is not None else [None] * len(draws)
+        tops: list[TopLogprobs] = [()] * len(draws)
+        if out.top_ids is not None:
+            for s, (ids, lps) in enumerate(zip(out.top_ids.tolist(), out.top_logprobs.tolist())):
+                n = draws[s].spec.logprobs
+                if n is not None:
+                    tops[s] = tuple(zip(ids[:n], lps[:n]))
+        for s, d in enumerate(draws):
+            if d.spec.logprobs is None:
+                chosen[s] = None
+        return StepOutput(tokens, chosen, tops, prompt, sampled=True)
+
+    def logits(self, rows: list[RowInput], full_rows: set[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """[R, V] float32 logits of every row's last new token, and for the rows in full_rows the
+        [L, V] logits of all their new tokens."""
+        if self.graphs is None or full_rows:
+            return self._eager_logits(rows, full_rows)
+        decode = [i for i, r in enumerate(rows) if len(r.token_ids) == 1 and r.start_pos > 0]
+        if len(decode) == len(rows):
+            return self.graphs.run(rows, logits=True).float(), {}
+        prompt = [i for i in range(len(rows)) if i not in set(decode)]
+        prompt_rows = [rows[i] for i in prompt]
+        pg = self.prefill_graphs
+        if pg is not None and pg.fits(prompt_rows):
+            first = pg.run(prompt_rows, logits=True).float()  # a copy: later replays cannot touch it
+        else:
+            first, _ = self._eager_logits(prompt_rows, set())
+        out = torch.empty(len(rows), first.shape[-1], dtype=torch.float32, device=first.device)  # [R, V]
+        out[torch.tensor(prompt, device=first.device)] = first
+        if decode:
+            out[torch.tensor(decode, device=first.device)] = self.graphs.run([rows[i] for i in decode],
+                                                                             logits=True).float()
+        return out, {}
+
+    def fork(self, src_slot: int, dst_slots: list[int], length: int) -> None:
+        """Copy the first `length` cached positions of one KV slot into others (all layers)."""
+        data = self.cache.data  # [L, S+1, N, W]
+        dst = torch.tensor(dst_slots, dtype=torch.int64, device=data.device)
+        data[:, dst, :length] = data[:, src_slot:src_slot + 1, :length]
+
     def _eager(self, rows: list[RowInput]) -> list[int]:
         batch = Batch.build(rows, self.device)
         logits = self.model.forward(batch, self.cache)  # [R, V]
         with phase("sampling"):
             tokens = torch.argmax(logits.float(), dim=-1)
-        if tokens.is_cuda:
-            return wait_and_read(tokens)
-        return tokens.tolist()
+        return _read(tokens)
+
+    def _eager_logits(self, rows: list[RowInput], full_rows: set[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        batch = Batch.build(rows, self.device)
+        if not full_rows:
+            return self.model.forward(batch, self.cache).float(), {}  # [R, V]
+        picked, spans = [], {}
+        for r, row in enumerate(rows):
+            start, n = batch.starts[r], len(row.token_ids)
+            wanted = range(start, start + n) if r in full_rows else [start + n - 1]
+            spans[r] = (len(picked), len(picked) + len(wanted))
+            picked.extend(wanted)
+        batch.last_index = torch.tensor(picked, dtype=torch.int64, device=batch.token_ids.device)
+        logits = self.model.forward(batch, self.cache).float()  # [sum of picked, V]
+        last = torch.tensor([spans[r][1] - 1 for r in range(len(rows))], device=logits.device)
+        return logits[last], {r: logits[spans[r][0]:spans[r][1]] for r in full_rows}
+
+
+def _read(t: torch.Tensor) -> list:
+    return wait_and_read(t) if t.is_cuda else t.tolist()

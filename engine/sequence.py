@@ -1,7 +1,26 @@
-"""One request as the GPU thread sees it: prompt, KV slot, tokens so far, limits."""
+"""One sequence as the GPU thread sees it (one choice of a request: prompt, KV slot, tokens so far,
+limits, how its tokens are chosen), and the group of sequences a request of n choices holds."""
 from __future__ import annotations
 
 import dataclasses
+
+from engine.messages import SamplingSpec
+
+
+@dataclasses.dataclass(slots=True)
+class Group:
+    """The request's sequences still alive, and the finish reasons of those that ended."""
+    request_id: str
+    live: int
+    reasons: list[str] = dataclasses.field(default_factory=list)
+
+    def end_one(self, reason: str) -> str | None:
+        """Record one sequence's end; the request's reason once its last sequence has ended."""
+        self.live -= 1
+        self.reasons.append(reason)
+        if self.live > 0:
+            return None
+        return "length" if "length" in self.reasons else "stop"
 
 
 @dataclasses.dataclass(slots=True)
@@ -13,6 +32,22 @@ class Sequence:
     slot: int = -1
     output_ids: list[int] = dataclasses.field(default_factory=list)
     cached: int = 0  # tokens already in the KV cache
+    index: int = 0  # choice index within the request
+    sampling: SamplingSpec = dataclasses.field(default_factory=SamplingSpec)
+    seed: int = 0  # the request's seed (the client's, or one the engine drew)
+    stop_token_ids: frozenset[int] = frozenset()
+    group: Group | None = None
+    # siblings (choices 1..n-1) waiting for this sequence's prefill: they draw their first token
+    # from its logits and then take a copy of its KV cache rows
+    forks: list[Sequence] = dataclasses.field(default_factory=list)
+    plain: bool = dataclasses.field(init=False)  # plain greedy: the argmax fast path serves it
+
+    def __post_init__(self) -> None:
+        self.plain = self.sampling.plain_greedy
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.request_id, self.index
 
     @property
     def pending_ids(self) -> list[int]:
@@ -22,7 +57,8 @@ class Sequence:
         return [self.output_ids[-1]]
 
     def finish_reason(self, eos_id: int | None) -> str | None:
-        if self.output_ids and self.output_ids[-1] == eos_id and not self.ignore_eos:
+        last = self.output_ids[-1] if self.output_ids else None
+        if last is not None and ((last == eos_id and not self.ignore_eos) or last in self.stop_token_ids):
             return "stop"
         if len(self.output_ids) >= self.max_tokens:
             return "length"

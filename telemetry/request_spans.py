@@ -115,10 +115,7 @@ class RequestSpans:
             "pegainfer.ignore_eos": request.params.ignore_eos,
             **self._engine.attributes(),
         }
-        if parsed is not None:
-            attributes["gen_ai.request.stream"] = parsed.stream
-            if parsed.temperature is not None:
-                attributes["gen_ai.request.temperature"] = float(parsed.temperature)
+        attributes.update(_sampling_attributes(request, parsed))
         parent = announced.parent if announced is not None and announced.parent is not None else Context()
         span = self._tracer.start_span(f"{OPERATION} {request.model}", context=parent, kind=SpanKind.SERVER,
                                        start_time=self._clock.ns(received), attributes=attributes)
@@ -182,6 +179,39 @@ class RequestSpans:
             child = self._tracer.start_span(name, context=parent, kind=SpanKind.INTERNAL, start_time=start_ns,
                                             attributes={"pegainfer.phase": name, "gen_ai.response.id": r.request_id})
             child.end(end_time=max(start_ns, stop_ns))
+
+
+def _sampling_attributes(request: Request, parsed: Any) -> dict[str, Any]:
+    """The sampling request attributes (GenAI semantic conventions' names where they have one). The
+    numbers come from the engine's parameters (defaults included); stop sequences, the choice count
+    and best_of from the parsed API request, when the daemon announced one."""
+    p = request.params
+    out: dict[str, Any] = {
+        "gen_ai.request.temperature": float(p.temperature), "gen_ai.request.top_p": float(p.top_p),
+        "gen_ai.request.presence_penalty": float(p.presence_penalty),
+        "gen_ai.request.frequency_penalty": float(p.frequency_penalty),
+        "pegainfer.request.min_p": float(p.min_p), "pegainfer.request.repetition_penalty": float(p.repetition_penalty),
+    }
+    if p.top_k > 0:
+        out["gen_ai.request.top_k"] = p.top_k
+    if p.seed is not None:
+        out["gen_ai.request.seed"] = p.seed
+    if p.logprobs is not None:
+        out["pegainfer.request.logprobs"] = p.logprobs
+    if p.stop_token_ids:
+        out["pegainfer.request.stop_token_ids"] = list(p.stop_token_ids)
+    if parsed is None:
+        out["gen_ai.request.choice.count"] = p.n
+        return out
+    out["gen_ai.request.stream"] = parsed.stream
+    out["gen_ai.request.choice.count"] = parsed.n
+    if parsed.stop:
+        out["gen_ai.request.stop_sequences"] = list(parsed.stop)
+    if parsed.best_of is not None:
+        out["pegainfer.request.best_of"] = parsed.best_of
+    if parsed.echo:
+        out["pegainfer.request.echo"] = True
+    return out
 
 
 def _durations(r: Request) -> dict[str, float]:

@@ -92,16 +92,49 @@ def test_openai_client_unchanged(daemon):
     ({"prompt": "hi", "max_tokens": -3}, "max_tokens", None),
     ({"prompt": "hi", "max_tokens": "ten"}, "max_tokens", None),
     ({"prompt": "hi", "stream": "yes"}, "stream", None),
-    ({"prompt": "hi", "temperature": 0.7}, "temperature", "unsupported_parameter"),
     ({"prompt": "hi", "temperature": -1}, "temperature", None),
-    ({"prompt": "hi", "top_p": 0.5}, "top_p", "unsupported_parameter"),
-    ({"prompt": "hi", "n": 2}, "n", "unsupported_parameter"),
-    ({"prompt": "hi", "best_of": 3}, "best_of", "unsupported_parameter"),
-    ({"prompt": "hi", "logprobs": 2}, "logprobs", "unsupported_parameter"),
+    ({"prompt": "hi", "temperature": 2.5}, "temperature", None),
+    ({"prompt": "hi", "top_p": 1.5}, "top_p", None),
+    ({"prompt": "hi", "top_p": 0}, "top_p", None),
+    ({"prompt": "hi", "top_k": 0}, "top_k", None),
+    ({"prompt": "hi", "top_k": -2}, "top_k", None),
+    ({"prompt": "hi", "min_p": 1.5}, "min_p", None),
+    ({"prompt": "hi", "seed": "seven"}, "seed", None),
+    ({"prompt": "hi", "presence_penalty": 2.5}, "presence_penalty", None),
+    ({"prompt": "hi", "frequency_penalty": -3}, "frequency_penalty", None),
+    ({"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty", None),
+    ({"prompt": "hi", "logprobs": 6}, "logprobs", None),
+    ({"prompt": "hi", "logprobs": -1}, "logprobs", None),
+    ({"prompt": "hi", "n": 0}, "n", None),
+    ({"prompt": "hi", "n": 17}, "n", None),
+    ({"prompt": "hi", "n": 3}, "n", None),  # more choices than this server's 2 KV slots
+    ({"prompt": "hi", "n": 2, "best_of": 1}, "best_of", None),
+    ({"prompt": "hi", "best_of": 2, "stream": True}, "best_of", None),
+    ({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, "stop", None),
+    ({"prompt": "hi", "stop": [""]}, "stop", None),
+    ({"prompt": "hi", "stop": 7}, "stop", None),
+    ({"prompt": "hi", "stop_token_ids": [99999]}, "stop_token_ids", None),
+    ({"prompt": "hi", "echo": "yes"}, "echo", None),
     ({"prompt": [1, 99999]}, "prompt", None),
 ])
 def test_invalid_requests_400(daemon, body, param, code):
     assert_error(post(daemon, body), 400, param=param, code=code)
+
+
+@pytest.mark.parametrize("body", [
+    {"temperature": 0.7, "top_p": 0.5, "top_k": 5, "min_p": 0.01, "seed": 3},
+    {"n": 2, "temperature": 1.0},
+    {"best_of": 2, "temperature": 1.0},
+    {"logprobs": 2},
+    {"echo": True, "logprobs": 0},
+    {"stop": "zz", "stop_token_ids": [1], "presence_penalty": 0.5, "frequency_penalty": -0.5,
+     "repetition_penalty": 1.2},
+])
+def test_sampling_parameters_are_accepted(daemon, body):
+    """What answered 400 "not supported yet" before sampling existed now generates."""
+    r = post(daemon, {"prompt": "hi", "max_tokens": 3, "ignore_eos": True, **body})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"]) == body.get("n", 1)
 
 
 def test_unknown_fields_are_ignored(daemon):

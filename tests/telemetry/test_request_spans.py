@@ -114,6 +114,27 @@ def test_a_finished_request_is_timed_from_its_timestamps(rig: Rig):
     assert root.status.status_code is StatusCode.UNSET
 
 
+def test_a_sampled_request_carries_its_sampling_attributes(rig: Rig):
+    from daemon.completions import generation_params
+    from lifecycle.request import Request
+    from lifecycle.sink import TokenSink
+
+    body = {"prompt": "hi", "max_tokens": 2, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 5,
+            "presence_penalty": 0.5, "frequency_penalty": -0.25, "stop": ["\n", "END"], "n": 2, "best_of": 3,
+            "logprobs": 1}
+    parsed = parse_completion(body, max_tokens_default=16)
+    rig.telemetry.on_request_start("s1", parsed, {})
+    rig.scheduler.submit(Request("s1", [1, 2], generation_params(parsed), "m", TokenSink(64)))
+    rig.scheduler.on_token("s1", 7, 1)
+    rig.scheduler.on_finished("s1", "stop")
+    a = rig.roots()["s1"].attributes
+    assert (a["gen_ai.request.temperature"], a["gen_ai.request.top_p"], a["gen_ai.request.top_k"]) == (0.7, 0.9, 40)
+    assert a["gen_ai.request.seed"] == 5 and a["gen_ai.request.choice.count"] == 2
+    assert (a["gen_ai.request.presence_penalty"], a["gen_ai.request.frequency_penalty"]) == (0.5, -0.25)
+    assert tuple(a["gen_ai.request.stop_sequences"]) == ("\n", "END")
+    assert a["pegainfer.request.best_of"] == 3 and a["pegainfer.request.logprobs"] == 1
+
+
 def test_a_request_cancelled_in_the_queue_has_a_queue_span_cut_at_its_end(rig: Rig):
     rig.scheduler.submit(make_request("a"))
     rig.scheduler.submit(make_request("b"))  # waits: one slot

@@ -44,7 +44,7 @@ def assert_common(doc: dict) -> None:
     s = by_name(doc)
     assert s["cancel_disconnect"]["terminal_reasons"] == {"cancelled": 1, "completed_length": 1, "disconnected": 2}
     invalid = s["invalid_requests"]
-    assert invalid["terminal_reasons"] == {"completed_length": 1, "rejected": 14}
+    assert invalid["terminal_reasons"] == {"completed_length": 1, "rejected": 17}
     assert {r["label"]: r["server"]["http_status"] for r in invalid["requests"]}["unknown_model"] == 404
     overload = s["overload_active_cap"]
     assert overload["maxima"]["active_set"]["trace"] == 2 and overload["maxima"]["pending_queue"]["trace"] >= 1
@@ -88,7 +88,7 @@ def test_url_mode_joins_the_given_trace_file_and_skips_what_ends_the_server(tmp_
         assert code == 0, failures(doc)
         assert doc["mode"] == "url" and doc["trace_files"] == [str(trace)] and doc["daemons"] == []
         assert "needs --spawn" in doc["summary"]["skipped"]["drain"]
-        assert by_name(doc)["invalid_requests"]["trace_coverage"]["exactly_one"] == 16
+        assert by_name(doc)["invalid_requests"]["trace_coverage"]["exactly_one"] == 19  # 17 refusals + the neighbour + the follow-up
         code, doc = run(tmp_path, "--url", d.url, "--scenarios", "invalid_requests")  # no trace file
         assert code == 0, failures(doc)
         checks = {c["name"]: c["status"] for c in by_name(doc)["invalid_requests"]["checks"]}

@@ -1,8 +1,8 @@
 """invalid_requests: bodies the server must refuse, each with its status and an OpenAI error body
 {"error": {message, type, param, code}}: an empty prompt, a prompt plus max_tokens over the context,
 unsupported parameters (a batch of prompts, best_of 2 on a stream), sampling parameters out of
-range (temperature -0.5, n 0, logprobs -1), malformed JSON, a body that is not an object, wrong
-types, a negative max_tokens and an unknown model; a valid neighbouring stream runs meanwhile and
+range (temperature -0.5, top_p 1.5, n 0 and 17, logprobs -1 and 6), malformed JSON, a body that
+is not an object, wrong types, a negative max_tokens and an unknown model; a valid neighbouring stream runs meanwhile and
 completes. Every refusal must leave a `rejected` request span with its HTTP status."""
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ def plan(limits: Limits) -> list[RequestObservation]:
         ("temperature_negative", body(m, p, 8, temperature=-0.5), 400, None),
         ("n_0", body(m, p, 8, n=0), 400, None),
         ("logprobs_negative", body(m, p, 8, logprobs=-1), 400, None),
+        ("top_p_above_1", body(m, p, 8, top_p=1.5), 400, None),
+        ("logprobs_6", body(m, p, 8, logprobs=6), 400, None),
+        ("n_17", body(m, p, 8, n=17), 400, None),
         ("malformed_json", b'{"prompt": "an unterminated string, "max_tokens": 8', 400, None),
         ("not_an_object", b'["prompt", 8]', 400, None),
         ("wrong_type_prompt", body(m, 42, 8), 400, None),
@@ -35,8 +38,7 @@ def plan(limits: Limits) -> list[RequestObservation]:
         ("negative_max_tokens", body(m, p, -3), 400, None),
         ("unknown_model", body("no-such-model", p, 8), 404, "model_not_found"),
     ]
-    # Not temperature 0.7, n 2 or logprobs 2: they are refused only until sampling is supported,
-    # while the values above are invalid in every version of the protocol.
+    # Sampling is supported, so only values outside the protocol's ranges belong here.
     return [completing("neighbour", m, 16, 1, NEIGHBOUR_TOKENS)] + [
         RequestObservation(label, None, refused(status, code), b) for label, b, status, code in cases]
 

@@ -1,0 +1,81 @@
+"""All choices of one completion request: the engine's token details routed to each choice, the
+echoed prompt put in front of each, the choices that hit a stop string (so the engine can be told),
+and, at the end, the choices returned (best_of: the n with the highest cumulative log-prob)."""
+from __future__ import annotations
+
+from daemon.choice import ChoiceOutput, Delta
+from daemon.logprobs import as_openai, prompt_entries
+from daemon.protocol import CompletionRequest
+from engine.messages import Token, TopLogprobs
+from engine.tokenizer import Tokenizer
+
+
+class Choices:
+    def __init__(self, req: CompletionRequest, tok: Tokenizer, prompt_ids: list[int]):
+        self.tok = tok
+        self.n = req.n
+        self.logprobs = req.logprobs is not None
+        self.echo = req.echo
+        self.prompt_ids = prompt_ids
+        self.prompt_text = req.prompt if req.prompt is not None else tok.decode(prompt_ids)
+        self.items = [ChoiceOutput(i, tok, req.stop, self.logprobs) for i in range(req.candidates)]
+        self.texts = [""] * len(self.items)  # everything released, per choice (the non-streaming body)
+        self.entries: list[list] = [[] for _ in self.items]
+        self._echoed = not req.echo
+
+    def feed(self, tokens: list[Token], prompt: list[tuple[float, TopLogprobs] | None] | None
+             ) -> tuple[list[tuple[int, Delta]], list[int]]:
+        """Route new tokens; returns each choice's combined delta (in choice order) and the choices
+        that have just found a stop string (the engine should stop them)."""
+        if tokens and not self._echoed:
+            self._put_echo(prompt)
+        deltas: dict[int, Delta] = {}
+        stopped = []
+        for t in tokens:
+            c = self.items[t.index]
+            was_open = c.finish_reason is None
+            d = c.push(t)
+            if was_open and c.stopped_by_string:
+                stopped.append(t.index)
+            if d:
+                deltas[t.index] = deltas[t.index] + d if t.index in deltas else d
+        return self._record(deltas), stopped
+
+    def finish(self, reason: str) -> list[tuple[int, Delta]]:
+        """The request finished: close any choice that has not (it should not happen)."""
+        return self._record({c.index: d for c in self.items if (d := c.close(reason))})
+
+    @property
+    def completion_tokens(self) -> int:
+        """Every generated token counts, best_of candidates included (as OpenAI bills them)."""
+        return sum(c.tokens for c in self.items)
+
+    def chunk_choice(self, index: int, d: Delta) -> dict:
+        return {"index": index, "text": d.text, "logprobs": as_openai(d.entries) if self.logprobs else None,
+                "finish_reason": d.finish_reason}
+
+    def final(self) -> list[dict]:
+        """The response's choices, indexed 0..n-1: with best_of > n, the n candidates of highest
+        cumulative log-prob, best first; otherwise all of them in order."""
+        chosen = self.items
+        if len(self.items) > self.n:
+            chosen = sorted(self.items, key=lambda c: c.cumulative_logprob, reverse=True)[:self.n]
+        return [{"index": i, "text": self.texts[c.index],
+                 "logprobs": as_openai(self.entries[c.index]) if self.logprobs else None,
+                 "finish_reason": c.finish_reason} for i, c in enumerate(chosen)]
+
+    def _put_echo(self, prompt: list[tuple[float, TopLogprobs] | None] | None) -> None:
+        self._echoed = True
+        entries = []
+        if self.logprobs:
+            entries = prompt_entries(self.tok, self.prompt_ids, prompt or [None] * len(self.prompt_ids))
+        for c in self.items:
+            c.prefix = Delta(self.prompt_text, list(entries))
+            c.base = len(self.prompt_text)
+
+    def _record(self, deltas: dict[int, Delta]) -> list[tuple[int, Delta]]:
+        out = sorted(deltas.items())
+        for i, d in out:
+            self.texts[i] += d.text
+            self.entries[i] += d.entries
+        return out

@@ -1,0 +1,184 @@
+"""The sampler on fake logits: draws follow the (masked) softmax by a chi-square test, greedy rows are
+exactly torch.argmax whatever else is in the batch, a seed gives the same token in any batch, the
+penalties follow vLLM, log-probs come from the raw logits, and the counter RNG's hash is exact."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from engine.counter_rng import mix32, uniform
+from engine.messages import SamplingSpec
+from engine.sampler import Draw, SamplingBatch, apply_penalties, sample
+
+LOGITS = [2.0, 1.0, 0.5, 0.0, -0.5, -1.0, -2.0, -3.0]  # V = 8
+DRAWS = 20_000
+P_MIN = 1e-3  # the draws are a fixed function of the seeds: the test is deterministic, not flaky
+
+
+def expected(logits: list[float], t: float, top_k: int = -1, top_p: float = 1.0, min_p: float = 0.0) -> list[float]:
+    """The target distribution, computed independently in float64 (min_p, then top_k, then top_p)."""
+    e = [math.exp(x / t) for x in logits]
+    p = [x / sum(e) for x in e]
+    p = [x if x >= min_p * max(p) else 0.0 for x in p]
+    order = sorted(range(len(p)), key=lambda i: -p[i])
+    if top_k > 0:
+        for i in order[top_k:]:
+            p[i] = 0.0
+    total, before = sum(p), 0.0
+    for i in order:
+        if before >= top_p:
+            before += p[i] / total
+            p[i] = 0.0
+        else:
+            before += p[i] / total
+    return [x / sum(p) for x in p]
+
+
+def chi_square_p(counts: list[int], probs: list[float]) -> float:
+    """Upper tail of the chi-square statistic over the tokens with nonzero probability."""
+    n = sum(counts)
+    cells = [(c, n * p) for c, p in zip(counts, probs) if p > 0]
+    stat = sum((c - e) ** 2 / e for c, e in cells)
+    df = len(cells) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
+                                         torch.tensor(stat / 2, dtype=torch.float64)))
+
+
+def draw_counts(spec: SamplingSpec, *, vary: str = "step") -> list[int]:
+    """DRAWS tokens from one logits row: one draw per step of one seed, or one per seed."""
+    draws = [Draw(0, spec, 12345 if vary == "step" else i * 7919, 0, i if vary == "step" else 0)
+             for i in range(DRAWS)]
+    batch = SamplingBatch.build(draws, len(LOGITS), "cpu")
+    tokens = sample(torch.tensor([LOGITS]), batch).tokens
+    return torch.bincount(tokens, minlength=len(LOGITS)).tolist()
+
+
+@pytest.mark.parametrize("kw", [
+    {"temperature": 1.0},
+    {"temperature": 0.6},
+    {"temperature": 1.7},
+    {"temperature": 1.0, "top_k": 2},  # keeps 2 tokens
+    {"temperature": 1.0, "top_p": 0.9},  # keeps 4
+    {"temperature": 1.0, "min_p": 0.05},  # keeps 5
+    {"temperature": 1.3, "top_k": 5, "top_p": 0.9, "min_p": 0.05},
+], ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+def test_draws_follow_the_masked_softmax(kw):
+    probs = expected(LOGITS, kw["temperature"], kw.get("top_k", -1), kw.get("top_p", 1.0), kw.get("min_p", 0.0))
+    counts = draw_counts(SamplingSpec(**kw))
+    assert all(c == 0 for c, p in zip(counts, probs) if p == 0), (counts, probs)  # masked: never drawn
+    assert chi_square_p(counts, probs) > P_MIN, (counts, [round(p * DRAWS) for p in probs])
+
+
+def test_draws_across_seeds_follow_the_softmax():
+    counts = draw_counts(SamplingSpec(temperature=0.8), vary="seed")
+    assert chi_square_p(counts, expected(LOGITS, 0.8)) > P_MIN
+
+
+def test_the_chi_square_check_has_power():
+    """The same counts against a slightly wrong distribution (temperature 1.1 instead of 1) fail."""
+    counts = draw_counts(SamplingSpec(temperature=1.0))
+    assert chi_square_p(counts, expected(LOGITS, 1.1)) < 1e-6
+
+
+def _mixed_batch(gen: torch.Generator, vocab: int, rows: int) -> tuple[torch.Tensor, list[Draw]]:
+    logits = torch.randn(rows, vocab, generator=gen) * 3  # [R, V]
+    specs = [SamplingSpec(), SamplingSpec(temperature=0.9, top_k=20), SamplingSpec(repetition_penalty=1.3),
+             SamplingSpec(temperature=1.2, top_p=0.7, min_p=0.01, frequency_penalty=0.4), SamplingSpec(logprobs=3)]
+    draws = [Draw(r, specs[r % len(specs)], r * 31 + 1, 0, r, [1, 2, 3], [4, 4, 5]) for r in range(rows)]
+    return logits, draws
+
+
+def test_greedy_rows_are_exactly_argmax_in_a_mixed_batch():
+    gen = torch.Generator().manual_seed(0)
+    logits, draws = _mixed_batch(gen, 1000, 25)
+    out = sample(logits, SamplingBatch.build(draws, 1000, "cpu")).tokens
+    want = torch.argmax(logits, dim=-1)
+    for r, d in enumerate(draws):
+        if d.spec.temperature == 0 and not d.spec.penalised:
+            assert out[r] == want[r]
+    # a greedy row with a penalty is the argmax of its penalised logits
+    r = 2
+    seen = torch.zeros(1, 1000, dtype=torch.bool)
+    seen[0, [1, 2, 3]] = True
+    counts = torch.zeros(1, 1000)
+    counts[0, 4], counts[0, 5] = 2, 1
+    penalised = apply_penalties(logits[r:r + 1], seen, counts, torch.tensor([0.0]), torch.tensor([0.0]),
+                                torch.tensor([1.3]))
+    assert out[r] == torch.argmax(penalised)
+
+
+def test_a_seed_draws_the_same_token_in_any_batch():
+    """One (seed, choice, step) row alone, first in a batch, and last in another batch of other rows."""
+    gen = torch.Generator().manual_seed(1)
+    logits, draws = _mixed_batch(gen, 500, 12)
+    row = torch.randn(1, 500, generator=gen)
+    mine = Draw(0, SamplingSpec(temperature=1.0, top_p=0.95), -987654321, 2, 17)
+    alone = sample(row, SamplingBatch.build([mine], 500, "cpu")).tokens[0]
+    first = sample(torch.cat([row, logits]), SamplingBatch.build(
+        [mine] + [Draw(d.row + 1, d.spec, d.seed, d.index, d.step, d.prompt_ids, d.output_ids) for d in draws],
+        500, "cpu")).tokens[0]
+    last = sample(torch.cat([logits, row]), SamplingBatch.build(
+        draws + [Draw(len(draws), mine.spec, mine.seed, mine.index, mine.step)], 500, "cpu")).tokens[-1]
+    assert alone == first == last
+    # and the seed matters: other seeds draw other tokens from the same near-flat row
+    others = {int(sample(row, SamplingBatch.build([Draw(0, mine.spec, s, 2, 17)], 500, "cpu")).tokens[0])
+              for s in range(20)}
+    assert len(others) > 5
+
+
+def test_penalties_follow_vllm():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0]])
+    seen = torch.tensor([[True, False, False, False]])  # token 0 is in the prompt
+    counts = torch.tensor([[0.0, 2.0, 0.0, 1.0]])  # the output has token 1 twice and token 3 once
+    got = apply_penalties(logits, seen, counts, presence=torch.tensor([0.25]), frequency=torch.tensor([0.5]),
+                          repetition=torch.tensor([2.0]))
+    # token 0: prompt only, positive: 2 / 2; token 1: negative, *2, then -0.5*2 - 0.25; token 2 untouched;
+    # token 3: 3 / 2 - 0.5*1 - 0.25
+    assert got.tolist() == [[1.0, -3.25, 0.5, 0.75]]
+    neutral = apply_penalties(logits, seen, counts, torch.tensor([0.0]), torch.tensor([0.0]), torch.tensor([1.0]))
+    assert torch.equal(neutral, logits)
+
+
+def test_penalties_change_the_choice_through_sample():
+    logits = torch.tensor([[3.0, 2.9, 0.0, 0.0]])
+    plain = Draw(0, SamplingSpec(), 0, 0, 1, [9], [0])
+    penalised = Draw(0, SamplingSpec(repetition_penalty=1.5), 0, 0, 1, [], [0])
+    presence = Draw(0, SamplingSpec(presence_penalty=0.5), 0, 0, 1, [], [0])
+    tokens = [int(sample(logits, SamplingBatch.build([d], 4, "cpu")).tokens[0]) for d in (plain, penalised, presence)]
+    assert tokens == [0, 1, 1]
+
+
+def test_logprobs_are_from_the_raw_logits():
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.randn(3, 64, generator=gen)
+    specs = [SamplingSpec(temperature=0.5, logprobs=4, presence_penalty=1.0), SamplingSpec(logprobs=0),
+             SamplingSpec(temperature=1.5, top_k=3, logprobs=2)]
+    draws = [Draw(r, s, 7, 0, 0, [], [1, 2]) for r, s in enumerate(specs)]
+    out = sample(logits, SamplingBatch.build(draws, 64, "cpu"))
+    ref = torch.log_softmax(logits, dim=-1)
+    for r in range(3):
+        assert out.logprobs[r] == ref[r, out.tokens[r]]
+    top_lp, top_ids = ref.topk(4, dim=-1)
+    assert torch.equal(out.top_ids, top_ids) and torch.equal(out.top_logprobs, top_lp)
+
+
+def test_mix32_is_lowbias32():
+    def lowbias32(x: int) -> int:
+        x ^= x >> 16
+        x = (x * 0x7FEB352D) & 0xFFFFFFFF
+        x ^= x >> 15
+        x = (x * 0x846CA68B) & 0xFFFFFFFF
+        return x ^ (x >> 16)
+
+    rng = random.Random(0)
+    xs = [0, 1, 0xFFFFFFFF, 0x80000000] + [rng.getrandbits(32) for _ in range(2000)]
+    assert mix32(torch.tensor(xs, dtype=torch.int64)).tolist() == [lowbias32(x) for x in xs]
+
+
+def test_uniforms_are_in_the_open_unit_interval_and_spread():
+    u = uniform(torch.tensor([0, 1, 2**31], dtype=torch.int64), 4096)  # [3, 4096]
+    assert 0 < u.min() and u.max() < 1
+    assert abs(u.mean().item() - 0.5) < 0.01 and not torch.equal(u[0], u[1])
