@@ -34,8 +34,11 @@ _END_ERRORS = {
 }
 
 
-def error_response(e: APIError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+def error_response(e: APIError, request_id: str | None = None) -> JSONResponse:
+    """The OpenAI error body; a request refused after it got an id carries it in X-Request-Id, so
+    the client can find its server records."""
+    headers = {**(e.headers or {}), **({"X-Request-Id": request_id} if request_id else {})}
+    return JSONResponse(e.body(), status_code=e.status, headers=headers or None)
 
 
 def rejection_error(r: Rejection) -> APIError:
@@ -88,13 +91,13 @@ async def create_completion(http: HTTPRequest, rt: Runtime) -> Response:
     problem = _context_problem(rt, ids, req)
     if problem is not None:
         rt.scheduler.reject(request, problem.message)
-        return error_response(problem)
+        return error_response(problem, rid)
     rt.bridge.details.open(rid)
     try:
         rt.scheduler.submit(request)
     except Rejection as r:
         rt.bridge.details.close(rid)
-        return error_response(rejection_error(r))
+        return error_response(rejection_error(r), rid)
     created = int(time.time())
     choices = Choices(req, rt.tokenizer, ids)
     if req.stream:

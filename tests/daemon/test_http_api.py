@@ -172,6 +172,7 @@ def test_queue_full_429_with_retry_after(daemon):
     r = post(daemon, body)
     assert_error(r, 429, code="queue_full")
     assert int(r.headers["retry-after"]) >= 1
+    assert r.headers["x-request-id"].startswith("cmpl-")  # refused after it got an id: traceable
     for t in threads:
         t.join()
     assert results == [200, 200, 200]
