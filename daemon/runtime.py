@@ -104,7 +104,7 @@ class Runtime:
             return
         self.engine, self.tokenizer = engine, tok
         self.bridge = EngineBridge(loop, self)
-        self.gpu = GpuThread(engine, self.bridge.emit)
+        self.gpu = GpuThread(engine, self.bridge.emit, max_prefill_tokens=s.max_prefill_tokens)
         self.scheduler = Scheduler(self.bridge, max_active=engine.cache.num_slots, max_pending=s.max_pending,
                                    observer=self.telemetry)
         self.bridge.connect(self.gpu, self.scheduler)

@@ -36,6 +36,8 @@ class Settings:
     max_active: int | None = _f(None, "requests decoding at once (KV slots); default: as many as fit in free GPU "
                                       "memory (at most 256) on CUDA, 8 on CPU")
     max_pending: int = _f(64, "requests waiting for a slot before 429")
+    max_prefill_tokens: int = _f(4096, "prompt tokens per engine step; longer prompts are prefilled in chunks "
+                                       "while running requests keep decoding")
     max_model_len: int | None = _f(None, "context limit in tokens (default: min(model limit, 4096))")
     max_tokens_default: int = _f(16, "max_tokens when a request gives none")
     drain_timeout: float = _f(30.0, "seconds in-flight requests get to finish on SIGTERM")
@@ -125,7 +127,7 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
 def _validate(s: Settings) -> None:
     if s.max_active is not None and s.max_active < 1:
         raise SettingsError(f"max_active must be at least 1, got {s.max_active}")
-    for name in ("ep_size", "max_tokens_default", "max_body_bytes", "sink_max_buffered"):
+    for name in ("ep_size", "max_prefill_tokens", "max_tokens_default", "max_body_bytes", "sink_max_buffered"):
         if getattr(s, name) < 1:
             raise SettingsError(f"{name} must be at least 1, got {getattr(s, name)}")
     if s.max_pending < 0:

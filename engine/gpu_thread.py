@@ -48,7 +48,7 @@ IDLE_WAKE_S = 0.5  # an idle thread still refreshes its heartbeat this often
 
 
 class GpuThread:
-    def __init__(self, engine: Engine, emit: Callable[[Event], None], *, max_prefill_tokens: int = 8192):
+    def __init__(self, engine: Engine, emit: Callable[[Event], None], *, max_prefill_tokens: int = 4096):
         self.engine = engine
         self._emit = emit
         self.max_prefill_tokens = max_prefill_tokens
@@ -167,19 +167,32 @@ class GpuThread:
         return seq.group.end_one(reason)
 
     def _admit_waiting(self) -> list[str]:
-        """FCFS: take waiting prompts while a KV slot is free and the prefill budget allows."""
-        budget = self.max_prefill_tokens
+        """FCFS: take waiting requests while KV slots are free for all of their choices. Long prompts
+        are not held back here: the step's prefill budget splits them into chunks."""
         cache = self.engine.cache
         admitted = []
-        while self.waiting and cache.free_slots > len(self.waiting[0].forks) and (
-                len(self.waiting[0].prompt_ids) <= budget or budget == self.max_prefill_tokens):
+        while self.waiting and cache.free_slots > len(self.waiting[0].forks):
             seq = self.waiting.popleft()
             for s in (seq, *seq.forks):
                 s.slot = cache.allocate()
-            budget -= len(seq.prompt_ids)
             self.running[seq.key] = seq
             admitted.append(seq.request_id)
         return admitted
+
+    def _rows(self) -> tuple[list[Sequence], list[RowInput]]:
+        """Every decoding sequence gets its token; prompts share the step's prefill budget in
+        arrival order, so a long prompt is fed in chunks while the others keep decoding."""
+        budget = self.max_prefill_tokens
+        seqs, rows = [], []
+        for s in self.running.values():
+            if s.prefilling and budget <= 0:
+                continue  # its next chunk waits for a later step
+            ids = s.next_row(budget)
+            if s.prefilling:
+                budget -= len(ids)
+            seqs.append(s)
+            rows.append(RowInput(s.slot, ids, s.cached))
+        return seqs, rows
 
     def _step(self) -> None:
         admitted = self._admit_waiting()
@@ -188,8 +201,7 @@ class GpuThread:
         t0, started_ns = time.perf_counter(), time.time_ns()
         if admitted:
             self._emit(PrefillStarted(admitted, started_ns))
-        seqs = list(self.running.values())
-        rows = [RowInput(s.slot, s.pending_ids, s.cached) for s in seqs]
+        seqs, rows = self._rows()
         on_gpu = self.engine.spec.device.startswith("cuda")
         if on_gpu:
             ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -204,7 +216,7 @@ class GpuThread:
         self.decode_batch_max = max(self.decode_batch_max, n_decode)
         for seq, row in zip(seqs, rows):
             seq.cached += len(row.token_ids)
-            if seq.forks:  # siblings take a copy of the prefill, before any slot is released
+            if seq.forks and not seq.prefilling:  # siblings copy the prefill, before any slot is released
                 self.engine.runner.fork(seq.slot, [f.slot for f in seq.forks], seq.cached)
                 for f in seq.forks:
                     f.cached = seq.cached
@@ -231,8 +243,11 @@ class GpuThread:
         """Run the step and choose a token per sequence; a fresh prompt also chooses for its waiting
         siblings, from its own row. Returns the sequences in the order of the output's tokens."""
         owners, row_of = [], []
-        for r, seq in enumerate(seqs):
-            group = (seq, *seq.forks) if seq.cached == 0 else (seq,)
+        for r, (seq, row) in enumerate(zip(seqs, rows)):
+            prompt_end = row.start_pos + len(row.token_ids)
+            if prompt_end < len(seq.prompt_ids):
+                continue  # a prompt chunk before the last: no token yet
+            group = (seq, *seq.forks) if row.start_pos < len(seq.prompt_ids) else (seq,)
             owners += group
             row_of += [r] * len(group)
         if all(s.plain for s in seqs):  # siblings share their parent's spec: the argmax fast path
@@ -242,7 +257,7 @@ class GpuThread:
         draws = [Draw(r, s.sampling, s.seed, s.index, len(s.output_ids), s.prompt_ids, s.output_ids)
                  for s, r in zip(owners, row_of)]
         prompt_rows = {r: s.sampling.prompt_logprobs for r, s in enumerate(seqs)
-                       if s.cached == 0 and s.sampling.prompt_logprobs is not None}
+                       if rows[r].start_pos == 0 and s.sampling.prompt_logprobs is not None}
         return owners, self.engine.runner.run(rows, draws, prompt_rows)
 
     def _record(self, seqs, rows, n_decode, started_ns, cpu_s, gpu_s, draws, sampled) -> StepRecord:

@@ -50,11 +50,17 @@ class Sequence:
         return self.request_id, self.index
 
     @property
-    def pending_ids(self) -> list[int]:
-        """Tokens to feed next step: the whole prompt (prefill) or the last sampled token."""
-        if self.cached == 0:
-            return self.prompt_ids
-        return [self.output_ids[-1]]
+    def prefilling(self) -> bool:
+        """Part of the prompt is not in the KV cache yet (chunked prefill)."""
+        return self.cached < len(self.prompt_ids)
+
+    def next_row(self, budget: int) -> list[int]:
+        """Tokens to feed next step: the next prompt chunk of at most `budget` tokens (the whole rest
+        when prompt logprobs are wanted: they are computed in one pass), or the last sampled token."""
+        if not self.prefilling:
+            return [self.output_ids[-1]]
+        rest = self.prompt_ids[self.cached:]
+        return rest if self.sampling.prompt_logprobs is not None else rest[:budget]
 
     def finish_reason(self, eos_id: int | None) -> str | None:
         last = self.output_ids[-1] if self.output_ids else None

@@ -27,10 +27,10 @@ def test_batch_equals_alone(engine):
     assert together == alone
 
 
-def _run_thread(engine, commands_by_step):
+def _run_thread(engine, commands_by_step, **thread_kw):
     """Feed commands, collect StepEvents until every admitted request ended."""
     events: queue.SimpleQueue = queue.SimpleQueue()
-    gpu = GpuThread(engine, events.put)
+    gpu = GpuThread(engine, events.put, **thread_kw)
     gpu.start()
     tokens, finished, records, released = {}, {}, [], set()
     for cmd in commands_by_step:
@@ -69,4 +69,19 @@ def test_cancel_frees_slot_and_stops_tokens(engine):
     tokens, finished, records = _run_thread(engine, [Admit("a", PROMPTS[0], 500, ignore_eos=True), Cancel("a")])
     assert "a" not in finished
     assert len(tokens.get("a", [])) <= 1
+    assert engine.cache.free_slots == engine.cache.num_slots
+
+
+def test_chunked_prefill_is_exact_and_keeps_streams_decoding(engine):
+    """With a 16-token prefill budget a 100-token prompt is fed in chunks while the short requests
+    keep decoding in the same steps; every request still gets exactly its offline tokens."""
+    maxes = [12, 5, 9, 20, 6]
+    ref = [generate(engine, [p], m, ignore_eos=True)[0].token_ids for p, m in zip(PROMPTS, maxes)]
+    cmds = [Admit(f"r{i}", p, m, ignore_eos=True) for i, (p, m) in enumerate(zip(PROMPTS, maxes))]
+    tokens, finished, records = _run_thread(engine, cmds, max_prefill_tokens=16)
+    assert [tokens[f"r{i}"] for i in range(len(PROMPTS))] == ref
+    assert max(r.prefill_tokens for r in records) <= 16
+    chunked = [r for r in records if "r2" in r.request_ids and r.prefill_tokens > 0]
+    assert len(chunked) >= 100 // 16  # the long prompt took several steps
+    assert any(r.decode_rows > 0 for r in chunked)  # and others decoded beside its chunks
     assert engine.cache.free_slots == engine.cache.num_slots
