@@ -5,6 +5,8 @@ either the greedy token of each row (the fast path) or the [B, V] logits, for st
 report log-probs; every logits graph writes into one shared buffer, so their number costs no memory."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from engine.batch import RowInput
@@ -25,6 +27,20 @@ def wait_and_read(t: torch.Tensor) -> list[int]:
     done.record()
     done.synchronize()
     return t.tolist()
+
+
+def capture(fn: Callable[[], torch.Tensor], pool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """One warm-up call on a side stream (allocations and kernel selection happen outside the
+    capture), then fn captured into a graph in `pool`. Returns the graph and fn's output tensor."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out
 
 
 def bucket(n: int, buckets: tuple[int, ...] | list[int]) -> int:
@@ -88,14 +104,7 @@ class DecodeGraphs:
         self.static[:, :b].copy_(self.host[:, :b])
         inp = self._inputs(b, length)
         fn = self._logits_fn(b) if logits else decode_step
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn(self.model, inp, self.cache)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = fn(self.model, inp, self.cache)
+        graph, out = capture(lambda: fn(self.model, inp, self.cache), self.pool)
         self.static[:, :b].copy_(saved)
         self.graphs[(b, length, logits)] = (graph, out)
         log_event("cuda_graph_captured", batch=b, length=length, logits=logits, graphs=len(self.graphs))

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kv_cache import MLACache
-from engine.model import DeepseekV2, rms_norm
+from engine.model import DeepseekV2
 from engine.phases import phase
 
 
@@ -33,27 +33,26 @@ def decode_step(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torch.
 @torch.inference_mode()
 def decode_logits(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torch.Tensor:
     """[B, V] logits of every row's new token."""
-    eps = model.cfg.rms_norm_eps
+    def attend(attn, h: torch.Tensor) -> torch.Tensor:
+        return attn.decode_absorbed(h, inp.positions, inp.slots, inp.ctx_lens, inp.length, cache)
+
     x = F.embedding(inp.token_ids, model.embed)  # [B, H]
     if model.fused_kernels:
-        return _decode_fused(model, inp, cache, x, eps)
+        return _decode_fused(model, x, attend)
     for layer in model.layers:
-        with phase("attention"):
-            h = rms_norm(x, layer.input_norm, eps)
-            x = x + layer.attn.decode_absorbed(h, inp.positions, inp.slots, inp.ctx_lens, inp.length, cache)
-        x = x + layer.mlp(rms_norm(x, layer.post_attn_norm, eps))
-    with phase("lm_head"):
-        return F.linear(rms_norm(x, model.norm, eps), model.lm_head)  # [B, V]
+        x = layer.run(x, lambda h, a=layer.attn: attend(a, h))
+    return model.head(x)  # [B, V]
 
 
-def _decode_fused(model: DeepseekV2, inp: DecodeInputs, cache: MLACache, x: torch.Tensor, eps: float) -> torch.Tensor:
+def _decode_fused(model: DeepseekV2, x: torch.Tensor, attend) -> torch.Tensor:
     """The same layers with each residual add folded into the next RMSNorm (one Triton launch)."""
     from engine.kernels.rmsnorm import rmsnorm
+    eps = model.cfg.rms_norm_eps
     delta = None
     for layer in model.layers:
         with phase("attention"):
             h, x = rmsnorm(x, layer.input_norm, eps, residual=delta)
-            delta = layer.attn.decode_absorbed(h, inp.positions, inp.slots, inp.ctx_lens, inp.length, cache)
+            delta = attend(layer.attn, h)
         h, x = rmsnorm(delta, layer.post_attn_norm, eps, residual=x)
         delta = layer.mlp(h)
     with phase("lm_head"):

@@ -2,6 +2,8 @@
 cache, dense MLP or MoE (shared experts here, routed experts through an EP backend), LM head."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -49,13 +51,18 @@ class DecoderLayer:
         else:
             self.mlp = MLP(w.pop(f"{m}.gate_proj.weight"), w.pop(f"{m}.up_proj.weight"), w.pop(f"{m}.down_proj.weight"))
 
-    def __call__(self, x: torch.Tensor, batch: Batch, cache: MLACache) -> torch.Tensor:
+    def run(self, x: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """x: [T, H] -> [T, H]: attention (whichever form `attend` computes, on the normed input),
+        then the dense MLP or the MoE, each added to the residual stream."""
         with phase("attention"):
-            x = x + self.attn(rms_norm(x, self.input_norm, self.eps), batch, cache)
+            x = x + attend(rms_norm(x, self.input_norm, self.eps))
         if isinstance(self.mlp, MoE):
             return x + self.mlp(rms_norm(x, self.post_attn_norm, self.eps))
         with phase("dense_mlp"):
             return x + self.mlp(rms_norm(x, self.post_attn_norm, self.eps))
+
+    def __call__(self, x: torch.Tensor, batch: Batch, cache: MLACache) -> torch.Tensor:
+        return self.run(x, lambda h: self.attn(h, batch, cache))
 
 
 class DeepseekV2:
@@ -85,6 +92,9 @@ class DeepseekV2:
         x = F.embedding(batch.token_ids, self.embed)  # [T, H]
         for layer in self.layers:
             x = layer(x, batch, cache)
+        return self.head(x[batch.last_index])
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head: [R, H] -> [R, V]."""
         with phase("lm_head"):
-            x = rms_norm(x[batch.last_index], self.norm, self.cfg.rms_norm_eps)  # [R, H]
-            return F.linear(x, self.lm_head)  # [R, V]
+            return F.linear(rms_norm(x, self.norm, self.cfg.rms_norm_eps), self.lm_head)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kv_cache import MLACache
-from engine.model import DeepseekV2, rms_norm
+from engine.model import DeepseekV2
 from engine.phases import phase
 
 
@@ -34,15 +34,10 @@ def prefill_step(model: DeepseekV2, inp: PrefillInputs, cache: MLACache) -> torc
 @torch.inference_mode()
 def prefill_logits(model: DeepseekV2, inp: PrefillInputs, cache: MLACache) -> torch.Tensor:
     """[R, V] logits of every prompt's last token."""
-    eps = model.cfg.rms_norm_eps
     same_row = inp.row_ids[:, None] == inp.row_ids[None, :]  # [T, T]
     causal = inp.positions[None, :] <= inp.positions[:, None]  # [T, T] key position <= query position
     mask = (same_row & causal)[None, None]  # [1, 1, T, T]
     x = F.embedding(inp.token_ids, model.embed)  # [T, H]
     for layer in model.layers:
-        with phase("attention"):
-            h = rms_norm(x, layer.input_norm, eps)
-            x = x + layer.attn.prefill_packed(h, inp.positions, inp.slots, mask, cache)
-        x = x + layer.mlp(rms_norm(x, layer.post_attn_norm, eps))
-    with phase("lm_head"):
-        return F.linear(rms_norm(x[inp.last_index], model.norm, eps), model.lm_head)  # [R, V]
+        x = layer.run(x, lambda h, a=layer.attn: a.prefill_packed(h, inp.positions, inp.slots, mask, cache))
+    return model.head(x[inp.last_index])  # [R, V]

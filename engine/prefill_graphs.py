@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from engine.batch import RowInput
-from engine.cuda_graphs import bucket, wait_and_read, write_into
+from engine.cuda_graphs import bucket, capture, wait_and_read, write_into
 from engine.kv_cache import MLACache
 from engine.model import DeepseekV2
 from engine.prefill import PrefillInputs, prefill_logits, prefill_step
@@ -78,14 +78,7 @@ class PrefillGraphs:
         s = self.static
         inp = PrefillInputs(s[0, :t], s[1, :t], s[2, :t], s[3, :t], self.static_last)
         fn = self._logits_fn() if logits else prefill_step
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn(self.model, inp, self.cache)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = fn(self.model, inp, self.cache)
+        graph, out = capture(lambda: fn(self.model, inp, self.cache), self.pool)
         self.static[:, :t].copy_(saved)
         self.static_last.copy_(saved_last)
         self.graphs[(t, logits)] = (graph, out)

@@ -45,11 +45,10 @@ class ModelRunner:
         """Run the rows' new tokens through the model; return each row's greedy next token."""
         if self.graphs is None:
             return self._eager(rows)
-        decode = [i for i, r in enumerate(rows) if len(r.token_ids) == 1 and r.start_pos > 0]
-        if len(decode) == len(rows):
+        decode, prompt = _split(rows)
+        if not prompt:
             return self.graphs.run(rows)
         out = [0] * len(rows)
-        prompt = [i for i in range(len(rows)) if i not in set(decode)]
         prompt_rows = [rows[i] for i in prompt]
         pg = self.prefill_graphs
         first = pg.run(prompt_rows) if pg is not None and pg.fits(prompt_rows) else self._eager(prompt_rows)
@@ -90,10 +89,9 @@ class ModelRunner:
         [L, V] logits of all their new tokens."""
         if self.graphs is None or full_rows:
             return self._eager_logits(rows, full_rows)
-        decode = [i for i, r in enumerate(rows) if len(r.token_ids) == 1 and r.start_pos > 0]
-        if len(decode) == len(rows):
+        decode, prompt = _split(rows)
+        if not prompt:
             return self.graphs.run(rows, logits=True).float(), {}
-        prompt = [i for i in range(len(rows)) if i not in set(decode)]
         prompt_rows = [rows[i] for i in prompt]
         pg = self.prefill_graphs
         if pg is not None and pg.fits(prompt_rows):
@@ -134,6 +132,14 @@ class ModelRunner:
         logits = self.model.forward(batch, self.cache).float()  # [sum of picked, V]
         last = torch.tensor([spans[r][1] - 1 for r in range(len(rows))], device=logits.device)
         return logits[last], {r: logits[spans[r][0]:spans[r][1]] for r in full_rows}
+
+
+def _split(rows: list[RowInput]) -> tuple[list[int], list[int]]:
+    """Indices of the one-token decode rows (a graph serves them) and of the prompt rows."""
+    decode, prompt = [], []
+    for i, r in enumerate(rows):
+        (decode if len(r.token_ids) == 1 and r.start_pos > 0 else prompt).append(i)
+    return decode, prompt
 
 
 def _read(t: torch.Tensor) -> list:
