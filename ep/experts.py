@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ep.grouped import grouped_linear
+from ep.grouped import grouped_linear, grouped_mm_available
 
 
 class ExpertShard:
@@ -31,14 +31,30 @@ class ExpertShard:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for d in (self.w13, self.w2) for t in d.values())
 
-    def run_grouped(self, layer: int, hidden: torch.Tensor, token_index: torch.Tensor, weight: torch.Tensor,
-                    counts: torch.Tensor, fused: bool) -> torch.Tensor:
-        """As `run`, with the per-expert route counts on the device ([n] int) and no host sync when
-        `fused`: two grouped GEMMs over the rows sorted by expert. Returns [r, H] float32."""
+    def uses_grouped_mm(self, device: torch.device) -> bool:
+        """The expert kernel: grouped GEMMs for bfloat16 where they run, else the per-expert loop
+        (the reference order). Every backend and every rank asks here, so each expert's rows see
+        the same kernel whichever rank owns them."""
+        return all(w.dtype == torch.bfloat16 for w in self.w13.values()) and grouped_mm_available(device)
+
+    def run_routes(self, layer: int, hidden: torch.Tensor, token_index: torch.Tensor, weight: torch.Tensor,
+                   counts: list[int] | torch.Tensor, grouped: bool) -> torch.Tensor:
+        """The weighted expert outputs of this shard's routes with the chosen kernel; counts: routes
+        per owned expert, a device tensor (no host sync on the grouped path) or host ints."""
+        if grouped:
+            if not isinstance(counts, torch.Tensor):
+                counts = torch.tensor(counts, dtype=torch.int64, device=hidden.device)
+            return self._run_grouped(layer, hidden, token_index, weight, counts)
+        return self.run(layer, hidden, token_index, weight,
+                        counts.tolist() if isinstance(counts, torch.Tensor) else counts)
+
+    def _run_grouped(self, layer: int, hidden: torch.Tensor, token_index: torch.Tensor, weight: torch.Tensor,
+                     counts: torch.Tensor) -> torch.Tensor:
+        """Two grouped GEMMs over the rows sorted by expert. counts: [n] int on the device."""
         offs = torch.cumsum(counts, 0, dtype=torch.int32)  # [n]
         x = hidden[token_index]  # [r, H]
-        gate, up = grouped_linear(x, self.w13[layer], offs, fused).chunk(2, dim=-1)  # [r, I] each
-        y = grouped_linear(F.silu(gate) * up, self.w2[layer], offs, fused)  # [r, H]
+        gate, up = grouped_linear(x, self.w13[layer], offs).chunk(2, dim=-1)  # [r, I] each
+        y = grouped_linear(F.silu(gate) * up, self.w2[layer], offs)  # [r, H]
         return y * weight[:, None]
 
     def run(self, layer: int, hidden: torch.Tensor, token_index: torch.Tensor, weight: torch.Tensor,

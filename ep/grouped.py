@@ -1,10 +1,9 @@
 """Grouped expert GEMMs without host synchronisation: rows sorted by expert, one grouped matrix
-product per projection. On Hopper-class CUDA devices torch._grouped_mm does it in one launch; the
-fallback loops over experts (it reads the row counts on the host, so it is not graph-safe)."""
+product per projection, torch._grouped_mm in one launch where it runs (bf16 on Hopper-class CUDA
+devices). Elsewhere ExpertShard.run loops over experts instead."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 
 def grouped_mm_available(device: torch.device) -> bool:
@@ -22,15 +21,7 @@ def grouped_mm_available(device: torch.device) -> bool:
         return False
 
 
-def grouped_linear(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, fused: bool) -> torch.Tensor:
+def grouped_linear(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """x: [M, K] rows sorted by group; w: [G, N, K] (HF [out, in] per group); offs: [G] int32
     cumulative row ends. Returns [M, N] with row m multiplied by its group's weight."""
-    if fused:
-        return torch._grouped_mm(x, w.transpose(1, 2), offs=offs)
-    out = torch.empty(x.shape[0], w.shape[1], dtype=x.dtype, device=x.device)
-    start = 0
-    for g, end in enumerate(offs.tolist()):
-        if end > start:
-            out[start:end] = F.linear(x[start:end], w[g])
-        start = end
-    return out
+    return torch._grouped_mm(x, w.transpose(1, 2), offs=offs)

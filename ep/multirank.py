@@ -12,29 +12,12 @@ import torch
 from ep.backend import ExchangeCounters, ExpertBackend, RankFailure
 from ep.experts import ExpertShard
 from ep.group import RankGroup
-from ep.grouped import grouped_mm_available
 from ep.launch import LaunchPlan, launch_group
 from ep.ownership import Ownership
 from ep.plan import RoutePlan
 from ep.rendezvous import ReadyRecord
 
 Spans = list[tuple[int, int]]  # [start, end) of each rank's routes in execution order
-
-
-def uses_grouped_mm(shard: ExpertShard, device: torch.device) -> bool:
-    """The expert kernel `local` picks (grouped GEMMs for bfloat16 on CUDA where available, else the
-    per-expert loop): every rank picks the same way, so each expert's rows see the same kernel."""
-    return all(w.dtype == torch.bfloat16 for w in shard.w13.values()) and grouped_mm_available(device)
-
-
-def run_span(shard: ExpertShard, grouped: bool, layer: int, hidden: torch.Tensor, token_index: torch.Tensor,
-             weight: torch.Tensor, counts: list[int], counts_dev: torch.Tensor | None = None) -> torch.Tensor:
-    """ExpertShard over one rank's span ([r] routes) -> [r, H] float32, with the kernel `local` uses."""
-    if grouped:
-        if counts_dev is None:
-            counts_dev = torch.tensor(counts, dtype=torch.int64, device=hidden.device)
-        return shard.run_grouped(layer, hidden, token_index, weight, counts_dev, True)
-    return shard.run(layer, hidden, token_index, weight, counts)
 
 
 class MultiRankBackend(ExpertBackend):
@@ -48,7 +31,7 @@ class MultiRankBackend(ExpertBackend):
         self.dtype = dtype
         self.hidden_size = cfg.hidden_size
         self.last_moe_layer = cfg.moe_layers[-1]
-        self.grouped = uses_grouped_mm(shard, device)
+        self.grouped = shard.uses_grouped_mm(device)
         self._counters = ExchangeCounters.zero(ownership.world_size, cfg.n_routed_experts)
 
     # ---- what a subclass provides --------------------------------------------------------------
@@ -117,8 +100,9 @@ class MultiRankBackend(ExpertBackend):
         s0, e0 = spans[0]
         mine = self.shard.experts
         if e0 > s0:
-            out[s0:e0] = run_span(self.shard, self.grouped, layer, hidden, plan.token_index[s0:e0], plan.weight[s0:e0],
-                                  counts[mine.start:mine.stop], plan.expert_counts[mine.start:mine.stop])  # [r0, H]
+            mine_counts = plan.expert_counts[mine.start:mine.stop] if self.grouped else counts[mine.start:mine.stop]
+            out[s0:e0] = self.shard.run_routes(layer, hidden, plan.token_index[s0:e0], plan.weight[s0:e0],
+                                               mine_counts, self.grouped)  # [r0, H]
         t2 = time.perf_counter()
         self._combine(exchange, out)
         if layer == self.last_moe_layer:

@@ -9,7 +9,7 @@ import torch
 
 from ep.experts import ExpertShard
 from ep.group import RankGroup, Work
-from ep.multirank import MultiRankBackend, Spans, run_span, uses_grouped_mm
+from ep.multirank import MultiRankBackend, Spans
 from ep.plan import RoutePlan
 from ep.scratch import Scratch
 from ep.wire import CMD_RUN, CMD_STOP, Header, pack_rows, row_bytes, unpack_rows
@@ -91,7 +91,7 @@ class HostStagedBackend(MultiRankBackend):
     def serve(cls, group: RankGroup, shard: ExpertShard, cfg, device: torch.device, dtype: torch.dtype) -> None:
         h = cfg.hidden_size
         rb = row_bytes(h, dtype)
-        grouped = uses_grouped_mm(shard, device)
+        grouped = shard.uses_grouped_mm(device)
         header = torch.empty(Header.size(len(shard.experts)), dtype=torch.int64)
         recv_host, send_host = Scratch("cpu", pinned=device.type == "cuda"), Scratch("cpu", pinned=device.type == "cuda")
         while True:
@@ -103,7 +103,7 @@ class HostStagedBackend(MultiRankBackend):
             staged = recv_host.take((n, rb), torch.uint8)
             group.recv(staged, 0, TAG_ROWS).wait()
             rows, weight = unpack_rows(staged.to(device), h, dtype)  # [n, H], [n]
-            y = run_span(shard, grouped, hd.layer, rows, torch.arange(n, device=device), weight, list(hd.counts))  # [n, H] f32
+            y = shard.run_routes(hd.layer, rows, torch.arange(n, device=device), weight, list(hd.counts), grouped)  # [n, H] f32
             result = send_host.take((n, h), torch.float32)
             result.copy_(y)
             group.send(result, 0, TAG_OUT).wait()

@@ -7,7 +7,6 @@ import torch
 from engine.startup_log import log_event
 from ep.backend import ExchangeCounters, ExpertBackend
 from ep.experts import ExpertShard
-from ep.grouped import grouped_mm_available
 from ep.ownership import OwnershipError
 from ep.plan import RoutePlan
 
@@ -19,10 +18,8 @@ class LocalBackend(ExpertBackend):
     def __init__(self, shard: ExpertShard, n_experts: int, device: torch.device):
         self.shard = shard
         self.n_experts = n_experts
-        bf16 = all(w.dtype == torch.bfloat16 for w in shard.w13.values())
-        self.fused = bf16 and grouped_mm_available(device)
-        # fused grouped GEMMs on CUDA; the per-expert loop (exact reference order) elsewhere
-        self.graph_safe = self.fused
+        self.fused = shard.uses_grouped_mm(device)
+        self.graph_safe = self.fused  # the grouped path never reads the counts on the host
         self._routes = torch.zeros(n_experts, dtype=torch.int64, device=device)  # accumulated on device
         log_event("expert_kernel", backend=self.name, kernel="grouped_mm" if self.fused else "per_expert_loop",
                   graph_safe=self.graph_safe)
@@ -36,9 +33,7 @@ class LocalBackend(ExpertBackend):
 
     def expert_outputs(self, layer: int, hidden: torch.Tensor, plan: RoutePlan) -> torch.Tensor:
         self._routes += plan.expert_counts
-        if self.fused:
-            return self.shard.run_grouped(layer, hidden, plan.token_index, plan.weight, plan.expert_counts, True)
-        return self.shard.run(layer, hidden, plan.token_index, plan.weight, plan.expert_counts.tolist())
+        return self.shard.run_routes(layer, hidden, plan.token_index, plan.weight, plan.expert_counts, self.fused)
 
     def take_counters(self) -> ExchangeCounters:
         per_expert = self._routes.tolist()
