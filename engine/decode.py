@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from engine.kv_cache import MLACache
 from engine.model import DeepseekV2
 from engine.phases import phase
+from ep.moe import MoE
 
 
 @dataclasses.dataclass(slots=True)
@@ -45,16 +46,25 @@ def decode_logits(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torc
 
 
 def _decode_fused(model: DeepseekV2, x: torch.Tensor, attend) -> torch.Tensor:
-    """The same layers with each residual add folded into the next RMSNorm (one Triton launch)."""
-    from engine.kernels.rmsnorm import rmsnorm
+    """The same layers as Triton-fused steps: each residual add folds into the next RMSNorm, and a
+    MoE layer's combine (routes in order, then the shared experts) folds in with it."""
+    from engine.kernels.rmsnorm import moe_rmsnorm, rmsnorm
     eps = model.cfg.rms_norm_eps
-    delta = None
+
+    def norm(delta, weight: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if delta is None:
+            return rmsnorm(x, weight, eps)
+        if isinstance(delta, tuple):  # a MoE layer's (routed [T, k, H], shared [T, H])
+            return moe_rmsnorm(*delta, weight, eps, residual=x)
+        return rmsnorm(delta, weight, eps, residual=x)
+
+    delta = None  # what the next norm adds to the residual stream
     for layer in model.layers:
         with phase("attention"):
-            h, x = rmsnorm(x, layer.input_norm, eps, residual=delta)
+            h, x = norm(delta, layer.input_norm, x)
             delta = attend(layer.attn, h)
-        h, x = rmsnorm(delta, layer.post_attn_norm, eps, residual=x)
-        delta = layer.mlp(h)
+        h, x = norm(delta, layer.post_attn_norm, x)
+        delta = layer.mlp.parts(h) if isinstance(layer.mlp, MoE) else layer.mlp.fused(h)
     with phase("lm_head"):
-        h, _ = rmsnorm(delta, model.norm, eps, residual=x)
+        h, _ = norm(delta, model.norm, x)
         return F.linear(h, model.lm_head)  # [B, V]

@@ -29,10 +29,17 @@ class MLP:
     """SwiGLU MLP: the dense first layer(s) and the shared experts."""
 
     def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor):
-        self.gate, self.up, self.down = gate, up, down  # [I, H], [I, H], [H, I]
+        self.gate_up = torch.cat([gate, up])  # [2I, H]; gate and up below are views of it
+        i = gate.shape[0]
+        self.gate, self.up, self.down = self.gate_up[:i], self.gate_up[i:], down  # [I, H], [I, H], [H, I]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(F.silu(F.linear(x, self.gate)) * F.linear(x, self.up), self.down)
+
+    def fused(self, x: torch.Tensor) -> torch.Tensor:
+        """The same with one projection for gate and up and one Triton launch for SiLU * up (CUDA)."""
+        from engine.kernels.swiglu import swiglu
+        return F.linear(swiglu(F.linear(x, self.gate_up)), self.down)
 
 
 class DecoderLayer:

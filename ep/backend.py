@@ -51,6 +51,14 @@ class ExpertBackend(abc.ABC):
     def expert_outputs(self, layer: int, hidden: torch.Tensor, plan: RoutePlan) -> torch.Tensor:
         """hidden: [T, H] (model dtype); returns [R, H] float32 in the plan's execution order."""
 
+    def expert_slots(self, layer: int, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                     n_experts: int) -> torch.Tensor:
+        """The decode step's form: weights, ids [T, k] (each token's routes in ascending expert
+        order) -> [T, k, H] float32, route (t, j)'s weighted output at [t, j]. By default through
+        the route plan and expert_outputs; a backend with a fused kernel overrides it."""
+        plan = RoutePlan.build(weights, ids.long(), n_experts)
+        return plan.token_major(self.expert_outputs(layer, hidden, plan))
+
     def take_counters(self) -> ExchangeCounters | None:
         """Counters since the last call (None when the backend keeps none)."""
         return None

@@ -7,6 +7,8 @@ import torch.nn.functional as F
 
 from ep.grouped import grouped_linear, grouped_mm_available
 
+KERNELS = ("triton", "grouped_mm", "loop")
+
 
 class ExpertShard:
     """Experts [lo, hi) of every MoE layer. w13[layer]: [n, 2I, H] (gate rows then up rows, as the
@@ -31,22 +33,37 @@ class ExpertShard:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for d in (self.w13, self.w2) for t in d.values())
 
-    def uses_grouped_mm(self, device: torch.device) -> bool:
-        """The expert kernel: grouped GEMMs for bfloat16 where they run, else the per-expert loop
-        (the reference order). Every backend and every rank asks here, so each expert's rows see
-        the same kernel whichever rank owns them."""
-        return all(w.dtype == torch.bfloat16 for w in self.w13.values()) and grouped_mm_available(device)
+    def kernel_for(self, device: torch.device, allow_triton: bool = True) -> str:
+        """The expert kernel: for bfloat16 on CUDA the fused Triton MLP (engine/kernels/moe_experts.py)
+        where Triton imports, else grouped GEMMs where they run; otherwise the per-expert loop (the
+        reference order). Every backend and every rank asks here, so each expert's rows see the
+        same kernel whichever rank owns them."""
+        if not all(w.dtype == torch.bfloat16 for w in self.w13.values()) or device.type != "cuda":
+            return "loop"
+        if allow_triton and triton_available():
+            return "triton"
+        return "grouped_mm" if grouped_mm_available(device) else "loop"
 
     def run_routes(self, layer: int, hidden: torch.Tensor, token_index: torch.Tensor, weight: torch.Tensor,
-                   counts: list[int] | torch.Tensor, grouped: bool) -> torch.Tensor:
+                   counts: list[int] | torch.Tensor, kernel: str) -> torch.Tensor:
         """The weighted expert outputs of this shard's routes with the chosen kernel; counts: routes
-        per owned expert, a device tensor (no host sync on the grouped path) or host ints."""
-        if grouped:
+        per owned expert, a device tensor (no host sync on the triton and grouped paths) or host ints."""
+        if kernel in ("triton", "grouped_mm"):
             if not isinstance(counts, torch.Tensor):
                 counts = torch.tensor(counts, dtype=torch.int64, device=hidden.device)
+            if kernel == "triton":
+                from engine.kernels.moe_experts import fused_experts
+                return fused_experts(hidden, self.w13[layer], self.w2[layer], token_index, weight, counts)
             return self._run_grouped(layer, hidden, token_index, weight, counts)
         return self.run(layer, hidden, token_index, weight,
                         counts.tolist() if isinstance(counts, torch.Tensor) else counts)
+
+    def run_token_major(self, layer: int, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                        totals: torch.Tensor) -> torch.Tensor:
+        """Every route of every token when this shard owns all experts (the triton kernel only):
+        weights [T, k] float32, ids [T, k] int32 -> [T, k, H] float32; totals [E] += routes per expert."""
+        from engine.kernels.moe_experts import fused_experts_token_major
+        return fused_experts_token_major(hidden, self.w13[layer], self.w2[layer], weights, ids, totals)
 
     def _run_grouped(self, layer: int, hidden: torch.Tensor, token_index: torch.Tensor, weight: torch.Tensor,
                      counts: torch.Tensor) -> torch.Tensor:
@@ -76,3 +93,11 @@ class ExpertShard:
             out[sl] = y * weight[sl, None]
             start += n
         return out
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True

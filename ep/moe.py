@@ -22,6 +22,21 @@ class MoE:
         self.shared = shared
         self.backend = backend
 
+    def parts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decode step's fused form (CUDA, Triton): x [T, H] -> (routed [T, k, H] float32, one
+        weighted output per route, and shared [T, H]). The caller adds them in the next norm's
+        kernel (engine/kernels/rmsnorm.py moe_rmsnorm), in the same route order as `combine`."""
+        from engine.kernels.moe_route import fused_route
+        c = self.cfg
+        with phase("routing"):
+            weights, ids = fused_route(x, self.gate_weight, top_k=c.num_experts_per_tok, method=c.topk_method,
+                                       n_group=c.n_group, topk_group=c.topk_group, norm_topk_prob=c.norm_topk_prob,
+                                       scaling=c.routed_scaling_factor)  # [T, k] each
+        with phase("experts"):
+            routed = self.backend.expert_slots(self.layer, x, weights, ids, c.n_routed_experts)  # [T, k, H]
+        with phase("shared_experts"):
+            return routed, self.shared.fused(x)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
         c = self.cfg

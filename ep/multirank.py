@@ -31,7 +31,7 @@ class MultiRankBackend(ExpertBackend):
         self.dtype = dtype
         self.hidden_size = cfg.hidden_size
         self.last_moe_layer = cfg.moe_layers[-1]
-        self.grouped = shard.uses_grouped_mm(device)
+        self.kernel = shard.kernel_for(device)
         self._counters = ExchangeCounters.zero(ownership.world_size, cfg.n_routed_experts)
 
     # ---- what a subclass provides --------------------------------------------------------------
@@ -100,9 +100,9 @@ class MultiRankBackend(ExpertBackend):
         s0, e0 = spans[0]
         mine = self.shard.experts
         if e0 > s0:
-            mine_counts = plan.expert_counts[mine.start:mine.stop] if self.grouped else counts[mine.start:mine.stop]
+            mine_counts = plan.expert_counts[mine.start:mine.stop] if self.kernel != "loop" else counts[mine.start:mine.stop]
             out[s0:e0] = self.shard.run_routes(layer, hidden, plan.token_index[s0:e0], plan.weight[s0:e0],
-                                               mine_counts, self.grouped)  # [r0, H]
+                                               mine_counts, self.kernel)  # [r0, H]
         t2 = time.perf_counter()
         self._combine(exchange, out)
         if layer == self.last_moe_layer:

@@ -42,16 +42,19 @@ class RoutePlan:
     def combine(self, contributions: torch.Tensor) -> torch.Tensor:
         """contributions: [R, H] float32 in execution order -> [T, H] float32, summed token-major
         in a fixed order (slot 0, then 1, ...), so every backend gives the same bits."""
-        r, h = contributions.shape
-        buf = torch.empty_like(contributions)
-        buf[self.perm] = contributions
-        buf = buf.view(self.num_tokens, self.top_k, h)  # [T, k, H]
+        buf = self.token_major(contributions)  # [T, k, H]
         if buf.is_cuda:  # one reduction launch; deterministic, though not the CPU's add order
             return buf.sum(dim=1)
         out = buf[:, 0].clone()
         for j in range(1, self.top_k):
             out += buf[:, j]
         return out
+
+    def token_major(self, contributions: torch.Tensor) -> torch.Tensor:
+        """contributions: [R, H] in execution order -> [T, k, H], route (t, j) at [t, j]."""
+        buf = torch.empty_like(contributions)
+        buf[self.perm] = contributions
+        return buf.view(self.num_tokens, self.top_k, contributions.shape[1])
 
     def span(self, experts: range, counts: list[int]) -> tuple[int, int]:
         """[start, end) of the execution-order routes that go to `experts` (counts: host copy of

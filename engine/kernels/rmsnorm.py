@@ -27,6 +27,40 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
              mask=mask)
 
 
+@triton.jit
+def _moe_rmsnorm_kernel(routed_ptr, shared_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
+                        TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    dtype = out_ptr.dtype.element_ty
+    acc = tl.load(routed_ptr + row * TOP_K * n_cols + cols, mask=mask, other=0.0)
+    for j in tl.static_range(1, TOP_K):  # the fixed-order combine: route 0, then 1, ...
+        acc += tl.load(routed_ptr + (row * TOP_K + j) * n_cols + cols, mask=mask, other=0.0)
+    shared = tl.load(shared_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    delta = (acc.to(dtype).to(tl.float32) + shared).to(dtype)  # routed (rounded) + shared experts
+    x = (delta.to(tl.float32) + tl.load(res_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)).to(dtype)
+    tl.store(res_out_ptr + row * n_cols + cols, x, mask=mask)
+    h = x.to(tl.float32)
+    var = tl.sum(h * h, axis=0) / n_cols
+    h = (h * tl.rsqrt(var + eps)).to(dtype)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + row * n_cols + cols, (w.to(tl.float32) * h.to(tl.float32)).to(dtype), mask=mask)
+
+
+def moe_rmsnorm(routed: torch.Tensor, shared: torch.Tensor, weight: torch.Tensor, eps: float,
+                residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MoE layer's combine folded into the next norm: routed [T, k, N] float32 per route (summed
+    in route order, rounded), shared [T, N]; delta = routed + shared. Returns (norm(residual + delta)
+    * weight, residual + delta)."""
+    t, k, n = routed.shape
+    out = torch.empty_like(residual)
+    res_out = torch.empty_like(residual)
+    _moe_rmsnorm_kernel[(t,)](routed.contiguous(), shared.contiguous(), residual.contiguous(), weight, out, res_out,
+                              n, eps, TOP_K=k, BLOCK=triton.next_power_of_2(n))
+    return out, res_out
+
+
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [T, N]. Returns (norm(x + residual) * weight, x + residual); without a residual the

@@ -91,7 +91,7 @@ class HostStagedBackend(MultiRankBackend):
     def serve(cls, group: RankGroup, shard: ExpertShard, cfg, device: torch.device, dtype: torch.dtype) -> None:
         h = cfg.hidden_size
         rb = row_bytes(h, dtype)
-        grouped = shard.uses_grouped_mm(device)
+        kernel = shard.kernel_for(device)
         header = torch.empty(Header.size(len(shard.experts)), dtype=torch.int64)
         recv_host, send_host = Scratch("cpu", pinned=device.type == "cuda"), Scratch("cpu", pinned=device.type == "cuda")
         while True:
@@ -103,7 +103,7 @@ class HostStagedBackend(MultiRankBackend):
             staged = recv_host.take((n, rb), torch.uint8)
             group.recv(staged, 0, TAG_ROWS).wait()
             rows, weight = unpack_rows(staged.to(device), h, dtype)  # [n, H], [n]
-            y = shard.run_routes(hd.layer, rows, torch.arange(n, device=device), weight, list(hd.counts), grouped)  # [n, H] f32
+            y = shard.run_routes(hd.layer, rows, torch.arange(n, device=device), weight, list(hd.counts), kernel)  # [n, H] f32
             result = send_host.take((n, h), torch.float32)
             result.copy_(y)
             group.send(result, 0, TAG_OUT).wait()

@@ -1,5 +1,5 @@
-"""`local`: one rank owns every expert; nothing moves. On CUDA with grouped GEMMs the expert step
-has no host synchronisation, so the decode step can be captured in a CUDA graph."""
+"""`local`: one rank owns every expert; nothing moves. On CUDA (fused Triton experts or grouped GEMMs)
+the expert step has no host synchronisation, so the decode step can be captured in a CUDA graph."""
 from __future__ import annotations
 
 import torch
@@ -15,25 +15,30 @@ class LocalBackend(ExpertBackend):
     name = "local"
     maturity = "production"
 
-    def __init__(self, shard: ExpertShard, n_experts: int, device: torch.device):
+    def __init__(self, shard: ExpertShard, n_experts: int, device: torch.device, allow_triton: bool = True):
         self.shard = shard
         self.n_experts = n_experts
-        self.fused = shard.uses_grouped_mm(device)
-        self.graph_safe = self.fused  # the grouped path never reads the counts on the host
+        self.kernel = shard.kernel_for(device, allow_triton)
+        self.graph_safe = self.kernel != "loop"  # the fused paths never read the counts on the host
         self._routes = torch.zeros(n_experts, dtype=torch.int64, device=device)  # accumulated on device
-        log_event("expert_kernel", backend=self.name, kernel="grouped_mm" if self.fused else "per_expert_loop",
-                  graph_safe=self.graph_safe)
+        log_event("expert_kernel", backend=self.name, kernel=self.kernel, graph_safe=self.graph_safe)
 
     @classmethod
     def start(cls, spec, cfg, ownership, shard) -> LocalBackend:
         if ownership.world_size != 1:
             raise OwnershipError(f"the local backend runs one rank; --ep-size {ownership.world_size} needs "
                                  f"--backend host-staged or nccl")
-        return cls(shard, cfg.n_routed_experts, torch.device(spec.device))
+        return cls(shard, cfg.n_routed_experts, torch.device(spec.device), allow_triton=getattr(spec, "triton_kernels", True))
 
     def expert_outputs(self, layer: int, hidden: torch.Tensor, plan: RoutePlan) -> torch.Tensor:
         self._routes += plan.expert_counts
-        return self.shard.run_routes(layer, hidden, plan.token_index, plan.weight, plan.expert_counts, self.fused)
+        return self.shard.run_routes(layer, hidden, plan.token_index, plan.weight, plan.expert_counts, self.kernel)
+
+    def expert_slots(self, layer: int, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                     n_experts: int) -> torch.Tensor:
+        if self.kernel == "triton":  # no plan: the kernels sort the routes themselves
+            return self.shard.run_token_major(layer, hidden, weights, ids, self._routes)
+        return super().expert_slots(layer, hidden, weights, ids, n_experts)
 
     def take_counters(self) -> ExchangeCounters:
         per_expert = self._routes.tolist()

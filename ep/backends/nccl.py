@@ -159,7 +159,7 @@ class NcclBackend(MultiRankBackend):
         h, world, me = cfg.hidden_size, group.world_size, group.rank
         ownership = Ownership(cfg.n_routed_experts, world)
         rb = row_bytes(h, dtype)
-        grouped = shard.uses_grouped_mm(device)
+        kernel = shard.kernel_for(device)
         header = torch.empty(Header.size(cfg.n_routed_experts), dtype=torch.int64, device=device)
         recv = Scratch(device)
         empty_rows = torch.empty(0, rb, dtype=torch.uint8, device=device)
@@ -184,7 +184,7 @@ class NcclBackend(MultiRankBackend):
                 w.wait()
             rows, weight = unpack_rows(rows_in, h, dtype)  # [n, H], [n]
             counts = list(hd.counts[mine.start:mine.stop])
-            y = shard.run_routes(hd.layer, rows, torch.arange(n, device=device), weight, counts, grouped)  # [n, H] f32
+            y = shard.run_routes(hd.layer, rows, torch.arange(n, device=device), weight, counts, kernel)  # [n, H] f32
             works, off = [], 0
             for c in range(n_chunks(sizes, hd.out_rows_per_chunk)):
                 k = chunk_sizes(sizes, hd.out_rows_per_chunk, c)[me - 1]

@@ -1,0 +1,77 @@
+"""The MoE gate in one launch per token: float32 logits against the gate weight, softmax, the
+DeepSeek-V2 selection (greedy or group-limited greedy), top-k, optional renormalisation and the
+routed scaling factor, with each token's k routes written in ascending expert order (the order the
+fixed-order combine adds them in). Same semantics as ep/router.py `route` followed by the per-token
+sort of ep/plan.py; replaces about a dozen small kernels per layer in the decode step."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _route_kernel(x_ptr, w_ptr, weights_ptr, ids_ptr, H, E, scaling,
+                  E_PAD: tl.constexpr, BLOCK_H: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
+                  N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, NORM: tl.constexpr):
+    t = tl.program_id(0)
+    e = tl.arange(0, E_PAD)
+    live = e < E
+    logits = tl.zeros([E_PAD], tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        hs = h0 + tl.arange(0, BLOCK_H)
+        hm = hs < H
+        x = tl.load(x_ptr + t * H + hs, mask=hm, other=0.0).to(tl.float32)  # [BLOCK_H]
+        w = tl.load(w_ptr + e[:, None] * H + hs[None, :], mask=live[:, None] & hm[None, :], other=0.0)  # [E_PAD, BLOCK_H]
+        logits += tl.sum(w * x[None, :], axis=1)
+    logits = tl.where(live, logits, float("-inf"))
+    p = tl.exp(logits - tl.max(logits, axis=0))
+    scores = p / tl.sum(p, axis=0)  # [E_PAD]; 0 on padding lanes
+    if N_GROUP > 1:
+        # group-limited greedy: keep the experts of the TOPK_GROUP groups with the highest best score
+        group = e // (E // N_GROUP)
+        gmax = tl.full([E_PAD], float("-inf"), tl.float32)  # lane g < N_GROUP holds group g's best score
+        for g in tl.static_range(N_GROUP):
+            best_g = tl.max(tl.where(live & (group == g), scores, float("-inf")), axis=0)
+            gmax = tl.where(e == g, best_g, gmax)
+        kept = e < 0  # all False
+        for _ in tl.static_range(TOPK_GROUP):
+            g = tl.argmax(gmax, axis=0)
+            kept = kept | (group == g)
+            gmax = tl.where(e == g, float("-inf"), gmax)
+        scores = tl.where(kept, scores, 0.0)
+    k = tl.arange(0, K_PAD)
+    sel_w = tl.zeros([K_PAD], tl.float32)
+    sel_i = tl.full([K_PAD], E_PAD, tl.int32)
+    s = tl.where(live, scores, -1.0)  # padding lanes are never chosen
+    for j in tl.static_range(TOP_K):
+        best = tl.argmax(s, axis=0)
+        sel_w = tl.where(k == j, tl.max(s, axis=0), sel_w)
+        sel_i = tl.where(k == j, best.to(tl.int32), sel_i)
+        s = tl.where(e == best, -2.0, s)
+    valid = k < TOP_K
+    if NORM:
+        sel_w = sel_w / (tl.sum(tl.where(valid, sel_w, 0.0), axis=0) + 1e-20)
+    sel_w = sel_w * scaling
+    # ascending expert order within the token: route j goes to the number of smaller ids chosen
+    rank = tl.sum(tl.where(valid[None, :] & (sel_i[None, :] < sel_i[:, None]), 1, 0), axis=1)  # [K_PAD]
+    tl.store(ids_ptr + t * TOP_K + rank, sel_i, mask=valid)
+    tl.store(weights_ptr + t * TOP_K + rank, sel_w, mask=valid)
+
+
+def fused_route(hidden: torch.Tensor, gate_weight: torch.Tensor, *, top_k: int, method: str = "greedy",
+                n_group: int | None = None, topk_group: int | None = None, norm_topk_prob: bool = False,
+                scaling: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden: [T, H] (any float dtype); gate_weight: [E, H] float32. Returns (weights [T, k]
+    float32, experts [T, k] int32), each token's routes in ascending expert order."""
+    t, h = hidden.shape
+    e = gate_weight.shape[0]
+    weights = torch.empty(t, top_k, dtype=torch.float32, device=hidden.device)
+    ids = torch.empty(t, top_k, dtype=torch.int32, device=hidden.device)
+    grouped = method == "group_limited_greedy"
+    _route_kernel[(t,)](hidden.contiguous(), gate_weight.contiguous(), weights, ids, h, e, float(scaling),
+                        E_PAD=triton.next_power_of_2(e), BLOCK_H=128, TOP_K=top_k,
+                        K_PAD=triton.next_power_of_2(top_k),
+                        N_GROUP=n_group if grouped else 1, TOPK_GROUP=topk_group if grouped else 1,
+                        NORM=bool(norm_topk_prob and top_k > 1), num_warps=4)
+    return weights, ids
