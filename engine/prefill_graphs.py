@@ -5,6 +5,7 @@ graphs, a bucket has a greedy-token graph and, captured only once a step samples
 writing into a buffer all logits graphs share."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from engine.batch import RowInput
@@ -30,6 +31,8 @@ class PrefillGraphs:
         n = self.buckets[-1]
         self.host = torch.zeros(4, n, dtype=torch.int64).pin_memory()  # ids, pos, slot, row
         self.host_last = torch.zeros(self.max_rows, dtype=torch.int64).pin_memory()
+        self.host_np, self.host_last_np = self.host.numpy(), self.host_last.numpy()  # the same memory
+        self.host_out = torch.zeros(self.max_rows, dtype=torch.int64).pin_memory()
         self.static = torch.zeros(4, n, dtype=torch.int64, device=dev)
         self.static_last = torch.zeros(self.max_rows, dtype=torch.int64, device=dev)
         self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -51,23 +54,23 @@ class PrefillGraphs:
             slots += [r.slot] * len(r.token_ids)
             row_ids += [i] * len(r.token_ids)
             last.append(len(ids) - 1)
-        h = self.host
-        h[:, :total] = torch.tensor([ids, pos, slots, row_ids])
+        h = self.host_np  # numpy views: no torch op per input on the host
+        h[:, :total] = [ids, pos, slots, row_ids]
         self._pad(total, t)
-        self.host_last[: len(rows)] = torch.tensor(last)
-        self.host_last[len(rows):] = 0
-        self.static[:, :t].copy_(h[:, :t], non_blocking=True)
+        self.host_last_np[: len(rows)] = last
+        self.host_last_np[len(rows):] = 0
+        self.static[:, :t].copy_(self.host[:, :t], non_blocking=True)
         self.static_last.copy_(self.host_last, non_blocking=True)
         graph, out = self.graphs.get((t, logits)) or self._capture(t, logits)
         graph.replay()
-        return out[: len(rows)] if logits else wait_and_read(out[: len(rows)])
+        return out[: len(rows)] if logits else wait_and_read(out[: len(rows)], self.host_out)
 
     def _pad(self, start: int, end: int) -> None:
-        h = self.host
+        h = self.host_np
         h[0, start:end] = 0
-        h[1, start:end] = torch.arange(end - start)
+        h[1, start:end] = np.arange(end - start)
         h[2, start:end] = self.cache.scratch_slot
-        h[3, start:end] = torch.arange(self.max_rows, self.max_rows + end - start)
+        h[3, start:end] = np.arange(self.max_rows, self.max_rows + end - start)
 
     def _capture(self, t: int, logits: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         torch.cuda.current_stream().synchronize()  # the step's host->device copies must land first

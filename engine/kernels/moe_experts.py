@@ -13,12 +13,27 @@ A row's result does not depend on which other rows share its block (fixed K orde
 backend that runs its experts here gets the same bits for the same route."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
 
 BLOCK_M = 64  # rows per block; fixed (not tuned per batch) so a route's bits never depend on the batch
-BLOCK_K = 64
+BLOCK_K = 64  # likewise: the K order of every dot product
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tiling:
+    """Launch shape of the two GEMM kernels (column block, warps, pipeline stages); none of it
+    changes a row's arithmetic. tools/kernel_bench.py sweeps it on the GPU."""
+    up_n: int = 64
+    down_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+TILING = Tiling()
 
 
 @triton.jit
@@ -108,21 +123,24 @@ def _down_kernel(act_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, weight_ptr, 
 
 
 def _mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, order: torch.Tensor, starts: torch.Tensor,
-         counts: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, topk: int, by_route: bool) -> torch.Tensor:
+         counts: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, topk: int, by_route: bool,
+         tiling: Tiling = TILING) -> torch.Tensor:
     n_exp, two_i, h = w13.shape
     i = two_i // 2
     r = order.shape[0]
     act = torch.empty(r, i, dtype=x.dtype, device=x.device)  # [R, I] in execution order
-    _gate_up_kernel[(n_exp, triton.cdiv(i, 64))](x, w13, order, starts, counts, act, h, i, w13.stride(0), topk,
-                                                 BLOCK_M=BLOCK_M, BLOCK_N=64, BLOCK_K=BLOCK_K, num_warps=4)
-    _down_kernel[(n_exp, triton.cdiv(h, 64))](act, w2, order, starts, counts, weight, out, h, i, w2.stride(0),
-                                              BY_ROUTE=by_route, BLOCK_M=BLOCK_M, BLOCK_N=64, BLOCK_K=BLOCK_K,
-                                              num_warps=4)
+    _gate_up_kernel[(n_exp, triton.cdiv(i, tiling.up_n))](x, w13, order, starts, counts, act, h, i, w13.stride(0), topk,
+                                                       BLOCK_M=BLOCK_M, BLOCK_N=tiling.up_n, BLOCK_K=BLOCK_K,
+                                                       num_warps=tiling.num_warps, num_stages=tiling.num_stages)
+    _down_kernel[(n_exp, triton.cdiv(h, tiling.down_n))](act, w2, order, starts, counts, weight, out, h, i, w2.stride(0),
+                                                      BY_ROUTE=by_route, BLOCK_M=BLOCK_M, BLOCK_N=tiling.down_n,
+                                                      BLOCK_K=BLOCK_K, num_warps=tiling.num_warps,
+                                                      num_stages=tiling.num_stages)
     return out
 
 
 def fused_experts_token_major(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                              ids: torch.Tensor, totals: torch.Tensor) -> torch.Tensor:
+                              ids: torch.Tensor, totals: torch.Tensor, tiling: Tiling = TILING) -> torch.Tensor:
     """Every route of every token through its expert (one rank owns them all).
     x: [T, H]; w13: [E, 2I, H]; w2: [E, H, I]; weights: [T, k] float32; ids: [T, k] int32 (expert of
     each route); totals: [E] int64, routes per expert accumulated here. Returns [T, k, H] float32,
@@ -135,7 +153,8 @@ def fused_experts_token_major(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tens
     counts = torch.empty(n_exp, dtype=torch.int32, device=x.device)
     _align_kernel[(n_exp,)](ids.reshape(-1), order, starts, counts, totals, r, BLOCK=256)
     out = torch.empty(r, x.shape[1], dtype=torch.float32, device=x.device)
-    _mlp(x.contiguous(), w13, w2, order, starts, counts, weights.reshape(-1).contiguous(), out, k, by_route=True)
+    _mlp(x.contiguous(), w13, w2, order, starts, counts, weights.reshape(-1).contiguous(), out, k, by_route=True,
+         tiling=tiling)
     return out.view(t, k, x.shape[1])
 
 
