@@ -78,6 +78,30 @@ def run_batch(engine, batch: int, prompt_len: int, new_tokens: int) -> dict:
             engine.cache.release(s)
 
 
+def replay_times(graphs, reps: int = 20) -> dict:
+    """Host time to launch the batch-1 decode graph against the device time it runs: when the two
+    are close, the step is bound by the host's graph launch, not by the kernels."""
+    graph, _ = next(v for k, v in graphs.graphs.items() if k[0] == 1 and not k[2])
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t = time.perf_counter()
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    host_ms = (time.perf_counter() - t) * 1e3 / reps
+    end.record()
+    end.synchronize()
+    wall_ms = (time.perf_counter() - t) * 1e3 / reps
+    gap = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    gap[0].record()
+    graph.replay()
+    gap[1].record()
+    gap[1].synchronize()
+    return {"host_launch_ms": round(host_ms, 3), "wall_ms": round(wall_ms, 3),
+            "device_ms": round(start.elapsed_time(end) / reps, 3), "single_ms": round(gap[0].elapsed_time(gap[1]), 3)}
+
+
 def diagnose(preset: str, prompt_len: int) -> None:
     """First decode step of one row, three ways: expand path (eager), absorbed path (eager call),
     captured graph; then a profile of the absorbed decode step by kernel."""
@@ -110,6 +134,8 @@ def diagnose(preset: str, prompt_len: int) -> None:
                       "triton_rel_err": round(float((fused - ref).norm() / ref.norm()), 5), "top3": top.values.tolist(),
                       "absorbed_top3": absorbed[0].topk(3).values.tolist()}), flush=True)
     engine.cache.data.copy_(saved)
+    print(json.dumps({"diag": preset, "graph_replay": replay_times(engine.runner.graphs)}), flush=True)
+    engine.cache.data.copy_(saved)
     from torch.profiler import ProfilerActivity, profile
     for _ in range(3):
         decode_logits(engine.model, inp, engine.cache)
@@ -118,7 +144,7 @@ def diagnose(preset: str, prompt_len: int) -> None:
         for _ in range(5):
             decode_logits(engine.model, inp, engine.cache)
         torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=22, max_name_column_width=60), flush=True)
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40, max_name_column_width=60), flush=True)
     del engine
     torch.cuda.empty_cache()
 

@@ -5,7 +5,7 @@ MoE captured in a CUDA graph (so launch overhead on the host is excluded, as in 
 the bytes that layer must read and the bandwidth that implies, and how far the two paths' outputs
 are apart. With --sweep it also times the expert kernels under several tilings.
 
-    python tools/kernel_bench.py [--batches 1,8,64,256] [--sweep] [--out report.json]
+    python tools/kernel_bench.py [--batches 1,8,64,256] [--sweep] [--profile] [--out report.json]
 """
 from __future__ import annotations
 
@@ -30,8 +30,10 @@ from ep.plan import RoutePlan  # noqa: E402
 from ep.router import route  # noqa: E402
 
 
-def graph_time_us(fn, reps: int = 50) -> float:
-    """Device time of fn replayed from a CUDA graph, µs per call."""
+def graph_time_us(fn, inner: int = 20, reps: int = 10) -> float:
+    """Device time of fn, µs per call: fn captured `inner` times into one CUDA graph, replayed
+    `reps` times. The repetition inside the graph matters on a slow host: one replay per call would
+    time the host's launch, not the kernels."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -39,7 +41,8 @@ def graph_time_us(fn, reps: int = 50) -> float:
     torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        fn()
+        for _ in range(inner):
+            fn()
     g.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -48,13 +51,26 @@ def graph_time_us(fn, reps: int = 50) -> float:
         g.replay()
     end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / reps
+    return start.elapsed_time(end) * 1e3 / (reps * inner)
+
+
+def kernel_table(fn, reps: int = 10) -> str:
+    """Per-kernel device time of eager calls (the profiler's view; host time is not counted)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=16, max_name_column_width=50)
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--batches", default="1,8,64,256")
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--profile", action="store_true", help="per-kernel device times of both paths")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     cfg = ModelConfig.from_dict(PRESETS["lite"])
@@ -110,6 +126,9 @@ def main() -> int:
             row["best"] = min((v, kk) for kk, v in sweep.items() if isinstance(v, float))
         rows.append(row)
         print(json.dumps(row), flush=True)
+        if a.profile:
+            print(f"batch {b}: torch path\n" + kernel_table(torch_path) + f"\nbatch {b}: fused path\n"
+                  + kernel_table(fused_path), flush=True)
     if a.out:
         a.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}))
     return 0

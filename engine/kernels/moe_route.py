@@ -1,7 +1,7 @@
-"""The MoE gate in one launch per token: float32 logits against the gate weight, softmax, the
-DeepSeek-V2 selection (greedy or group-limited greedy), top-k, optional renormalisation and the
-routed scaling factor, with each token's k routes written in ascending expert order (the order the
-fixed-order combine adds them in). Same semantics as ep/router.py `route` followed by the per-token
+"""The MoE gate in two launches: float32 logits against the gate weight (many small programs),
+then per token the softmax, the DeepSeek-V2 selection (greedy or group-limited greedy), top-k,
+optional renormalisation and the routed scaling factor, with each token's k routes written in
+ascending expert order (the order the fixed-order combine adds them in). Same semantics as ep/router.py `route` followed by the per-token
 sort of ep/plan.py; replaces about a dozen small kernels per layer in the decode step."""
 from __future__ import annotations
 
@@ -11,19 +11,30 @@ import triton.language as tl
 
 
 @triton.jit
-def _route_kernel(x_ptr, w_ptr, weights_ptr, ids_ptr, H, E, scaling,
-                  E_PAD: tl.constexpr, BLOCK_H: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
-                  N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, NORM: tl.constexpr):
+def _logits_kernel(x_ptr, w_ptr, logits_ptr, H, E, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Program (t, j): float32 logits of token t against experts [j*BLOCK_E, (j+1)*BLOCK_E); many
+    small programs, so the gate weight streams through many SMs at once."""
     t = tl.program_id(0)
-    e = tl.arange(0, E_PAD)
+    e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
     live = e < E
-    logits = tl.zeros([E_PAD], tl.float32)
+    acc = tl.zeros([BLOCK_E, BLOCK_H], tl.float32)
     for h0 in range(0, H, BLOCK_H):
         hs = h0 + tl.arange(0, BLOCK_H)
         hm = hs < H
         x = tl.load(x_ptr + t * H + hs, mask=hm, other=0.0).to(tl.float32)  # [BLOCK_H]
-        w = tl.load(w_ptr + e[:, None] * H + hs[None, :], mask=live[:, None] & hm[None, :], other=0.0)  # [E_PAD, BLOCK_H]
-        logits += tl.sum(w * x[None, :], axis=1)
+        w = tl.load(w_ptr + e[:, None] * H + hs[None, :], mask=live[:, None] & hm[None, :], other=0.0)
+        acc += w * x[None, :]
+    tl.store(logits_ptr + t * E + e, tl.sum(acc, axis=1), mask=live)
+
+
+@triton.jit
+def _select_kernel(logits_ptr, weights_ptr, ids_ptr, E, scaling,
+                   E_PAD: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
+                   N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, NORM: tl.constexpr):
+    t = tl.program_id(0)
+    e = tl.arange(0, E_PAD)
+    live = e < E
+    logits = tl.load(logits_ptr + t * E + e, mask=live, other=float("-inf"))  # [E_PAD]
     logits = tl.where(live, logits, float("-inf"))
     p = tl.exp(logits - tl.max(logits, axis=0))
     scores = p / tl.sum(p, axis=0)  # [E_PAD]; 0 on padding lanes
@@ -66,12 +77,14 @@ def fused_route(hidden: torch.Tensor, gate_weight: torch.Tensor, *, top_k: int, 
     float32, experts [T, k] int32), each token's routes in ascending expert order."""
     t, h = hidden.shape
     e = gate_weight.shape[0]
+    logits = torch.empty(t, e, dtype=torch.float32, device=hidden.device)  # [T, E]
     weights = torch.empty(t, top_k, dtype=torch.float32, device=hidden.device)
     ids = torch.empty(t, top_k, dtype=torch.int32, device=hidden.device)
     grouped = method == "group_limited_greedy"
-    _route_kernel[(t,)](hidden.contiguous(), gate_weight.contiguous(), weights, ids, h, e, float(scaling),
-                        E_PAD=triton.next_power_of_2(e), BLOCK_H=128, TOP_K=top_k,
-                        K_PAD=triton.next_power_of_2(top_k),
-                        N_GROUP=n_group if grouped else 1, TOPK_GROUP=topk_group if grouped else 1,
-                        NORM=bool(norm_topk_prob and top_k > 1), num_warps=4)
+    _logits_kernel[(t, triton.cdiv(e, 2))](hidden.contiguous(), gate_weight.contiguous(), logits, h, e,
+                                           BLOCK_E=2, BLOCK_H=512, num_warps=4)
+    _select_kernel[(t,)](logits, weights, ids, e, float(scaling), E_PAD=triton.next_power_of_2(e), TOP_K=top_k,
+                         K_PAD=triton.next_power_of_2(top_k), N_GROUP=n_group if grouped else 1,
+                         TOPK_GROUP=topk_group if grouped else 1, NORM=bool(norm_topk_prob and top_k > 1),
+                         num_warps=1)
     return weights, ids
