@@ -149,6 +149,36 @@ def diagnose(preset: str, prompt_len: int) -> None:
     torch.cuda.empty_cache()
 
 
+def host_profile(batches: list[int], prompt_len: int, steps: int = 30) -> None:
+    """Where the host spends a decode step outside the graph: cProfile of runner.step, by own time."""
+    import cProfile
+    import io
+    import pstats
+    engine = build_engine(EngineSpec(random_preset="lite", device="cuda", dtype="bfloat16",
+                                     num_slots=max(batches), max_model_len=1024))
+    for b in batches:
+        run_batch(engine, b, prompt_len, 4)  # captures the graphs
+        slots = [engine.cache.allocate() for _ in range(b)]
+        toks = engine.runner.step([RowInput(s, [5] * prompt_len, 0) for s in slots])
+        pos = prompt_len
+        prof = cProfile.Profile()
+        times = []
+        for _ in range(steps):
+            rows = [RowInput(s, [tk], pos) for s, tk in zip(slots, toks)]
+            t = time.perf_counter()
+            prof.enable()
+            toks = engine.runner.step(rows)
+            prof.disable()
+            times.append(time.perf_counter() - t)
+            pos += 1
+        for s in slots:
+            engine.cache.release(s)
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(14)
+        print(json.dumps({"host_profile_batch": b, "step_ms_p50": round(statistics.median(times) * 1e3, 3)}))
+        print(out.getvalue()[-4000:], flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--batches", default="1,8,32")
@@ -157,12 +187,16 @@ def main() -> int:
     p.add_argument("--variants", default="triton,plain", help="triton, plain (graphs, torch ops), eager")
     p.add_argument("--out", type=Path)
     p.add_argument("--diag", help="preset to diagnose instead of timing (tiny|lite)")
+    p.add_argument("--host-profile", action="store_true", help="cProfile of the host side of decode steps")
     a = p.parse_args()
     if a.diag:
         for preset in a.diag.split(","):
             diagnose(preset, a.prompt_len)
         return 0
     batches = [int(b) for b in a.batches.split(",")]
+    if a.host_profile:
+        host_profile(batches, a.prompt_len)
+        return 0
     report = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "ceilings": ceilings()}
     print(json.dumps(report), flush=True)
     variants = {"triton": dict(cuda_graphs=True, triton_kernels=True),
