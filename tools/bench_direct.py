@@ -24,7 +24,7 @@ from engine.engine import EngineSpec, build_engine  # noqa: E402
 from engine.presets import PRESETS  # noqa: E402
 from tools.benchkit import hardware, hf_side, report  # noqa: E402
 from tools.benchkit.attribution import profile_steps  # noqa: E402
-from tools.benchkit.direct import DecodeRun, prompt_ids, run_ours, summarise, synchronizer  # noqa: E402
+from tools.benchkit.direct import DecodeRun, batch_prompts, run_ours, summarise, synchronizer  # noqa: E402
 
 ATTRIBUTION_STEPS = 16
 
@@ -40,7 +40,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--backend", default="local")
     p.add_argument("--ep-size", type=int, default=1)
     p.add_argument("--batches", default="1,4,8", help="comma-separated batch sizes (rows decoding together)")
-    p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per row (the same ids in every row)")
+    p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens per row")
+    p.add_argument("--same-prompt", action="store_true",
+                   help="the same prompt in every row (rows then route alike; default: a prompt per row)")
     p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per row (1 prefill + N-1 decode)")
     p.add_argument("--warmup", type=int, default=2, help="untimed generations per batch size")
     p.add_argument("--iters", type=int, default=3, help="timed generations per batch size")
@@ -65,12 +67,12 @@ def measure(timed, batch: int, warmup: int, iters: int) -> dict:
     return summarise([timed(batch) for _ in range(iters)], batch)
 
 
-def attribution(engine, prompt: list[int], batch: int, steps: int, sync, on_gpu: bool) -> dict:
+def attribution(engine, prompts: list[list[int]], steps: int, sync, on_gpu: bool) -> dict:
     """Profiled eagerly: a CUDA-graph replay hides the phase marks, so the graphs step aside here
     (the eager step runs the same kernels, plus launch overhead the graph would not have)."""
     graphs, engine.runner.graphs = engine.runner.graphs, None
     try:
-        with DecodeRun(engine, prompt, batch, sync) as run:
+        with DecodeRun(engine, prompts, sync) as run:
             run.prefill()
             out = profile_steps(run.decode, steps, on_gpu)
     finally:
@@ -79,17 +81,21 @@ def attribution(engine, prompt: list[int], batch: int, steps: int, sync, on_gpu:
     return out
 
 
-def run_engine_side(a: argparse.Namespace, spec: EngineSpec) -> tuple[dict, list[int], list[dict]]:
+def row_prompts(a: argparse.Namespace, cfg, batch: int) -> list[list[int]]:
+    return batch_prompts(cfg.vocab_size, [cfg.bos_token_id, cfg.eos_token_id], a.prompt_len, a.seed, batch,
+                         distinct=not a.same_prompt)
+
+
+def run_engine_side(a: argparse.Namespace, spec: EngineSpec) -> tuple[dict, object, list[dict]]:
     engine = build_engine(spec)
     try:
         cfg = engine.cfg
-        prompt = prompt_ids(cfg.vocab_size, [cfg.bos_token_id, cfg.eos_token_id], a.prompt_len, a.seed)
         sync, on_gpu = synchronizer(a.device), a.device.startswith("cuda")
         rows = []
         for b in a.batch_sizes:
-            row = measure(lambda n: run_ours(engine, prompt, n, a.new_tokens, sync), b, a.warmup, a.iters)
+            row = measure(lambda n: run_ours(engine, row_prompts(a, cfg, n), a.new_tokens, sync), b, a.warmup, a.iters)
             if a.attribution:
-                row["attribution"] = attribution(engine, prompt, b, min(a.new_tokens - 1, ATTRIBUTION_STEPS),
+                row["attribution"] = attribution(engine, row_prompts(a, cfg, b), min(a.new_tokens - 1, ATTRIBUTION_STEPS),
                                                  sync, on_gpu)
             rows.append(row)
             print(f"batch {b:>4}: prefill {row['prefill_ms_median']:.2f} ms, TPOT p50 {row['tpot_ms_p50']:.2f} ms, "
@@ -98,19 +104,19 @@ def run_engine_side(a: argparse.Namespace, spec: EngineSpec) -> tuple[dict, list
                 "dtype": str(spec.torch_dtype()).removeprefix("torch."), "backend": engine.backend_name,
                 "maturity": engine.maturity, "ep_size": a.ep_size, "max_model_len": engine.max_model_len,
                 "norm_topk_prob": bool(cfg.norm_topk_prob)}
-        return info, prompt, rows
+        return info, cfg, rows
     finally:
         engine.close()
 
 
-def run_hf_side(a: argparse.Namespace, spec: EngineSpec, prompt: list[int], rows: list[dict], norm_topk: bool) -> dict:
+def run_hf_side(a: argparse.Namespace, spec: EngineSpec, cfg, rows: list[dict], norm_topk: bool) -> dict:
     dtype = spec.torch_dtype()
     model, how = hf_side.from_dir(a.model, dtype, a.device) if a.model else \
         hf_side.from_preset(a.preset, a.seed, dtype, a.device)
     sync = synchronizer(a.device)
     with hf_side.routing_patch(model, norm_topk) as patches:
         for row in rows:
-            hf = measure(lambda n: hf_side.generate_timed(model, prompt, n, a.new_tokens, a.device, sync),
+            hf = measure(lambda n: hf_side.generate_timed(model, row_prompts(a, cfg, n), a.new_tokens, a.device, sync),
                          row["batch"], a.warmup, a.iters)
             hf["tokens_match"] = hf["token_hash"] == row["token_hash"]
             row["hf"] = hf
@@ -126,13 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     spec = EngineSpec(model_dir=a.model, random_preset=a.preset, seed=a.seed, device=a.device, dtype=a.dtype,
                       backend=a.backend, ep_size=a.ep_size, max_model_len=a.prompt_len + a.new_tokens,
                       num_slots=max(a.batch_sizes))
-    engine_info, prompt, rows = run_engine_side(a, spec)
+    engine_info, cfg, rows = run_engine_side(a, spec)
     hf_setup = None
     if a.compare_hf:
         gc.collect()
         if a.device.startswith("cuda"):
             torch.cuda.empty_cache()
-        hf_setup = run_hf_side(a, spec, prompt, rows, engine_info["norm_topk_prob"])
+        hf_setup = run_hf_side(a, spec, cfg, rows, engine_info["norm_topk_prob"])
     rep = {
         "report_intent": "direct_diagnostic",
         "tool": "tools/bench_direct.py",
@@ -145,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         "backend": engine_info["backend"],
         "maturity": engine_info["maturity"],
         "workload": {"prompt_len": a.prompt_len, "new_tokens": a.new_tokens, "warmup": a.warmup, "iters": a.iters,
-                     "batches": a.batch_sizes, "prompt_seed": a.seed, "greedy": True, "ignore_eos": True},
+                     "batches": a.batch_sizes, "prompt_seed": a.seed,
+                     "prompts": "the same in every row" if a.same_prompt else "one per row", "greedy": True, "ignore_eos": True},
         "hf_setup": hf_setup,
         "batches": rows,
     }

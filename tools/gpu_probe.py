@@ -51,12 +51,13 @@ def ceilings() -> dict:
 
 def run_batch(engine, batch: int, prompt_len: int, new_tokens: int) -> dict:
     g = torch.Generator().manual_seed(batch)
-    prompt = torch.randint(0, engine.cfg.vocab_size - 2, (prompt_len,), generator=g).tolist()
+    # a prompt per row: identical rows would route alike and touch only a batch-1 step's experts
+    prompts = torch.randint(0, engine.cfg.vocab_size - 2, (batch, prompt_len), generator=g).tolist()
     slots = [engine.cache.allocate() for _ in range(batch)]
     try:
         torch.cuda.synchronize()
         t = time.perf_counter()
-        toks = engine.runner.step([RowInput(s, prompt, 0) for s in slots])
+        toks = engine.runner.step([RowInput(s, p, 0) for s, p in zip(slots, prompts)])
         torch.cuda.synchronize()
         prefill_s = time.perf_counter() - t
         pos, steps, trace = prompt_len, [], [toks]
@@ -159,7 +160,7 @@ def host_profile(batches: list[int], prompt_len: int, steps: int = 30) -> None:
     for b in batches:
         run_batch(engine, b, prompt_len, 4)  # captures the graphs
         slots = [engine.cache.allocate() for _ in range(b)]
-        toks = engine.runner.step([RowInput(s, [5] * prompt_len, 0) for s in slots])
+        toks = engine.runner.step([RowInput(s, [5 + i] * prompt_len, 0) for i, s in enumerate(slots)])
         pos = prompt_len
         prof = cProfile.Profile()
         times = []

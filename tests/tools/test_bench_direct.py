@@ -15,7 +15,7 @@ from engine.engine import EngineSpec, build_engine
 from engine.generate import generate
 from tools import bench_direct
 from tools.benchkit import hf_side
-from tools.benchkit.direct import prompt_ids, run_ours, synchronizer, token_hash
+from tools.benchkit.direct import batch_prompts, run_ours, synchronizer, token_hash
 
 ROOT = Path(__file__).resolve().parents[2]
 PHASES = {"attention", "routing", "experts", "combine", "shared_experts", "dense_mlp", "lm_head", "sampling"}
@@ -67,26 +67,30 @@ def test_preset_cli_builds_hf_with_our_random_weights(tmp_path):
 
 def test_timed_loop_generates_what_generate_does(tiny_model_dir):
     engine = build_engine(EngineSpec(model_dir=str(tiny_model_dir), num_slots=3))
-    prompt = prompt_ids(engine.cfg.vocab_size, [engine.cfg.bos_token_id, engine.cfg.eos_token_id], 7, seed=1)
-    assert max(prompt) < engine.cfg.bos_token_id
-    timed = run_ours(engine, prompt, 3, 6, synchronizer("cpu"))
-    ref = [g.token_ids for g in generate(engine, [prompt] * 3, 6, ignore_eos=True)]
+    prompts = batch_prompts(engine.cfg.vocab_size, [engine.cfg.bos_token_id, engine.cfg.eos_token_id], 7, 1, 3,
+                            distinct=True)
+    assert max(max(p) for p in prompts) < engine.cfg.bos_token_id
+    assert len({tuple(p) for p in prompts}) == 3  # a prompt per row
+    timed = run_ours(engine, prompts, 6, synchronizer("cpu"))
+    ref = [g.token_ids for g in generate(engine, prompts, 6, ignore_eos=True)]
     engine.close()
     assert timed.tokens == ref and len(timed.step_s) == 5
     assert token_hash(timed.tokens) == token_hash(ref) != token_hash([ref[0]])
+    same = batch_prompts(1024, [1000], 7, 1, 3, distinct=False)
+    assert same[0] == same[2] == prompts[0]
 
 
 def test_other_weights_do_not_match():
     """The comparison can fail: HF from another seed generates other tokens."""
     engine = build_engine(EngineSpec(random_preset="tiny", seed=0, num_slots=2))
-    prompt = prompt_ids(engine.cfg.vocab_size, [engine.cfg.bos_token_id], 6, seed=0)
-    ours = run_ours(engine, prompt, 2, 6, synchronizer("cpu")).tokens
+    prompts = batch_prompts(engine.cfg.vocab_size, [engine.cfg.bos_token_id], 6, 0, 2, distinct=True)
+    ours = run_ours(engine, prompts, 6, synchronizer("cpu")).tokens
     engine.close()
     same, _ = hf_side.from_preset("tiny", 0, torch.float32, "cpu")
     other, _ = hf_side.from_preset("tiny", 1, torch.float32, "cpu")
     sync = synchronizer("cpu")
-    assert hf_side.generate_timed(same, prompt, 2, 6, "cpu", sync).tokens == ours
-    assert hf_side.generate_timed(other, prompt, 2, 6, "cpu", sync).tokens != ours
+    assert hf_side.generate_timed(same, prompts, 6, "cpu", sync).tokens == ours
+    assert hf_side.generate_timed(other, prompts, 6, "cpu", sync).tokens != ours
 
 
 def test_a_tensor_hf_has_no_home_for_is_refused():

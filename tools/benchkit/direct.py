@@ -39,11 +39,20 @@ def prompt_ids(vocab_size: int, special_ids: list[int | None], length: int, seed
     return [rng.randrange(upper) for _ in range(length)]
 
 
+def batch_prompts(vocab_size: int, special_ids: list[int | None], length: int, seed: int, batch: int,
+                  distinct: bool) -> list[list[int]]:
+    """One prompt per row: each row its own ids (seed, row) when distinct, so the rows route to
+    different experts as real traffic does; otherwise the seed's prompt in every row."""
+    if not distinct:
+        return [prompt_ids(vocab_size, special_ids, length, seed)] * batch
+    return [prompt_ids(vocab_size, special_ids, length, seed if r == 0 else seed * 100003 + r) for r in range(batch)]
+
+
 class DecodeRun:
     """One generation at one batch size: prefill() once, then decode() for each further token."""
 
-    def __init__(self, engine: Engine, prompt: list[int], batch: int, sync: Callable[[], None]):
-        self.engine, self.prompt, self.batch, self.sync = engine, prompt, batch, sync
+    def __init__(self, engine: Engine, prompts: list[list[int]], sync: Callable[[], None]):
+        self.engine, self.prompts, self.batch, self.sync = engine, prompts, len(prompts), sync
         self.slots: list[int] = []
         self.tokens: list[list[int]] = []
         self.pos = 0
@@ -57,14 +66,14 @@ class DecodeRun:
             self.engine.cache.release(s)
 
     def prefill(self) -> float:
-        rows = [RowInput(s, self.prompt, 0) for s in self.slots]
+        rows = [RowInput(s, p, 0) for s, p in zip(self.slots, self.prompts)]
         self.sync()
         t0 = time.perf_counter()
         first = self.engine.runner.step(rows)  # [B]
         self.sync()
         dt = time.perf_counter() - t0
         self.tokens = [[t] for t in first]
-        self.pos = len(self.prompt)
+        self.pos = len(self.prompts[0])  # every prompt has the same length
         return dt
 
     def decode(self) -> float:
@@ -80,8 +89,8 @@ class DecodeRun:
         return dt
 
 
-def run_ours(engine: Engine, prompt: list[int], batch: int, new_tokens: int, sync: Callable[[], None]) -> Timing:
-    with DecodeRun(engine, prompt, batch, sync) as run:
+def run_ours(engine: Engine, prompts: list[list[int]], new_tokens: int, sync: Callable[[], None]) -> Timing:
+    with DecodeRun(engine, prompts, sync) as run:
         prefill = run.prefill()
         steps = [run.decode() for _ in range(new_tokens - 1)]
         return Timing(prefill, steps, run.tokens)

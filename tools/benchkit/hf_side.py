@@ -81,9 +81,9 @@ def routing_patch(model, norm_topk_prob: bool):
         yield patches
 
 
-def generate_timed(model, prompt: list[int], batch: int, new_tokens: int, device: str,
+def generate_timed(model, prompts: list[list[int]], new_tokens: int, device: str,
                    sync: Callable[[], None]) -> Timing:
-    """HF greedy generate() of exactly new_tokens tokens for `batch` copies of the prompt, with a
+    """HF greedy generate() of exactly new_tokens tokens for the rows' prompts (all one length), with a
     logits processor stamping the time (after a synchronize) as each step's logits arrive."""
     from transformers import LogitsProcessor, LogitsProcessorList
 
@@ -97,7 +97,7 @@ def generate_timed(model, prompt: list[int], batch: int, new_tokens: int, device
             return scores
 
     clock = StepClock()
-    ids = torch.tensor([prompt] * batch, device=device)  # [B, P]
+    ids = torch.tensor(prompts, device=device)  # [B, P]
     sync()
     t0 = time.perf_counter()
     with torch.inference_mode():
@@ -106,4 +106,4 @@ def generate_timed(model, prompt: list[int], batch: int, new_tokens: int, device
                              logits_processor=LogitsProcessorList([clock]))  # [B, P + new_tokens]
     stamps = [t0, *clock.times]
     steps = [b - a for a, b in zip(stamps[1:], stamps[2:])]
-    return Timing(stamps[1] - t0, steps, out[:, len(prompt):].tolist())
+    return Timing(stamps[1] - t0, steps, out[:, len(prompts[0]):].tolist())
