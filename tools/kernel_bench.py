@@ -114,14 +114,16 @@ def main() -> int:
         row["weight_floor_us"] = round(floor_us, 1)
         if a.sweep:
             sweep = {}
-            for up_n in (32, 64, 128):
-                for down_n in (32, 64, 128):
-                    for warps, stages in ((4, 3), (4, 4), (8, 3)):
-                        t = moe_experts.Tiling(up_n, down_n, warps, stages)
-                        try:
-                            sweep[f"{up_n}/{down_n}/w{warps}/s{stages}"] = round(graph_time_us(lambda: fused_path(t)), 1)
-                        except Exception as err:  # a tiling that does not compile is reported, not fatal
-                            sweep[f"{up_n}/{down_n}/w{warps}/s{stages}"] = type(err).__name__
+            for bm in (16, 32, 64):
+                for bk in (64, 128):
+                    for n in (32, 64):
+                        for stages in (3, 4):
+                            t = moe_experts.Tiling(bm, bk, n, n, 4, stages)
+                            name = f"m{bm}/k{bk}/n{n}/s{stages}"
+                            try:
+                                sweep[name] = round(graph_time_us(lambda: fused_path(t)), 1)
+                            except Exception as err:  # a tiling that does not compile is reported, not fatal
+                                sweep[name] = type(err).__name__
             row["sweep_us"] = sweep
             row["best"] = min((v, kk) for kk, v in sweep.items() if isinstance(v, float))
         rows.append(row)

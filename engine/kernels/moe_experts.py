@@ -19,14 +19,13 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_M = 64  # rows per block; fixed (not tuned per batch) so a route's bits never depend on the batch
-BLOCK_K = 64  # likewise: the K order of every dot product
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class Tiling:
-    """Launch shape of the two GEMM kernels (column block, warps, pipeline stages); none of it
-    changes a row's arithmetic. tools/kernel_bench.py sweeps it on the GPU."""
+    """Launch shape of the two GEMM kernels. One tiling serves every batch size (it is not chosen
+    per step), so a route's bits never depend on what else is in the batch; block_k fixes the K
+    order of every dot product. tools/kernel_bench.py --sweep times the candidates on the GPU."""
+    block_m: int = 64  # rows of one expert per block
+    block_k: int = 64
     up_n: int = 64
     down_n: int = 64
     num_warps: int = 4
@@ -130,11 +129,11 @@ def _mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, order: torch.Tens
     r = order.shape[0]
     act = torch.empty(r, i, dtype=x.dtype, device=x.device)  # [R, I] in execution order
     _gate_up_kernel[(n_exp, triton.cdiv(i, tiling.up_n))](x, w13, order, starts, counts, act, h, i, w13.stride(0), topk,
-                                                       BLOCK_M=BLOCK_M, BLOCK_N=tiling.up_n, BLOCK_K=BLOCK_K,
+                                                       BLOCK_M=tiling.block_m, BLOCK_N=tiling.up_n, BLOCK_K=tiling.block_k,
                                                        num_warps=tiling.num_warps, num_stages=tiling.num_stages)
     _down_kernel[(n_exp, triton.cdiv(h, tiling.down_n))](act, w2, order, starts, counts, weight, out, h, i, w2.stride(0),
-                                                      BY_ROUTE=by_route, BLOCK_M=BLOCK_M, BLOCK_N=tiling.down_n,
-                                                      BLOCK_K=BLOCK_K, num_warps=tiling.num_warps,
+                                                      BY_ROUTE=by_route, BLOCK_M=tiling.block_m, BLOCK_N=tiling.down_n,
+                                                      BLOCK_K=tiling.block_k, num_warps=tiling.num_warps,
                                                       num_stages=tiling.num_stages)
     return out
 
