@@ -41,8 +41,13 @@ class DrainingServer(uvicorn.Server):
 
 async def _serve(settings) -> int:
     notifier = Notifier.from_env()
-    telemetry = build_telemetry(settings)
-    runtime = Runtime(settings, telemetry, notifier)
+    return await serve_runtime(Runtime(settings, build_telemetry(settings), notifier))
+
+
+async def serve_runtime(runtime: Runtime) -> int:
+    """Load the runtime's engine and serve HTTP until a drain or an engine failure ends it; the
+    process's exit code. tools/bench_host_path.py runs it in-process to read its threads' clocks."""
+    settings, notifier = runtime.settings, runtime.notifier
     config = uvicorn.Config(build_app(runtime), host=settings.host, port=settings.port, loop="none",
                             log_level=settings.log_level, access_log=False, timeout_graceful_shutdown=5,
                             lifespan="off")

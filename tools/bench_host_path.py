@@ -1,0 +1,302 @@
+"""Where the serving daemon's host time goes: the real daemon (uvicorn, uvloop, the asyncio loop,
+the GPU thread, telemetry) runs in this process on the embedded tiny model (or --model), a lean
+client process (tools/benchkit/sse_load.py) streams greedy short requests at each concurrency, and
+the daemon's two hot threads are read by their own CPU clocks:
+
+- loop thread: CPU µs per streamed token (everything the asyncio side does: HTTP, state machines,
+  detokenisation, SSE, request spans, metrics), and how busy it was;
+- GPU thread: per engine step, wall and CPU time outside the model forward (the runner's step/run
+  call): batch forming, token bookkeeping, events, step records. On CUDA the forward includes the
+  device wait, so "outside" is the serial host cost that stretches every step.
+
+    python tools/bench_host_path.py [--concurrency 64,256] [--num-requests N] [--max-tokens 64]
+        [--prompt-words 64] [--device cpu|cuda] [--model DIR | --random-preset lite] [--trace-file PATH]
+        [--torch-threads N] [--profile loop|gpu] [--out FILE.json]
+
+On a CPU the forward of the tiny model stands in for the device time; only the host-side numbers
+carry over to a GPU host, and they scale with its single-thread speed. --profile prints the top
+functions (cProfile, which slows the profiled thread: take the per-token numbers from a run
+without it)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import json
+import os
+import pstats
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.benchkit import hardware  # noqa: E402
+from tools.benchkit.workload import parse_levels  # noqa: E402
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--concurrency", default="64,256", help="comma-separated levels (default 64,256)")
+    p.add_argument("--num-requests", type=int, help="requests per level (default 3 N)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--prompt-words", type=int, default=64)
+    p.add_argument("--warmup", type=int, default=8, help="requests sent before measuring (at concurrency 8)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--model", help="checkpoint folder (default: the embedded tiny model)")
+    p.add_argument("--random-preset", help="serve random weights of a preset instead (tiny|lite)")
+    p.add_argument("--max-active", type=int, help="KV slots (default: the largest level)")
+    p.add_argument("--trace-file", help="JSONL trace file, as production runs write one (default: a temp file; "
+                   "'none' for no trace file)")
+    p.add_argument("--step-trace-every", type=int, default=1)
+    p.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads (CPU forward)")
+    p.add_argument("--profile", choices=("loop", "gpu"), help="cProfile one thread over the measured levels")
+    p.add_argument("--profile-top", type=int, default=30)
+    p.add_argument("--profile-clock", choices=("cpu", "wall"), default="cpu",
+                   help="cpu: the thread's own CPU time (waits for the GIL or a core are not charged)")
+    p.add_argument("--out", type=Path, help="write the numbers as JSON here too")
+    a = p.parse_args(argv)
+    a.levels = parse_levels(a.concurrency)
+    return a
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def thread_cpu(ident: int) -> float:
+    """CPU seconds a thread of this process has used (Linux: its pthread CPU clock)."""
+    return time.clock_gettime(time.pthread_getcpuclockid(ident))
+
+
+def thread_sys(native_id: int) -> float:
+    """Kernel-mode CPU seconds of a thread (Linux /proc, clock-tick resolution): socket writes and
+    wake-ups show up here, not in a Python profile."""
+    with open(f"/proc/self/task/{native_id}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[12]) / os.sysconf("SC_CLK_TCK")  # stime, field 15 of stat
+
+
+class StepProbe:
+    """Wraps the GPU thread's _step and the runner's forward calls (on their instances only) to sum
+    wall and thread-CPU time of every step and of the forward inside it."""
+
+    def __init__(self, gpu, runner, profiler: cProfile.Profile | None = None):
+        self.steps = self.rows = self.tokens = 0
+        self.step_wall = self.step_cpu = self.fwd_wall = self.fwd_cpu = 0.0
+        self.profiler = profiler
+        step, fwd_step, fwd_run = gpu._step, runner.step, runner.run
+
+        def timed_step() -> None:
+            if self.profiler is not None:
+                self.profiler.enable()
+            w, c = time.perf_counter(), time.thread_time()
+            step()
+            self.step_wall += time.perf_counter() - w
+            self.step_cpu += time.thread_time() - c
+            self.steps += 1
+            if self.profiler is not None:
+                self.profiler.disable()
+
+        def forward(fn, rows, *args):
+            w, c = time.perf_counter(), time.thread_time()
+            out = fn(rows, *args)
+            self.fwd_wall += time.perf_counter() - w
+            self.fwd_cpu += time.thread_time() - c
+            self.rows += len(rows)
+            self.tokens += len(out) if isinstance(out, list) else len(out.tokens)
+            return out
+
+        gpu._step = timed_step
+        runner.step = lambda rows: forward(fwd_step, rows)
+        runner.run = lambda rows, *args: forward(fwd_run, rows, *args)
+
+    def snapshot(self) -> dict:
+        return {k: getattr(self, k) for k in ("steps", "rows", "tokens", "step_wall", "step_cpu", "fwd_wall",
+                                              "fwd_cpu")}
+
+
+class Bench:
+    def __init__(self, a: argparse.Namespace, rt, loop: asyncio.AbstractEventLoop, port: int):
+        self.a, self.rt, self.loop, self.port = a, rt, loop, port
+        self.results: list[dict] = []
+        self.error: BaseException | None = None
+        timer = time.thread_time if a.profile_clock == "cpu" else time.perf_counter
+        self.loop_profiler = cProfile.Profile(timer) if a.profile == "loop" else None
+        self.gpu_profiler = cProfile.Profile(timer) if a.profile == "gpu" else None
+        self.probe: StepProbe | None = None
+
+    def run(self) -> None:
+        try:
+            self._wait_ready()
+            rt = self.rt
+            self.probe = StepProbe(rt.gpu, rt.engine.runner)
+            self._client(8, self.a.warmup, first_index=1_000_000)
+            for n in self.a.levels:
+                self.results.append(self._level(n))
+        except BaseException as e:  # noqa: BLE001 - reported by main() once the server is down
+            self.error = e
+        finally:
+            self.loop.call_soon_threadsafe(self.rt.begin_drain)
+
+    def _wait_ready(self, timeout: float = 600.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.rt.phase.value == "dead":
+                raise RuntimeError(f"the daemon failed to start: {self.rt.load_error}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError("the daemon was not ready in time")
+
+    def _client(self, concurrency: int, requests: int, first_index: int = 0) -> dict:
+        if requests < 1:
+            return {}
+        cmd = [sys.executable, str(ROOT / "tools" / "benchkit" / "sse_load.py"), "--port", str(self.port),
+               "--model", self.rt.model_name, "--concurrency", str(concurrency), "--num-requests", str(requests),
+               "--max-tokens", str(self.a.max_tokens), "--prompt-words", str(self.a.prompt_words),
+               "--first-index", str(first_index)]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        return json.loads(out.stdout)
+
+    def _clocks(self) -> dict:
+        main, gpu = threading.main_thread(), self.rt.gpu._thread
+        return {"loop_cpu": thread_cpu(main.ident), "loop_sys": thread_sys(main.native_id),
+                "gpu_cpu": thread_cpu(gpu.ident), "gpu_sys": thread_sys(gpu.native_id),
+                "process_cpu": time.process_time(), "wall": time.perf_counter(), **self.probe.snapshot()}
+
+    def _level(self, n: int) -> dict:
+        requests = self.a.num_requests or 3 * n
+        self._profiling(True)
+        before = self._clocks()
+        client = self._client(n, requests)
+        after = self._clocks()
+        self._profiling(False)
+        d = {k: after[k] - before[k] for k in before}
+        tokens = client["completion_tokens"]
+        steps = max(d["steps"], 1)
+        outside_wall, outside_cpu = d["step_wall"] - d["fwd_wall"], d["step_cpu"] - d["fwd_cpu"]
+        other_cpu = d["process_cpu"] - d["loop_cpu"] - d["gpu_cpu"]
+        return {
+            "concurrency": n, "requests": client["requests"], "failed": client["failed"], "tokens": tokens,
+            "content_chunks": client["content_chunks"], "wall_s": d["wall"], "tok_per_s": tokens / d["wall"],
+            "loop": {"cpu_us_per_token": 1e6 * d["loop_cpu"] / max(tokens, 1),
+                     "sys_us_per_token": 1e6 * d["loop_sys"] / max(tokens, 1),
+                     "cpu_us_per_chunk": 1e6 * d["loop_cpu"] / max(client["content_chunks"], 1),
+                     "busy": d["loop_cpu"] / d["wall"]},
+            "gpu": {
+                "steps": d["steps"], "rows_per_step": d["rows"] / steps, "tokens": d["tokens"],
+                "step_wall_ms": 1e3 * d["step_wall"] / steps, "forward_wall_ms": 1e3 * d["fwd_wall"] / steps,
+                "outside_forward_wall_ms": 1e3 * outside_wall / steps,
+                "outside_forward_cpu_ms": 1e3 * outside_cpu / steps,
+                "outside_forward_cpu_us_per_row": 1e6 * outside_cpu / max(d["rows"], 1),
+                "between_steps_cpu_ms": 1e3 * (d["gpu_cpu"] - d["step_cpu"]) / steps,
+                "sys_ms": 1e3 * d["gpu_sys"] / steps,
+                "busy": d["step_wall"] / d["wall"],
+            },
+            "other_threads_cpu_us_per_token": 1e6 * other_cpu / max(tokens, 1),
+        }
+
+    def _profiling(self, on: bool) -> None:
+        if self.loop_profiler is not None:
+            done = threading.Event()
+
+            def flip() -> None:
+                (self.loop_profiler.enable if on else self.loop_profiler.disable)()
+                done.set()
+
+            self.loop.call_soon_threadsafe(flip)
+            done.wait(10)
+        if self.gpu_profiler is not None:
+            self.probe.profiler = self.gpu_profiler if on else None
+
+
+def profile_text(profiler: cProfile.Profile, top: int) -> str:
+    buf = io.StringIO()
+    pstats.Stats(profiler, stream=buf).sort_stats("tottime").print_stats(top)
+    return buf.getvalue()
+
+
+def report_lines(r: dict) -> list[str]:
+    g = r["gpu"]
+    return [
+        f"concurrency {r['concurrency']}: {r['requests']} requests ({r['failed']} failed), {r['tokens']} tokens in "
+        f"{r['wall_s']:.2f} s = {r['tok_per_s']:.0f} tok/s streamed, {r['content_chunks']} content chunks",
+        f"  loop thread : {r['loop']['cpu_us_per_token']:.1f} µs CPU per streamed token, of which "
+        f"{r['loop']['sys_us_per_token']:.1f} in the kernel; {r['loop']['cpu_us_per_chunk']:.1f} µs per SSE chunk; "
+        f"busy {100 * r['loop']['busy']:.0f}% of wall",
+        f"  GPU thread  : {g['steps']} steps, {g['rows_per_step']:.1f} rows/step; per step {g['step_wall_ms']:.2f} ms "
+        f"wall, forward {g['forward_wall_ms']:.2f} ms, outside the forward {g['outside_forward_wall_ms']:.3f} ms wall / "
+        f"{g['outside_forward_cpu_ms']:.3f} ms CPU ({g['outside_forward_cpu_us_per_row']:.1f} µs CPU per row); "
+        f"between steps {g['between_steps_cpu_ms']:.3f} ms CPU; in steps {100 * g['busy']:.0f}% of wall",
+        f"  other threads (span export, torch workers, ...): {r['other_threads_cpu_us_per_token']:.1f} µs CPU per "
+        "token",
+    ]
+
+
+async def _serve(a: argparse.Namespace, port: int) -> Bench:
+    import torch
+
+    from daemon.runtime import Runtime
+    from daemon.serve import serve_runtime
+    from daemon.settings import resolve
+    from telemetry.setup import build_telemetry
+
+    torch.set_num_threads(a.torch_threads)
+    trace_file = a.trace_file
+    if trace_file is None:
+        trace_file = os.path.join(tempfile.mkdtemp(prefix="pegainfer-host-path-"), "trace.jsonl")
+    flags = argparse.Namespace(
+        model=a.model, random_preset=a.random_preset, device=a.device, port=port, log_level="warning",
+        max_active=a.max_active or max(a.levels), max_pending=max(max(a.levels), 64),
+        trace_file=None if trace_file == "none" else trace_file, step_trace_every=a.step_trace_every)
+    settings = resolve(flags, environ={})
+    rt = Runtime(settings, build_telemetry(settings))
+    bench = Bench(a, rt, asyncio.get_running_loop(), port)
+    driver = threading.Thread(target=bench.run, name="bench-driver", daemon=True)
+    driver.start()
+    code = await serve_runtime(rt)
+    driver.join(30)
+    if code and bench.error is None:
+        bench.error = RuntimeError(f"the daemon exited with {code}")
+    return bench
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    a = parse_args(argv)
+    import uvloop
+    bench = uvloop.run(_serve(a, free_port()))
+    if bench.error is not None:
+        print(f"bench_host_path: error: {type(bench.error).__name__}: {bench.error}", file=sys.stderr)
+        return 1
+    for r in bench.results:
+        print("\n".join(report_lines(r)))
+    for name, prof in (("loop", bench.loop_profiler), ("gpu", bench.gpu_profiler)):
+        if prof is not None:
+            print(f"\n---- cProfile of the {name} thread over the measured levels (tottime) ----")
+            print(profile_text(prof, a.profile_top))
+    if a.out:
+        a.out.write_text(json.dumps({
+            "tool": "tools/bench_host_path.py", "command": hardware.command_line("tools/bench_host_path.py", argv),
+            "date": hardware.now_utc(), "git": hardware.git(), "host": hardware.host(), "levels": bench.results,
+        }, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
