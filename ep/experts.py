@@ -35,7 +35,8 @@ class ExpertShard:
 
     def kernel_for(self, device: torch.device, allow_triton: bool = True) -> str:
         """The expert kernel: for bfloat16 on CUDA the fused Triton MLP (engine/kernels/moe_experts.py)
-        where Triton imports, else grouped GEMMs where they run; otherwise the per-expert loop (the
+        where Triton imports (calls with more routes than its MAX_ROUTES, prompt chunks, go to
+        grouped GEMMs), else grouped GEMMs where they run; otherwise the per-expert loop (the
         reference order). Every backend and every rank asks here, so each expert's rows see the
         same kernel whichever rank owns them."""
         if not all(w.dtype == torch.bfloat16 for w in self.w13.values()) or device.type != "cuda":
@@ -52,8 +53,9 @@ class ExpertShard:
             if not isinstance(counts, torch.Tensor):
                 counts = torch.tensor(counts, dtype=torch.int64, device=hidden.device)
             if kernel == "triton":
-                from engine.kernels.moe_experts import fused_experts
-                return fused_experts(hidden, self.w13[layer], self.w2[layer], token_index, weight, counts)
+                from engine.kernels.moe_experts import MAX_ROUTES, fused_experts
+                if token_index.shape[0] <= MAX_ROUTES or not grouped_mm_available(hidden.device):
+                    return fused_experts(hidden, self.w13[layer], self.w2[layer], token_index, weight, counts)
             return self._run_grouped(layer, hidden, token_index, weight, counts)
         return self.run(layer, hidden, token_index, weight,
                         counts.tolist() if isinstance(counts, torch.Tensor) else counts)

@@ -3,11 +3,14 @@ product per projection, torch._grouped_mm in one launch where it runs (bf16 on H
 devices). Elsewhere ExpertShard.run loops over experts instead."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
+@functools.lru_cache(maxsize=None)
 def grouped_mm_available(device: torch.device) -> bool:
-    """True where torch._grouped_mm runs bf16 on this device (checked once at start-up)."""
+    """True where torch._grouped_mm runs bf16 on this device (checked once per device)."""
     if device.type != "cuda" or not hasattr(torch, "_grouped_mm"):
         return False
     try:
