@@ -29,14 +29,17 @@ class MLAttention:
         self.rope = rope
         self.fused_decode = False  # the Triton MLA decode kernel (CUDA); set by the engine at start-up
         if cfg.q_lora_rank is None:
-            self.q_proj = w.pop(f"{a}.q_proj.weight")  # [nh*192, H]
-            self.q_a = self.q_a_norm = self.q_b = None
+            q_in = w.pop(f"{a}.q_proj.weight")  # [nh*192, H]
+            self.q_a_norm = self.q_b = None
         else:
-            self.q_proj = None
-            self.q_a = w.pop(f"{a}.q_a_proj.weight")  # [q_rank, H]
+            q_in = w.pop(f"{a}.q_a_proj.weight")  # [q_rank, H]
             self.q_a_norm = w.pop(f"{a}.q_a_layernorm.weight")
             self.q_b = w.pop(f"{a}.q_b_proj.weight")  # [nh*192, q_rank]
-        self.kv_a = w.pop(f"{a}.kv_a_proj_with_mqa.weight")  # [576, H]
+        # the two projections of x share one weight, so the fused decode reads x in one GEMV; the
+        # other paths use the two views as separate weights
+        self.q_kv_a = torch.cat([q_in, w.pop(f"{a}.kv_a_proj_with_mqa.weight")])  # [nq + 576, H]
+        q_view, self.kv_a = self.q_kv_a.split([q_in.shape[0], cfg.cache_width])  # [nq, H], [576, H]
+        self.q_proj, self.q_a = (q_view, None) if self.q_b is None else (None, q_view)
         self.kv_a_norm = w.pop(f"{a}.kv_a_layernorm.weight")  # [512]
         self.kv_b = w.pop(f"{a}.kv_b_proj.weight")  # [nh*(128+128), 512]
         self.o_proj = w.pop(f"{a}.o_proj.weight")  # [H, nh*128]
@@ -62,7 +65,7 @@ class MLAttention:
         return q_nope, self.rope.apply(q_pe, positions), kv
 
     def _out(self, o: torch.Tensor) -> torch.Tensor:
-        """o: [T, nh, 128] -> [T, H]."""
+        """o: [T, nh, 128] or [T, nh*128] -> [T, H]."""
         return F.linear(o.reshape(o.shape[0], self.nh * self.v_dim), self.o_proj)
 
     def __call__(self, x: torch.Tensor, batch: Batch, cache: MLACache) -> torch.Tensor:
@@ -92,20 +95,37 @@ class MLAttention:
     def decode_absorbed(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, ctx_lens: torch.Tensor,
                         length: int, cache: MLACache) -> torch.Tensor:
         """One new token per row over the latent cache, with no host synchronisation (graph-safe).
-        x: [B, H]; positions, slots, ctx_lens: [B] int64; length: static bound >= every ctx_len."""
-        q_nope, q_pe, _ = self._project(x, positions, slots, cache)
-        q_lat = torch.bmm(q_nope.transpose(0, 1), self.w_uk)  # [nh, B, 512]
-        q_full = torch.cat([q_lat, q_pe.transpose(0, 1)], dim=-1).transpose(0, 1)  # [B, nh, 576]
+        x: [B, H]; positions, slots, ctx_lens: [B] int64; length: static bound >= every ctx_len.
+        Fused (Triton, CUDA): the q/kv_a GEMV, prep, split, merge with W_UV and o_proj launches."""
+        q_full = self.absorbed_query(x, positions, slots, cache)  # [B, nh, 576]
         if self.fused_decode:
             from engine.kernels.mla_decode import mla_decode
-            o_lat = mla_decode(q_full, cache.data[self.layer], slots, ctx_lens, length, self.scale, self.rank)
-        else:
-            kv = cache.read_rows(self.layer, slots, length)  # [B, L, 576]
-            scores = torch.bmm(q_full, kv.transpose(1, 2)).float() * self.scale  # [B, nh, L]
-            valid = torch.arange(length, device=x.device)[None, :] < ctx_lens[:, None]  # [B, L]
-            probs = scores.masked_fill(~valid[:, None, :], float("-inf")).softmax(dim=-1).to(kv.dtype)
-            o_lat = torch.bmm(probs, kv[..., :self.rank])  # [B, nh, 512]
+            o = mla_decode(q_full, cache.data[self.layer], slots, ctx_lens, length, self.scale, self.rank,
+                           w_uv_t=self.w_uv_t)  # [B, nh*128]
+            return self._out(o)
+        kv = cache.read_rows(self.layer, slots, length)  # [B, L, 576]
+        scores = torch.bmm(q_full, kv.transpose(1, 2)).float() * self.scale  # [B, nh, L]
+        valid = torch.arange(length, device=x.device)[None, :] < ctx_lens[:, None]  # [B, L]
+        probs = scores.masked_fill(~valid[:, None, :], float("-inf")).softmax(dim=-1).to(kv.dtype)
+        o_lat = torch.bmm(probs, kv[..., :self.rank])  # [B, nh, 512]
         return self._out(torch.bmm(o_lat.transpose(0, 1), self.w_uv_t).transpose(0, 1))  # [B, nh, 128] -> [B, H]
+
+    def absorbed_query(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                       cache: MLACache) -> torch.Tensor:
+        """The new tokens' latent and roped key written to the cache, and the decode query with W_UK
+        folded in: x: [B, H] -> [B, nh, 576] (latent part, then the roped q_pe). Graph-safe.
+        Fused: one GEMV for q (or the q LoRA input) and kv_a together, then one prep launch."""
+        if self.fused_decode:
+            from engine.kernels.mla_prep import mla_prep
+            width = self.kv_a.shape[0]
+            q, kv = F.linear(x, self.q_kv_a).split([self.q_kv_a.shape[0] - width, width], dim=-1)  # [B, nq], [B, 576]
+            if self.q_b is not None:
+                q = F.linear(_rms(q, self.q_a_norm), self.q_b)  # [B, nh*192]
+            return mla_prep(q, kv, self.kv_a_norm, self.w_uk, self.rope.table, positions, slots,
+                            cache.data[self.layer])
+        q_nope, q_pe, _ = self._project(x, positions, slots, cache)
+        q_lat = torch.bmm(q_nope.transpose(0, 1), self.w_uk)  # [nh, B, 512]
+        return torch.cat([q_lat, q_pe.transpose(0, 1)], dim=-1).transpose(0, 1)  # [B, nh, 576]
 
     def _decode(self, q: torch.Tensor, batch: Batch, cache: MLACache, out: torch.Tensor) -> None:
         """Every one-token row at once, whatever its position: pad to the longest context, mask the rest."""

@@ -1,7 +1,8 @@
 """MLA decode attention over the latent cache, flash-decoding style: each program takes one row and
 one split of its context, scores all heads against the cached 512-wide latent plus the 64-wide RoPE
 key, keeps an online softmax, and accumulates the latent-space output; a second kernel merges the
-splits. Rows attend only to their own length, so one launch serves rows at any positions."""
+splits and, in the decode step, applies W_UV so that its output goes straight to o_proj. Rows attend
+only to their own length, so one launch serves rows at any positions."""
 from __future__ import annotations
 
 import torch
@@ -13,30 +14,36 @@ import triton.language as tl
 def _split_kernel(q_ptr, cache_ptr, slots_ptr, lens_ptr, part_o_ptr, part_ml_ptr, scale,
                   stride_cs, stride_cn,
                   H: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_N: tl.constexpr,
-                  SPLIT: tl.constexpr):
+                  SPLIT: tl.constexpr, H_P: tl.constexpr, RANK_P: tl.constexpr, ROPE_P: tl.constexpr):
+    # H_P, RANK_P, ROPE_P: the dims padded to powers of two (heads to >= 16 for tl.dot); the padding
+    # loads zeros and is never stored
     b = tl.program_id(0)
     split = tl.program_id(1)
     n_splits = tl.num_programs(1)
     slot = tl.load(slots_ptr + b)
     length = tl.load(lens_ptr + b)
-    heads = tl.arange(0, H)
-    dl = tl.arange(0, RANK)
-    dr = tl.arange(0, ROPE)
+    heads = tl.arange(0, H_P)
+    dl = tl.arange(0, RANK_P)
+    dr = tl.arange(0, ROPE_P)
+    hm, lm, rm = heads < H, dl < RANK, dr < ROPE
     width = RANK + ROPE
-    q_lat = tl.load(q_ptr + b * H * width + heads[:, None] * width + dl[None, :])  # [H, RANK]
-    q_pe = tl.load(q_ptr + b * H * width + heads[:, None] * width + RANK + dr[None, :])  # [H, ROPE]
-    m = tl.full([H], float("-inf"), tl.float32)
-    lsum = tl.zeros([H], tl.float32)
-    acc = tl.zeros([H, RANK], tl.float32)
+    q_row = q_ptr + b * H * width + heads[:, None] * width
+    q_lat = tl.load(q_row + dl[None, :], mask=hm[:, None] & lm[None, :], other=0.0)  # [H_P, RANK_P]
+    q_pe = tl.load(q_row + RANK + dr[None, :], mask=hm[:, None] & rm[None, :], other=0.0)  # [H_P, ROPE_P]
+    m = tl.full([H_P], float("-inf"), tl.float32)
+    lsum = tl.zeros([H_P], tl.float32)
+    acc = tl.zeros([H_P, RANK_P], tl.float32)
     start = split * SPLIT
     end = tl.minimum(start + SPLIT, length)
     base = cache_ptr + slot.to(tl.int64) * stride_cs
     for n0 in range(0, SPLIT, BLOCK_N):  # fixed trip count; blocks past `end` load nothing
         offs = start + n0 + tl.arange(0, BLOCK_N)
         valid = offs < end
-        kv_lat = tl.load(base + offs[:, None] * stride_cn + dl[None, :], mask=valid[:, None], other=0.0)  # [N, RANK]
-        k_pe = tl.load(base + offs[:, None] * stride_cn + RANK + dr[None, :], mask=valid[:, None], other=0.0)
-        s = tl.dot(q_lat, tl.trans(kv_lat)) + tl.dot(q_pe, tl.trans(k_pe))  # [H, N] fp32
+        kv_lat = tl.load(base + offs[:, None] * stride_cn + dl[None, :], mask=valid[:, None] & lm[None, :],
+                         other=0.0)  # [N, RANK_P]
+        k_pe = tl.load(base + offs[:, None] * stride_cn + RANK + dr[None, :], mask=valid[:, None] & rm[None, :],
+                       other=0.0)  # [N, ROPE_P]
+        s = tl.dot(q_lat, tl.trans(kv_lat)) + tl.dot(q_pe, tl.trans(k_pe))  # [H_P, N] fp32
         s = tl.where(valid[None, :], s * scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         empty = m_new == float("-inf")  # nothing valid yet in this split: keep the state at zero
@@ -46,41 +53,82 @@ def _split_kernel(q_ptr, cache_ptr, slots_ptr, lens_ptr, part_o_ptr, part_ml_ptr
         acc = acc * alpha[:, None] + tl.dot(p.to(kv_lat.dtype), kv_lat)
         m = m_new
     part = (b * n_splits + split) * H
-    tl.store(part_o_ptr + (part + heads[:, None]) * RANK + dl[None, :], acc)
-    tl.store(part_ml_ptr + (part + heads) * 2, m)
-    tl.store(part_ml_ptr + (part + heads) * 2 + 1, lsum)
+    tl.store(part_o_ptr + (part + heads[:, None]) * RANK + dl[None, :], acc, mask=hm[:, None] & lm[None, :])
+    tl.store(part_ml_ptr + (part + heads) * 2, m, mask=hm)
+    tl.store(part_ml_ptr + (part + heads) * 2 + 1, lsum, mask=hm)
 
 
 @triton.jit
-def _merge_kernel(part_o_ptr, part_ml_ptr, out_ptr, H: tl.constexpr, RANK: tl.constexpr, NSPLIT: tl.constexpr):
-    b = tl.program_id(0)
+def _merge_kernel(part_o_ptr, part_ml_ptr, w_uv_ptr, out_ptr, n_rows,
+                  H: tl.constexpr, RANK: tl.constexpr, NSPLIT: tl.constexpr, V: tl.constexpr, V_P: tl.constexpr,
+                  BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, APPLY_WUV: tl.constexpr,
+                  INPUT_PRECISION: tl.constexpr):
+    # one head over a block of rows, the latent in BLOCK_K chunks: each chunk is merged over the
+    # splits and rounded to the output dtype, then either stored (o_lat) or multiplied into the
+    # value head by its rows of W_UV (which each program then reads once for BLOCK_B rows)
+    rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)  # [BB]
+    live = rows < n_rows
     h = tl.program_id(1)
-    dl = tl.arange(0, RANK)
-    m = float("-inf")
+    m = tl.full([BLOCK_B], float("-inf"), tl.float32)
     for s in range(0, NSPLIT):
-        m = tl.maximum(m, tl.load(part_ml_ptr + ((b * NSPLIT + s) * H + h) * 2))
-    total = 0.0
-    acc = tl.zeros([RANK], tl.float32)
+        m = tl.maximum(m, tl.load(part_ml_ptr + ((rows * NSPLIT + s) * H + h) * 2, mask=live, other=float("-inf")))
+    total = tl.zeros([BLOCK_B], tl.float32)
     for s in range(0, NSPLIT):
-        idx = (b * NSPLIT + s) * H + h
-        ms = tl.load(part_ml_ptr + idx * 2)
+        idx = (rows * NSPLIT + s) * H + h
+        ms = tl.load(part_ml_ptr + idx * 2, mask=live, other=float("-inf"))
         w = tl.where(ms == float("-inf"), 0.0, tl.exp(ms - m))
-        total += tl.load(part_ml_ptr + idx * 2 + 1) * w
-        acc += tl.where(w > 0, tl.load(part_o_ptr + idx * RANK + dl) * w, 0.0)
-    tl.store(out_ptr + (b * H + h) * RANK + dl, (acc / total).to(out_ptr.dtype.element_ty))
+        total += tl.load(part_ml_ptr + idx * 2 + 1, mask=live, other=0.0) * w
+    total = tl.where(live, total, 1.0)  # rows past the batch: finite garbage, never stored
+    dv = tl.arange(0, V_P)
+    o = tl.zeros([BLOCK_B, V_P], tl.float32)
+    for k0 in range(0, RANK, BLOCK_K):
+        dk = k0 + tl.arange(0, BLOCK_K)
+        kmask = live[:, None] & (dk < RANK)[None, :]  # [BB, BK]
+        acc = tl.zeros([BLOCK_B, BLOCK_K], tl.float32)
+        for s in range(0, NSPLIT):
+            idx = (rows * NSPLIT + s) * H + h  # [BB]
+            ms = tl.load(part_ml_ptr + idx * 2, mask=live, other=float("-inf"))
+            w = tl.where(ms == float("-inf"), 0.0, tl.exp(ms - m))[:, None]  # [BB, 1]
+            part = tl.load(part_o_ptr + idx[:, None] * RANK + dk[None, :], mask=kmask, other=0.0)  # [BB, BK]
+            acc += tl.where(w > 0, part * w, 0.0)
+        o_lat = (acc / total[:, None]).to(out_ptr.dtype.element_ty)  # [BB, BK]
+        if APPLY_WUV:
+            w_uv = tl.load(w_uv_ptr + h * RANK * V + dk[:, None] * V + dv[None, :],
+                           mask=(dk < RANK)[:, None] & (dv < V)[None, :], other=0.0)  # [BK, V_P]
+            o = tl.dot(o_lat, w_uv, acc=o, input_precision=INPUT_PRECISION)  # [BB, V_P] fp32
+        else:
+            tl.store(out_ptr + (rows[:, None] * H + h) * RANK + dk[None, :], o_lat, mask=kmask)
+    if APPLY_WUV:
+        tl.store(out_ptr + rows[:, None] * (H * V) + h * V + dv[None, :], o.to(out_ptr.dtype.element_ty),
+                 mask=live[:, None] & (dv < V)[None, :])
 
 
 def mla_decode(q: torch.Tensor, cache_layer: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
-               length: int, scale: float, rank: int, split_len: int = 256) -> torch.Tensor:
+               length: int, scale: float, rank: int, split_len: int = 256,
+               w_uv_t: torch.Tensor | None = None) -> torch.Tensor:
     """q: [B, H, rank+rope] (absorbed query: latent part then RoPE part); cache_layer: [S, N, rank+rope];
-    slots, lens: [B]; length: static bound >= every len. Returns o_lat [B, H, rank]."""
+    slots, lens: [B]; length: static bound >= every len. Returns o_lat [B, H, rank]; or, given
+    w_uv_t [H, rank, V], the value heads o_lat (rounded to q's dtype) @ w_uv_t[h] with float32
+    accumulation, rounded: [B, H*V], ready for o_proj. Two launches, graph-safe."""
     b, h, width = q.shape
     n_splits = triton.cdiv(length, split_len)
     part_o = torch.empty(b, n_splits, h, rank, dtype=torch.float32, device=q.device)
     part_ml = torch.empty(b, n_splits, h, 2, dtype=torch.float32, device=q.device)
-    out = torch.empty(b, h, rank, dtype=q.dtype, device=q.device)
     _split_kernel[(b, n_splits)](q.contiguous(), cache_layer, slots, lens, part_o, part_ml, scale,
                                  cache_layer.stride(0), cache_layer.stride(1),
-                                 H=h, RANK=rank, ROPE=width - rank, BLOCK_N=32, SPLIT=split_len, num_warps=8)
-    _merge_kernel[(b, h)](part_o, part_ml, out, H=h, RANK=rank, NSPLIT=n_splits)
+                                 H=h, RANK=rank, ROPE=width - rank, BLOCK_N=32, SPLIT=split_len,
+                                 H_P=max(16, triton.next_power_of_2(h)), RANK_P=triton.next_power_of_2(rank),
+                                 ROPE_P=max(16, triton.next_power_of_2(width - rank)), num_warps=8)
+    if w_uv_t is None:
+        v, out = 1, torch.empty(b, h, rank, dtype=q.dtype, device=q.device)  # [B, H, rank]
+    else:
+        assert w_uv_t.is_contiguous() and w_uv_t.shape[:2] == (h, rank)
+        v = w_uv_t.shape[2]
+        out = torch.empty(b, h * v, dtype=q.dtype, device=q.device)  # [B, H*V]
+    block_b = 16  # tl.dot needs M >= 16
+    _merge_kernel[(triton.cdiv(b, block_b), h)](
+        part_o, part_ml, w_uv_t if w_uv_t is not None else part_o, out, b,
+        H=h, RANK=rank, NSPLIT=n_splits, V=v, V_P=max(16, triton.next_power_of_2(v)), BLOCK_B=block_b,
+        BLOCK_K=min(64, max(16, triton.next_power_of_2(rank))), APPLY_WUV=w_uv_t is not None,
+        INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     return out
