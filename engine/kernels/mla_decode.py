@@ -103,14 +103,23 @@ def _merge_kernel(part_o_ptr, part_ml_ptr, w_uv_ptr, out_ptr, n_rows,
                  mask=live[:, None] & (dv < V)[None, :])
 
 
+def auto_split(batch: int, length: int, programs: int = 264, block: int = 32) -> int:
+    """Context per split program: enough splits that batch x splits fills the GPU (~2 programs
+    per SM on an H200) without going below one block of keys per split. Static per graph bucket."""
+    n = max(1, min(triton.cdiv(programs, batch), triton.cdiv(length, block)))
+    return triton.cdiv(triton.cdiv(length, n), block) * block
+
+
 def mla_decode(q: torch.Tensor, cache_layer: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
-               length: int, scale: float, rank: int, split_len: int = 256,
+               length: int, scale: float, rank: int, split_len: int | None = None,
                w_uv_t: torch.Tensor | None = None) -> torch.Tensor:
     """q: [B, H, rank+rope] (absorbed query: latent part then RoPE part); cache_layer: [S, N, rank+rope];
-    slots, lens: [B]; length: static bound >= every len. Returns o_lat [B, H, rank]; or, given
+    slots, lens: [B]; length: static bound >= every len; split_len: keys per split program (default
+    auto_split). Returns o_lat [B, H, rank]; or, given
     w_uv_t [H, rank, V], the value heads o_lat (rounded to q's dtype) @ w_uv_t[h] with float32
     accumulation, rounded: [B, H*V], ready for o_proj. Two launches, graph-safe."""
     b, h, width = q.shape
+    split_len = split_len or auto_split(b, length)
     n_splits = triton.cdiv(length, split_len)
     part_o = torch.empty(b, n_splits, h, rank, dtype=torch.float32, device=q.device)
     part_ml = torch.empty(b, n_splits, h, 2, dtype=torch.float32, device=q.device)
