@@ -60,12 +60,13 @@ def _split_kernel(q_ptr, cache_ptr, slots_ptr, lens_ptr, part_o_ptr, part_ml_ptr
 
 @triton.jit
 def _merge_kernel(part_o_ptr, part_ml_ptr, w_uv_ptr, out_ptr, n_rows,
-                  H: tl.constexpr, RANK: tl.constexpr, NSPLIT: tl.constexpr, V: tl.constexpr, V_P: tl.constexpr,
+                  H: tl.constexpr, RANK: tl.constexpr, NSPLIT: tl.constexpr, V: tl.constexpr, BLOCK_V: tl.constexpr,
                   BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, APPLY_WUV: tl.constexpr,
                   INPUT_PRECISION: tl.constexpr):
     # one head over a block of rows, the latent in BLOCK_K chunks: each chunk is merged over the
     # splits and rounded to the output dtype, then either stored (o_lat) or multiplied into the
-    # value head by its rows of W_UV (which each program then reads once for BLOCK_B rows)
+    # value head by its rows of W_UV (which each program then reads once for BLOCK_B rows); a third
+    # grid axis splits the value head into BLOCK_V columns, so that W_UV streams through many SMs
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)  # [BB]
     live = rows < n_rows
     h = tl.program_id(1)
@@ -79,8 +80,8 @@ def _merge_kernel(part_o_ptr, part_ml_ptr, w_uv_ptr, out_ptr, n_rows,
         w = tl.where(ms == float("-inf"), 0.0, tl.exp(ms - m))
         total += tl.load(part_ml_ptr + idx * 2 + 1, mask=live, other=0.0) * w
     total = tl.where(live, total, 1.0)  # rows past the batch: finite garbage, never stored
-    dv = tl.arange(0, V_P)
-    o = tl.zeros([BLOCK_B, V_P], tl.float32)
+    dv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    o = tl.zeros([BLOCK_B, BLOCK_V], tl.float32)
     for k0 in range(0, RANK, BLOCK_K):
         dk = k0 + tl.arange(0, BLOCK_K)
         kmask = live[:, None] & (dk < RANK)[None, :]  # [BB, BK]
@@ -94,8 +95,8 @@ def _merge_kernel(part_o_ptr, part_ml_ptr, w_uv_ptr, out_ptr, n_rows,
         o_lat = (acc / total[:, None]).to(out_ptr.dtype.element_ty)  # [BB, BK]
         if APPLY_WUV:
             w_uv = tl.load(w_uv_ptr + h * RANK * V + dk[:, None] * V + dv[None, :],
-                           mask=(dk < RANK)[:, None] & (dv < V)[None, :], other=0.0)  # [BK, V_P]
-            o = tl.dot(o_lat, w_uv, acc=o, input_precision=INPUT_PRECISION)  # [BB, V_P] fp32
+                           mask=(dk < RANK)[:, None] & (dv < V)[None, :], other=0.0)  # [BK, BV]
+            o = tl.dot(o_lat, w_uv, acc=o, input_precision=INPUT_PRECISION)  # [BB, BV] fp32
         else:
             tl.store(out_ptr + (rows[:, None] * H + h) * RANK + dk[None, :], o_lat, mask=kmask)
     if APPLY_WUV:
@@ -135,9 +136,11 @@ def mla_decode(q: torch.Tensor, cache_layer: torch.Tensor, slots: torch.Tensor, 
         v = w_uv_t.shape[2]
         out = torch.empty(b, h * v, dtype=q.dtype, device=q.device)  # [B, H*V]
     block_b = 16  # tl.dot needs M >= 16
-    _merge_kernel[(triton.cdiv(b, block_b), h)](
+    # value columns per program: narrow at small batches, where W_UV's bytes are the cost
+    block_v = max(16, triton.next_power_of_2(v)) if w_uv_t is None or b > 16 else 16
+    _merge_kernel[(triton.cdiv(b, block_b), h, triton.cdiv(v, block_v))](
         part_o, part_ml, w_uv_t if w_uv_t is not None else part_o, out, b,
-        H=h, RANK=rank, NSPLIT=n_splits, V=v, V_P=max(16, triton.next_power_of_2(v)), BLOCK_B=block_b,
+        H=h, RANK=rank, NSPLIT=n_splits, V=v, BLOCK_V=block_v, BLOCK_B=block_b,
         BLOCK_K=min(64, max(16, triton.next_power_of_2(rank))), APPLY_WUV=w_uv_t is not None,
         INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     return out
