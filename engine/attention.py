@@ -100,10 +100,9 @@ class MLAttention:
         q_full = self.absorbed_query(x, positions, slots, cache)  # [B, nh, 576]
         if self.fused_decode:
             from engine.kernels.mla_decode import mla_decode
-            from engine.kernels.skinny import skinny_linear
             o = mla_decode(q_full, cache.data[self.layer], slots, ctx_lens, length, self.scale, self.rank,
                            w_uv_t=self.w_uv_t)  # [B, nh*128]
-            return skinny_linear(o, self.o_proj)  # [B, H]
+            return F.linear(o, self.o_proj)  # [B, H]
         kv = cache.read_rows(self.layer, slots, length)  # [B, L, 576]
         scores = torch.bmm(q_full, kv.transpose(1, 2)).float() * self.scale  # [B, nh, L]
         valid = torch.arange(length, device=x.device)[None, :] < ctx_lens[:, None]  # [B, L]
@@ -118,9 +117,8 @@ class MLAttention:
         Fused: one GEMV for q (or the q LoRA input) and kv_a together, then one prep launch."""
         if self.fused_decode:
             from engine.kernels.mla_prep import mla_prep
-            from engine.kernels.skinny import skinny_linear
             width = self.kv_a.shape[0]
-            q, kv = skinny_linear(x, self.q_kv_a).split([self.q_kv_a.shape[0] - width, width], dim=-1)  # [B, nq], [B, 576]
+            q, kv = F.linear(x, self.q_kv_a).split([self.q_kv_a.shape[0] - width, width], dim=-1)  # [B, nq], [B, 576]
             if self.q_b is not None:
                 q = F.linear(_rms(q, self.q_a_norm), self.q_b)  # [B, nh*192]
             return mla_prep(q, kv, self.kv_a_norm, self.w_uk, self.rope.table, positions, slots,

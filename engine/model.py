@@ -38,9 +38,8 @@ class MLP:
 
     def fused(self, x: torch.Tensor) -> torch.Tensor:
         """The same with one projection for gate and up and one Triton launch for SiLU * up (CUDA)."""
-        from engine.kernels.skinny import skinny_linear
         from engine.kernels.swiglu import swiglu
-        return skinny_linear(swiglu(skinny_linear(x, self.gate_up)), self.down)
+        return F.linear(swiglu(F.linear(x, self.gate_up)), self.down)
 
 
 class DecoderLayer:

@@ -6,7 +6,7 @@ the bytes that layer must read and the bandwidth that implies, and how far the t
 are apart. With --sweep it also times the expert kernels under several tilings.
 
     python tools/kernel_bench.py [--batches 1,8,64,256] [--sweep] [--profile] [--out report.json]
-    python tools/kernel_bench.py --gemv [--batches 1,8,32,64]
+    python tools/kernel_bench.py --mla [--batches 1,8,64,256]
 """
 from __future__ import annotations
 
@@ -67,32 +67,28 @@ def kernel_table(fn, reps: int = 10) -> str:
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=16, max_name_column_width=50)
 
 
-def gemv_rows(batches: list[int]) -> list[dict]:
-    """The per-layer linear layers of the decode step (q+kv_a, o_proj, shared gate-up and down),
-    cuBLAS (F.linear) against the skinny Triton kernel under several tilings, µs per layer."""
-    from engine.kernels import skinny
+def mla_rows(batches: list[int], length: int = 256, ctx: int = 150) -> list[dict]:
+    """MLA decode attention of one layer at lite's shapes (16 heads, latent 512 + 64, value 128):
+    the split kernel and each merge kernel with W_UV applied, µs per layer."""
+    from engine.kernels.mla_decode import mla_decode
     dev, dt = torch.device("cuda"), torch.bfloat16
-    shapes = [(3072 + 576, 2048), (2048, 2048), (2 * 2816, 2048), (2048, 2816)]  # [N, K]
-    weights = [torch.randn(n, k, device=dev, dtype=dt) * 0.02 for n, k in shapes]
-    tilings = [skinny.Tiling(bn, bk, 4, st) for bn in (16, 32) for bk in (128, 256) for st in (3, 4, 5)]
+    h, rank, rope, v = 16, 512, 64, 128
+    w_uv_t = torch.randn(h, rank, v, device=dev, dtype=dt) * 0.05
     out = []
-    for m in batches:
-        if m > skinny.MAX_ROWS:
-            continue
-        xs = [torch.randn(m, k, device=dev, dtype=dt) for _, k in shapes]
-        bytes_ = sum(w.numel() * 2 for w in weights)
-        row = {"gemv_rows": m, "floor_us": round(bytes_ / 4.2e12 * 1e6, 1),
-               "cublas_us": round(graph_time_us(lambda: [torch.nn.functional.linear(x, w) for x, w in zip(xs, weights)]), 1)}
-        diff = max(float((skinny.skinny_linear(x, w).float() - torch.nn.functional.linear(x, w).float()).abs().max())
-                   for x, w in zip(xs, weights))
-        row["max_abs_diff"] = diff
-        sweep = {}
-        for t in tilings:
-            name = f"n{t.block_n}/k{t.block_k}/s{t.num_stages}"
-            sweep[name] = round(graph_time_us(lambda: [skinny.skinny_linear(x, w, t) for x, w in zip(xs, weights)]), 1)
-        row["skinny_default_us"] = sweep[f"n{skinny.TILING.block_n}/k{skinny.TILING.block_k}/s{skinny.TILING.num_stages}"]
-        row["skinny_best"] = min((v, k) for k, v in sweep.items())
-        row["skinny_sweep_us"] = sweep
+    for b in batches:
+        cache = torch.randn(b + 1, length, rank + rope, device=dev, dtype=dt)
+        q = torch.randn(b, h, rank + rope, device=dev, dtype=dt) * 0.1
+        slots = torch.arange(b, device=dev)
+        lens = torch.full((b,), ctx, device=dev)
+        row = {"mla_batch": b, "length": length, "ctx": ctx}
+        ref = mla_decode(q, cache, slots, lens, length, 0.1, rank, w_uv_t=w_uv_t, merge="row").float()
+        for merge in ("row", "block"):
+            row[f"{merge}_us"] = round(graph_time_us(
+                lambda: mla_decode(q, cache, slots, lens, length, 0.1, rank, w_uv_t=w_uv_t, merge=merge)), 1)
+            got = mla_decode(q, cache, slots, lens, length, 0.1, rank, w_uv_t=w_uv_t, merge=merge).float()
+            row[f"{merge}_max_abs_diff"] = float((got - ref).abs().max())
+        row["split_only_us"] = round(graph_time_us(
+            lambda: mla_decode(q, cache, slots, lens, length, 0.1, rank, merge="row")), 1)
         print(json.dumps(row), flush=True)
         out.append(row)
     return out
@@ -103,13 +99,13 @@ def main() -> int:
     p.add_argument("--batches", default="1,8,64,256")
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--profile", action="store_true", help="per-kernel device times of both paths")
-    p.add_argument("--gemv", action="store_true", help="only the linear layers: cuBLAS against the skinny kernel")
+    p.add_argument("--mla", action="store_true", help="only MLA decode attention: split and the merge kernels")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
-    if a.gemv:
-        rows = gemv_rows([int(x) for x in a.batches.split(",")])
+    if a.mla:
+        rows = mla_rows([int(x) for x in a.batches.split(",")])
         if a.out:
-            a.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "gemv": rows}))
+            a.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "mla": rows}))
         return 0
     cfg = ModelConfig.from_dict(PRESETS["lite"])
     dev, dt = torch.device("cuda"), torch.bfloat16

@@ -104,6 +104,42 @@ def _merge_kernel(part_o_ptr, part_ml_ptr, w_uv_ptr, out_ptr, n_rows,
                  mask=live[:, None] & (dv < V)[None, :])
 
 
+@triton.jit
+def _merge_row_kernel(part_o_ptr, part_ml_ptr, w_uv_ptr, out_ptr,
+                      H: tl.constexpr, RANK: tl.constexpr, RANK_P: tl.constexpr, NSPLIT: tl.constexpr,
+                      V: tl.constexpr, BLOCK_V: tl.constexpr, APPLY_WUV: tl.constexpr):
+    # program (row, head, value block): merge the row's latent over the splits (one vector, no
+    # matrix unit), round it, then either store it or multiply it into BLOCK_V value columns
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    dk = tl.arange(0, RANK_P)
+    k_ok = dk < RANK
+    m = float("-inf")
+    for s in range(0, NSPLIT):
+        m = tl.maximum(m, tl.load(part_ml_ptr + ((b * NSPLIT + s) * H + h) * 2))
+    total = 0.0
+    acc = tl.zeros([RANK_P], tl.float32)
+    for s in range(0, NSPLIT):
+        idx = (b * NSPLIT + s) * H + h
+        ms = tl.load(part_ml_ptr + idx * 2)
+        w = tl.where(ms == float("-inf"), 0.0, tl.exp(ms - m))
+        total += tl.load(part_ml_ptr + idx * 2 + 1) * w
+        acc += tl.where(w > 0, tl.load(part_o_ptr + idx * RANK + dk, mask=k_ok, other=0.0) * w, 0.0)
+    o_lat = (acc / total).to(out_ptr.dtype.element_ty)  # [RANK_P]
+    if APPLY_WUV:
+        dv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+        v_ok = dv < V
+        w_uv = tl.load(w_uv_ptr + h * RANK * V + dk[:, None] * V + dv[None, :], mask=k_ok[:, None] & v_ok[None, :],
+                       other=0.0)  # [RANK_P, BLOCK_V]
+        o = tl.sum(o_lat.to(tl.float32)[:, None] * w_uv.to(tl.float32), axis=0)  # [BLOCK_V]
+        tl.store(out_ptr + b * (H * V) + h * V + dv, o.to(out_ptr.dtype.element_ty), mask=v_ok)
+    else:
+        tl.store(out_ptr + (b * H + h) * RANK + dk, o_lat, mask=k_ok)
+
+
+MERGE = "row"  # "row": a program per (row, head, value block); "block": 16 rows per program with tl.dot
+
+
 def auto_split(batch: int, length: int, programs: int = 264, block: int = 32) -> int:
     """Context per split program: enough splits that batch x splits fills the GPU (~2 programs
     per SM on an H200) without going below one block of keys per split. Static per graph bucket."""
@@ -113,10 +149,10 @@ def auto_split(batch: int, length: int, programs: int = 264, block: int = 32) ->
 
 def mla_decode(q: torch.Tensor, cache_layer: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
                length: int, scale: float, rank: int, split_len: int | None = None,
-               w_uv_t: torch.Tensor | None = None) -> torch.Tensor:
+               w_uv_t: torch.Tensor | None = None, merge: str = MERGE) -> torch.Tensor:
     """q: [B, H, rank+rope] (absorbed query: latent part then RoPE part); cache_layer: [S, N, rank+rope];
     slots, lens: [B]; length: static bound >= every len; split_len: keys per split program (default
-    auto_split). Returns o_lat [B, H, rank]; or, given
+    auto_split); merge: which merge kernel (MERGE; both compute the same). Returns o_lat [B, H, rank]; or, given
     w_uv_t [H, rank, V], the value heads o_lat (rounded to q's dtype) @ w_uv_t[h] with float32
     accumulation, rounded: [B, H*V], ready for o_proj. Two launches, graph-safe."""
     b, h, width = q.shape
@@ -135,6 +171,13 @@ def mla_decode(q: torch.Tensor, cache_layer: torch.Tensor, slots: torch.Tensor, 
         assert w_uv_t.is_contiguous() and w_uv_t.shape[:2] == (h, rank)
         v = w_uv_t.shape[2]
         out = torch.empty(b, h * v, dtype=q.dtype, device=q.device)  # [B, H*V]
+    if merge == "row":
+        block_v = min(32, triton.next_power_of_2(v)) if w_uv_t is not None else 1
+        _merge_row_kernel[(b, h, triton.cdiv(v, block_v) if w_uv_t is not None else 1)](
+            part_o, part_ml, w_uv_t if w_uv_t is not None else part_o, out, H=h, RANK=rank,
+            RANK_P=triton.next_power_of_2(rank), NSPLIT=n_splits, V=v, BLOCK_V=block_v, APPLY_WUV=w_uv_t is not None,
+            num_warps=4)
+        return out
     block_b = 16  # tl.dot needs M >= 16
     # value columns per program: narrow at small batches, where W_UV's bytes are the cost
     block_v = max(16, triton.next_power_of_2(v)) if w_uv_t is None or b > 16 else 16

@@ -1,5 +1,4 @@
-"""The fused MoE kernels of the decode step (router, expert MLP, combine-into-norm, SwiGLU, the
-skinny linear layer of the shared experts) compute
+"""The fused MoE kernels of the decode step (router, expert MLP, combine-into-norm, SwiGLU) compute
 what the torch path computes, run by Triton's CPU interpreter here; the same code runs compiled on
 the GPU. Float32, so the comparison is tight; the kernels' bfloat16 roundings are checked by
 comparing with torch ops in bfloat16 (to a rounding step: the interpreter's casts differ)."""
@@ -21,7 +20,6 @@ import torch.nn.functional as F
 from engine.kernels.moe_route import fused_route
 from engine.kernels.moe_experts import fused_experts, fused_experts_token_major
 from engine.kernels.rmsnorm import moe_rmsnorm
-from engine.kernels.skinny import skinny_linear
 from engine.kernels.swiglu import swiglu
 from engine.model import rms_norm
 from ep.experts import ExpertShard
@@ -85,11 +83,6 @@ assert torch.allclose(swiglu(gu), F.silu(gu[:, :I]) * gu[:, I:], atol=1e-6)
 gb = gu.bfloat16()
 want_b = (F.silu(gb[:, :I]) * gb[:, I:]).float()
 assert ((swiglu(gb).float() - want_b).abs() <= want_b.abs() / 64 + 1e-3).all()
-# the skinny linear layer: a few rows, odd sizes, against F.linear; past MAX_ROWS it is F.linear
-for m, n, k in [(1, 40, 48), (5, 33, 300), (17, 16, 64)]:
-    xs = torch.randn(m, k, generator=g)
-    ws = torch.randn(n, k, generator=g)
-    assert torch.allclose(skinny_linear(xs, ws), F.linear(xs, ws), atol=1e-4), (m, n, k)
 print("ok")
 """
 
