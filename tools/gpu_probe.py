@@ -103,12 +103,12 @@ def replay_times(graphs, reps: int = 20) -> dict:
             "device_ms": round(start.elapsed_time(end) / reps, 3), "single_ms": round(gap[0].elapsed_time(gap[1]), 3)}
 
 
-def diagnose(preset: str, prompt_len: int) -> None:
+def diagnose(preset: str, prompt_len: int, profile_batch: int = 1) -> None:
     """First decode step of one row, three ways: expand path (eager), absorbed path (eager call),
     captured graph; then a profile of the absorbed decode step by kernel."""
     from engine.batch import Batch
     from engine.decode import DecodeInputs, decode_logits
-    engine = build_engine(EngineSpec(random_preset=preset, device="cuda", dtype="bfloat16", num_slots=4,
+    engine = build_engine(EngineSpec(random_preset=preset, device="cuda", dtype="bfloat16", num_slots=max(4, profile_batch),
                                      max_model_len=1024))
     plain = engine.model.fused_kernels
     engine.model.use_kernels(False)
@@ -138,6 +138,12 @@ def diagnose(preset: str, prompt_len: int) -> None:
     print(json.dumps({"diag": preset, "graph_replay": replay_times(engine.runner.graphs)}), flush=True)
     engine.cache.data.copy_(saved)
     from torch.profiler import ProfilerActivity, profile
+    if profile_batch > 1:  # the prompt's cache copied to more slots, a different token per row
+        more = [engine.cache.allocate() for _ in range(profile_batch - 1)]
+        engine.cache.data[:, more] = engine.cache.data[:, s:s + 1]
+        toks = torch.randint(0, engine.cfg.vocab_size - 2, (profile_batch,), generator=g).tolist()
+        n = profile_batch
+        inp = DecodeInputs(t(toks), t([prompt_len] * n), t([s] + more), t([prompt_len + 1] * n), 256)
     for _ in range(3):
         decode_logits(engine.model, inp, engine.cache)
     torch.cuda.synchronize()
@@ -188,11 +194,12 @@ def main() -> int:
     p.add_argument("--variants", default="triton,plain", help="triton, plain (graphs, torch ops), eager")
     p.add_argument("--out", type=Path)
     p.add_argument("--diag", help="preset to diagnose instead of timing (tiny|lite)")
+    p.add_argument("--profile-batch", type=int, default=1, help="rows of the profiled decode step (--diag)")
     p.add_argument("--host-profile", action="store_true", help="cProfile of the host side of decode steps")
     a = p.parse_args()
     if a.diag:
         for preset in a.diag.split(","):
-            diagnose(preset, a.prompt_len)
+            diagnose(preset, a.prompt_len, a.profile_batch)
         return 0
     batches = [int(b) for b in a.batches.split(",")]
     if a.host_profile:
