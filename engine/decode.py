@@ -64,7 +64,7 @@ def _decode_fused(model: DeepseekV2, x: torch.Tensor, attend) -> torch.Tensor:
             h, x = norm(delta, layer.input_norm, x)
             delta = attend(layer.attn, h)
         h, x = norm(delta, layer.post_attn_norm, x)
-        delta = layer.mlp.parts(h) if isinstance(layer.mlp, MoE) else layer.mlp.fused(h)
+        delta = layer.mlp.parts(h, model.side_stream) if isinstance(layer.mlp, MoE) else layer.mlp.fused(h)
     with phase("lm_head"):
         h, _ = norm(delta, model.norm, x)
         return F.linear(h, model.lm_head)  # [B, V]

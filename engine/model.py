@@ -85,11 +85,14 @@ class DeepseekV2:
         self.norm = weights.pop("model.norm.weight")
         self.lm_head = self.embed if cfg.tie_word_embeddings else weights.pop("lm_head.weight")  # [V, H]
         self.fused_kernels = False  # Triton RMSNorm/MLA decode kernels in the decode step; see use_kernels
+        self.side_stream: torch.cuda.Stream | None = None  # the shared experts' stream in the fused step
         if weights:
             raise ValueError(f"unused tensors after building the model: {sorted(weights)[:3]}")
 
     def use_kernels(self, on: bool) -> None:
         self.fused_kernels = on
+        if on and self.embed.is_cuda and self.side_stream is None:
+            self.side_stream = torch.cuda.Stream(device=self.embed.device)
         for layer in self.layers:
             layer.attn.fused_decode = on
 

@@ -22,10 +22,27 @@ class MoE:
         self.shared = shared
         self.backend = backend
 
-    def parts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def parts(self, x: torch.Tensor, side: torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The decode step's fused form (CUDA, Triton): x [T, H] -> (routed [T, k, H] float32, one
         weighted output per route, and shared [T, H]). The caller adds them in the next norm's
-        kernel (engine/kernels/rmsnorm.py moe_rmsnorm), in the same route order as `combine`."""
+        kernel (engine/kernels/rmsnorm.py moe_rmsnorm), in the same route order as `combine`.
+        side: a second stream for the shared experts, which then run beside the routed ones (a
+        CUDA graph captures the two branches; SGLang overlaps DeepSeek's shared experts the same way)."""
+        if side is None:
+            routed = self._routed(x)
+            with phase("shared_experts"):
+                return routed, self.shared.fused(x)
+        main = torch.cuda.current_stream()
+        side.wait_stream(main)
+        with torch.cuda.stream(side), phase("shared_experts"):
+            shared = self.shared.fused(x)
+        routed = self._routed(x)
+        main.wait_stream(side)
+        x.record_stream(side)  # x was made on the main stream and is read on the side one
+        shared.record_stream(main)
+        return routed, shared
+
+    def _routed(self, x: torch.Tensor) -> torch.Tensor:
         from engine.kernels.moe_route import fused_route
         c = self.cfg
         with phase("routing"):
@@ -33,9 +50,7 @@ class MoE:
                                        n_group=c.n_group, topk_group=c.topk_group, norm_topk_prob=c.norm_topk_prob,
                                        scaling=c.routed_scaling_factor)  # [T, k] each
         with phase("experts"):
-            routed = self.backend.expert_slots(self.layer, x, weights, ids, c.n_routed_experts)  # [T, k, H]
-        with phase("shared_experts"):
-            return routed, self.shared.fused(x)
+            return self.backend.expert_slots(self.layer, x, weights, ids, c.n_routed_experts)  # [T, k, H]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""

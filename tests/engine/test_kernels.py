@@ -42,6 +42,15 @@ for b in range(B):
     p = ((q[b] @ kv.T) * 0.3).softmax(-1)
     want = p @ kv[:, :RANK]
     assert torch.allclose(got[b], want, atol=1e-4), (b, (got[b] - want).abs().max())
+
+# both merge kernels, with W_UV applied, against the direct product
+V = 24
+w_uv = torch.randn(H, RANK, V, generator=g)
+o_lat = mla_decode(q, cache, slots, lens, length=80, scale=0.3, rank=RANK, split_len=32)  # [B, H, RANK]
+want = torch.einsum("bhr,hrv->bhv", o_lat, w_uv).reshape(B, H * V)
+for merge in ("row", "block"):
+    got = mla_decode(q, cache, slots, lens, length=80, scale=0.3, rank=RANK, split_len=32, w_uv_t=w_uv, merge=merge)
+    assert torch.allclose(got, want, atol=1e-4), (merge, (got - want).abs().max())
 print("ok")
 """
 
