@@ -186,6 +186,38 @@ def host_profile(batches: list[int], prompt_len: int, steps: int = 30) -> None:
         print(out.getvalue()[-4000:], flush=True)
 
 
+def prefill_profile(cases: list[tuple[int, int]]) -> None:
+    """Device time of the packed prefill step (eager, so the profiler sees each kernel) for
+    (prompts, tokens per prompt) cases, with the top kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.prefill import PrefillInputs, prefill_step
+    longest = max(n for _, n in cases)
+    engine = build_engine(EngineSpec(random_preset="lite", device="cuda", dtype="bfloat16",
+                                     num_slots=max(r for r, _ in cases), max_model_len=longest + 64))
+    g = torch.Generator().manual_seed(0)
+    for rows, n in cases:
+        slots = [engine.cache.allocate() for _ in range(rows)]
+        ids = torch.randint(0, engine.cfg.vocab_size - 2, (rows * n,), generator=g)
+        t = lambda x: torch.as_tensor(x, device="cuda")  # noqa: E731
+        inp = PrefillInputs(t(ids), t(list(range(n)) * rows), t([s for s in slots for _ in range(n)]),
+                            t([r for r in range(rows) for _ in range(n)]), t([(r + 1) * n - 1 for r in range(rows)]))
+        prefill_step(engine.model, inp, engine.cache)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        prefill_step(engine.model, inp, engine.cache)
+        end.record()
+        end.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            prefill_step(engine.model, inp, engine.cache)
+            torch.cuda.synchronize()
+        print(json.dumps({"prefill_rows": rows, "tokens_per_row": n, "eager_wall_ms": round(start.elapsed_time(end), 2)}))
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70), flush=True)
+        for s in slots:
+            engine.cache.release(s)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--batches", default="1,8,32")
@@ -195,11 +227,15 @@ def main() -> int:
     p.add_argument("--out", type=Path)
     p.add_argument("--diag", help="preset to diagnose instead of timing (tiny|lite)")
     p.add_argument("--profile-batch", type=int, default=1, help="rows of the profiled decode step (--diag)")
+    p.add_argument("--prefill-profile", help="rows x tokens cases of the packed prefill, e.g. 32x86,1x4620")
     p.add_argument("--host-profile", action="store_true", help="cProfile of the host side of decode steps")
     a = p.parse_args()
     if a.diag:
         for preset in a.diag.split(","):
             diagnose(preset, a.prompt_len, a.profile_batch)
+        return 0
+    if a.prefill_profile:
+        prefill_profile([tuple(int(v) for v in c.split("x")) for c in a.prefill_profile.split(",")])
         return 0
     batches = [int(b) for b in a.batches.split(",")]
     if a.host_profile:
