@@ -93,6 +93,8 @@ class ChoiceOutput:
             done = [e for e, _ in self.pending if e.offset - self.base < self.sent]
             self.pending = []
             return Delta(text, done)
+        if not self.pending:
+            return Delta(text)
         n = 0
         while n < len(self.pending) and self.pending[n][1] <= self.sent:
             n += 1

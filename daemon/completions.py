@@ -10,7 +10,6 @@ import itertools
 import time
 
 import orjson
-from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 
@@ -18,6 +17,7 @@ from daemon import protocol
 from daemon.choices import Choices
 from daemon.protocol import APIError, CompletionRequest
 from daemon.runtime import Runtime
+from daemon.sse import EventStream
 from lifecycle.params import GenerationParams
 from lifecycle.rejection import Draining, NotReady, QueueFull, Rejection
 from lifecycle.request import Request
@@ -101,8 +101,8 @@ async def create_completion(http: HTTPRequest, rt: Runtime) -> Response:
     created = int(time.time())
     choices = Choices(req, rt.tokenizer, ids)
     if req.stream:
-        return EventSourceResponse(_stream(rt, request, choices, created, req.include_usage), sep="\n",
-                                   ping=15, headers={"X-Request-Id": rid})
+        return EventStream(_stream(rt, request, choices, created, req.include_usage), ping_s=15,
+                           headers={"X-Request-Id": rid})
     return await _complete(http, rt, request, choices, created)
 
 
@@ -167,16 +167,20 @@ async def _stream(rt: Runtime, request: Request, choices: Choices, created: int,
                 yield _data(_end_error(end).body())
         if include_usage:
             yield _data(protocol.usage_chunk(rid, created, model, len(request.prompt_ids), choices.completion_tokens))
-        yield {"data": "[DONE]"}
+        yield DONE
     finally:
         rt.bridge.details.close(rid)
-        # the client went away mid-stream (sse-starlette cancels this generator) or we are exiting
+        # the client went away mid-stream (daemon.sse cancels this generator) or we are exiting
         if not request.is_terminal and rt.scheduler is not None:
             rt.scheduler.disconnect(rid)
 
 
-def _data(obj: dict) -> dict:
-    return {"data": orjson.dumps(obj).decode()}
+def _data(obj: dict) -> bytes:
+    """One SSE event: a single `data:` line (orjson writes no newline) and the blank line."""
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
 
 
 async def _complete(http: HTTPRequest, rt: Runtime, request: Request, choices: Choices, created: int) -> Response:

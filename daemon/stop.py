@@ -16,6 +16,8 @@ class StopText:
         """Take new text; return what may be released now. Sets `stopped` once a stop string is found."""
         if self.stopped:
             return ""
+        if not self.stops:  # nothing to watch for (the common case): all of it goes out
+            return delta
         text = self.held + delta
         hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
         if hits:

@@ -60,6 +60,7 @@ class GpuThread:
         self.steps = 0
         self.decode_batch_max = 0
         self.prefill_tokens = 0  # prompt tokens run through the model, all steps together
+        self._timer: tuple[torch.cuda.Event, torch.cuda.Event] | None = None  # made on the first CUDA step
         self._thread = threading.Thread(target=self._run, name="pegainfer-gpu", daemon=True)
 
     # ---- loop side --------------------------------------------------------------------------------
@@ -185,10 +186,12 @@ class GpuThread:
         budget = self.max_prefill_tokens
         seqs, rows = [], []
         for s in self.running.values():
-            if s.prefilling and budget <= 0:
-                continue  # its next chunk waits for a later step
-            ids = s.next_row(budget)
-            if s.prefilling:
+            if s.cached >= len(s.prompt_ids):  # decoding: its last token (Sequence.next_row, inlined)
+                ids = [s.output_ids[-1]]
+            elif budget <= 0:
+                continue  # its next prompt chunk waits for a later step
+            else:
+                ids = s.next_row(budget)
                 budget -= len(ids)
             seqs.append(s)
             rows.append(RowInput(s.slot, ids, s.cached))
@@ -202,72 +205,92 @@ class GpuThread:
         if admitted:
             self._emit(PrefillStarted(admitted, started_ns))
         seqs, rows = self._rows()
-        on_gpu = self.engine.spec.device.startswith("cuda")
-        if on_gpu:
-            ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            ev0.record()
+        timer = self._device_timer()
+        if timer is not None:
+            timer[0].record()
         owners, out = self._choose(seqs, rows)
         gpu_s = None
-        if on_gpu:
-            ev1.record()
-            ev1.synchronize()
-            gpu_s = ev0.elapsed_time(ev1) / 1e3
-        n_decode = sum(1 for r in rows if len(r.token_ids) == 1 and r.start_pos > 0)
-        self.decode_batch_max = max(self.decode_batch_max, n_decode)
+        if timer is not None:
+            timer[1].record()
+            timer[1].synchronize()
+            gpu_s = timer[0].elapsed_time(timer[1]) / 1e3
+        # one pass over the rows: the step's shape, and each sequence's cache length
+        n_decode = prefill_tokens = positions_max = 0
         for seq, row in zip(seqs, rows):
-            seq.cached += len(row.token_ids)
+            n = len(row.token_ids)
+            if n == 1 and row.start_pos > 0:
+                n_decode += 1
+            else:
+                prefill_tokens += n
+            last = row.start_pos + n - 1
+            if last > positions_max:
+                positions_max = last
+            seq.cached += n
             if seq.forks and not seq.prefilling:  # siblings copy the prefill, before any slot is released
                 self.engine.runner.fork(seq.slot, [f.slot for f in seq.forks], seq.cached)
                 for f in seq.forks:
                     f.cached = seq.cached
                     self.running[f.key] = f
                 seq.forks = []
+        self.decode_batch_max = max(self.decode_batch_max, n_decode)
         tokens, finished = [], []
+        eos_id = self.engine.eos_id
         for seq, tok, lp, top in zip(owners, out.tokens, out.logprobs, out.top_logprobs):
             seq.output_ids.append(tok)
-            reason = seq.finish_reason(self.engine.eos_id)
-            tokens.append(Token(seq.request_id, tok, first=len(seq.output_ids) == 1, index=seq.index, logprob=lp,
-                                top_logprobs=top, finish_reason=reason))
+            reason = seq.finish_reason(eos_id)
+            tokens.append(Token(seq.request_id, tok, len(seq.output_ids) == 1, seq.index, lp, top, reason))
             if reason is not None:
                 end = self._end(seq, reason)
                 if end is not None:
                     finished.append(Finished(seq.request_id, end))
         prompt = [PromptLogprobs(seqs[r].request_id, entries) for r, entries in out.prompt.items()]
         self.steps += 1
-        record = self._record(seqs, rows, n_decode, started_ns, time.perf_counter() - t0, gpu_s, len(owners),
-                              out.sampled)
-        self.prefill_tokens += record.prefill_tokens
+        record = self._record(seqs, rows, n_decode, prefill_tokens, positions_max, started_ns,
+                              time.perf_counter() - t0, gpu_s, len(owners), out.sampled)
+        self.prefill_tokens += prefill_tokens
         self._emit(StepEvents(tokens, finished, [], [], record, prompt))
+
+    def _device_timer(self) -> tuple[torch.cuda.Event, torch.cuda.Event] | None:
+        """Two CUDA events around the forward, made once (each new event costs host time per step);
+        None off the GPU."""
+        if self._timer is None and self.engine.spec.device.startswith("cuda"):
+            self._timer = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        return self._timer
 
     def _choose(self, seqs: list[Sequence], rows: list[RowInput]) -> tuple[list[Sequence], StepOutput]:
         """Run the step and choose a token per sequence; a fresh prompt also chooses for its waiting
         siblings, from its own row. Returns the sequences in the order of the output's tokens."""
         owners, row_of = [], []
+        one_per_row = True  # every row chooses exactly its own sequence's token (the usual decode step)
         for r, (seq, row) in enumerate(zip(seqs, rows)):
-            prompt_end = row.start_pos + len(row.token_ids)
-            if prompt_end < len(seq.prompt_ids):
+            if row.start_pos + len(row.token_ids) < len(seq.prompt_ids):
+                one_per_row = False
                 continue  # a prompt chunk before the last: no token yet
-            group = (seq, *seq.forks) if row.start_pos < len(seq.prompt_ids) else (seq,)
-            owners += group
-            row_of += [r] * len(group)
+            owners.append(seq)
+            row_of.append(r)
+            if seq.forks and row.start_pos < len(seq.prompt_ids):  # the siblings draw from this row too
+                one_per_row = False
+                owners += seq.forks
+                row_of += [r] * len(seq.forks)
         if all(s.plain for s in seqs):  # siblings share their parent's spec: the argmax fast path
             greedy = self.engine.runner.step(rows)
             n = len(owners)
-            return owners, StepOutput([greedy[r] for r in row_of], [None] * n, [()] * n, {}, sampled=False)
+            tokens = greedy if one_per_row else [greedy[r] for r in row_of]
+            return owners, StepOutput(tokens, [None] * n, [()] * n, {}, sampled=False)
         draws = [Draw(r, s.sampling, s.seed, s.index, len(s.output_ids), s.prompt_ids, s.output_ids)
                  for s, r in zip(owners, row_of)]
         prompt_rows = {r: s.sampling.prompt_logprobs for r, s in enumerate(seqs)
                        if rows[r].start_pos == 0 and s.sampling.prompt_logprobs is not None}
         return owners, self.engine.runner.run(rows, draws, prompt_rows)
 
-    def _record(self, seqs, rows, n_decode, started_ns, cpu_s, gpu_s, draws, sampled) -> StepRecord:
+    def _record(self, seqs, rows, n_decode, prefill_tokens, positions_max, started_ns, cpu_s, gpu_s, draws,
+                sampled) -> StepRecord:
         c = self.engine.backend.take_counters()
-        prefill_tokens = sum(len(r.token_ids) for r in rows if not (len(r.token_ids) == 1 and r.start_pos > 0))
         phase = "decode" if prefill_tokens == 0 else ("prefill" if n_decode == 0 else "mixed")
         return StepRecord(
-            step=self.steps, phase=phase, request_ids=list(dict.fromkeys(s.request_id for s in seqs)), rows=len(rows),
-            decode_rows=n_decode, prefill_tokens=prefill_tokens,
-            positions_max=max(r.start_pos + len(r.token_ids) - 1 for r in rows), started_ns=started_ns,
+            step=self.steps, phase=phase, request_ids=list(dict.fromkeys([s.request_id for s in seqs])),
+            rows=len(rows), decode_rows=n_decode, prefill_tokens=prefill_tokens, positions_max=positions_max,
+            started_ns=started_ns,
             cpu_s=cpu_s, gpu_s=gpu_s,
             routes_per_rank=c.routes_per_rank if c else [], routes_per_expert=c.routes_per_expert if c else [],
             collective_calls=c.collective_calls if c else 0,

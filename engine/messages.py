@@ -81,8 +81,11 @@ Command = Admit | StopChoice | Cancel | Shutdown | Stall | InjectFailure
 
 
 # ---- events (GPU thread -> asyncio loop), delivered as one StepEvents per step --------------------
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class Token:
+    """One sampled token; read-only once sent like every other event. Not declared frozen only
+    because the GPU thread makes one per row per step, and a frozen dataclass's __init__ (one
+    object.__setattr__ per field) costs four times a plain one's."""
     request_id: str
     token_id: int
     first: bool  # the prefill's token

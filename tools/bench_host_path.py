@@ -22,11 +22,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import io
 import json
 import os
 import pstats
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,10 +48,11 @@ from tools.benchkit.workload import parse_levels  # noqa: E402
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--concurrency", default="64,256", help="comma-separated levels (default 64,256)")
-    p.add_argument("--num-requests", type=int, help="requests per level (default 3 N)")
+    p.add_argument("--num-requests", type=int, help="requests per level (default 4 N)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per level; the numbers printed are their medians")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--prompt-words", type=int, default=64)
-    p.add_argument("--warmup", type=int, default=8, help="requests sent before measuring (at concurrency 8)")
+    p.add_argument("--warmup", type=int, default=64, help="requests sent before measuring (at concurrency 16)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--model", help="checkpoint folder (default: the embedded tiny model)")
     p.add_argument("--random-preset", help="serve random weights of a preset instead (tiny|lite)")
@@ -58,6 +61,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "'none' for no trace file)")
     p.add_argument("--step-trace-every", type=int, default=1)
     p.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads (CPU forward)")
+    p.add_argument("--switch-interval", type=float,
+                   help="sys.setswitchinterval for the daemon process, in seconds (Python's default: 0.005): how "
+                        "long a thread that wants the GIL waits before the holder is asked to let go")
+    p.add_argument("--fake-step-ms", type=float,
+                   help="replace the model forward by a sleep of this long (the GIL released, as in a device "
+                        "wait) and a made-up token per row: the host path at a GPU's step rate")
     p.add_argument("--profile", choices=("loop", "gpu"), help="cProfile one thread over the measured levels")
     p.add_argument("--profile-top", type=int, default=30)
     p.add_argument("--profile-clock", choices=("cpu", "wall"), default="cpu",
@@ -121,9 +130,42 @@ class StepProbe:
         runner.step = lambda rows: forward(fwd_step, rows)
         runner.run = lambda rows, *args: forward(fwd_run, rows, *args)
 
+    @staticmethod
+    def fake_forward(runner, step_s: float) -> None:
+        """The runner's greedy step becomes a sleep and a made-up token per row (ids 3..998: never the
+        tiny model's BOS/EOS). Only plain greedy requests (the argmax fast path) are served this way."""
+        def step(rows):
+            time.sleep(step_s)
+            return [(r.token_ids[-1] * 31 + r.start_pos) % 996 + 3 for r in rows]
+
+        runner.step = step
+
     def snapshot(self) -> dict:
         return {k: getattr(self, k) for k in ("steps", "rows", "tokens", "step_wall", "step_cpu", "fwd_wall",
                                               "fwd_cpu")}
+
+
+class GcProbe:
+    """Time spent in the cyclic garbage collector, by generation and by the thread that ran it (a
+    collection holds the GIL, so it stalls every other thread too)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.count: dict[str, int] = {}
+        self._t0: dict[int, float] = {}
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        me = threading.get_ident()
+        if phase == "start":
+            self._t0[me] = time.perf_counter()
+        elif me in self._t0:
+            key = f"{threading.current_thread().name}/gen{info['generation']}"
+            self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - self._t0.pop(me)
+            self.count[key] = self.count.get(key, 0) + 1
+
+    def snapshot(self) -> dict:
+        return {"gc_s": dict(self.seconds), "gc_n": dict(self.count)}
 
 
 class Bench:
@@ -135,15 +177,19 @@ class Bench:
         self.loop_profiler = cProfile.Profile(timer) if a.profile == "loop" else None
         self.gpu_profiler = cProfile.Profile(timer) if a.profile == "gpu" else None
         self.probe: StepProbe | None = None
+        self.gc = GcProbe()
 
     def run(self) -> None:
         try:
             self._wait_ready()
             rt = self.rt
+            if self.a.fake_step_ms is not None:
+                StepProbe.fake_forward(rt.engine.runner, self.a.fake_step_ms / 1e3)
             self.probe = StepProbe(rt.gpu, rt.engine.runner)
-            self._client(8, self.a.warmup, first_index=1_000_000)
+            self._client(16, self.a.warmup, first_index=1_000_000)
             for n in self.a.levels:
-                self.results.append(self._level(n))
+                runs = [self._level(n) for _ in range(self.a.repeats)]
+                self.results.append({**median(runs), "runs": runs})
         except BaseException as e:  # noqa: BLE001 - reported by main() once the server is down
             self.error = e
         finally:
@@ -177,16 +223,19 @@ class Bench:
         main, gpu = threading.main_thread(), self.rt.gpu._thread
         return {"loop_cpu": thread_cpu(main.ident), "loop_sys": thread_sys(main.native_id),
                 "gpu_cpu": thread_cpu(gpu.ident), "gpu_sys": thread_sys(gpu.native_id),
-                "process_cpu": time.process_time(), "wall": time.perf_counter(), **self.probe.snapshot()}
+                "process_cpu": time.process_time(), "wall": time.perf_counter(), **self.probe.snapshot(),
+                **self.gc.snapshot()}
 
     def _level(self, n: int) -> dict:
-        requests = self.a.num_requests or 3 * n
+        requests = self.a.num_requests or 4 * n
         self._profiling(True)
         before = self._clocks()
         client = self._client(n, requests)
         after = self._clocks()
         self._profiling(False)
-        d = {k: after[k] - before[k] for k in before}
+        d = {k: after[k] - before[k] for k in before if not k.startswith("gc_")}
+        gc_ms = {k: 1e3 * (v - before["gc_s"].get(k, 0.0)) for k, v in after["gc_s"].items()}
+        gc_n = {k: v - before["gc_n"].get(k, 0) for k, v in after["gc_n"].items()}
         tokens = client["completion_tokens"]
         steps = max(d["steps"], 1)
         outside_wall, outside_cpu = d["step_wall"] - d["fwd_wall"], d["step_cpu"] - d["fwd_cpu"]
@@ -209,6 +258,9 @@ class Bench:
                 "busy": d["step_wall"] / d["wall"],
             },
             "other_threads_cpu_us_per_token": 1e6 * other_cpu / max(tokens, 1),
+            "gc": {"ms_per_s": sum(gc_ms.values()) / d["wall"], "us_per_token": 1e3 * sum(gc_ms.values()) / max(tokens, 1),
+                   "by_thread_and_generation_ms": {k: v for k, v in sorted(gc_ms.items()) if gc_n.get(k)},
+                   "collections": {k: v for k, v in sorted(gc_n.items()) if v}},
         }
 
     def _profiling(self, on: bool) -> None:
@@ -225,6 +277,17 @@ class Bench:
             self.probe.profiler = self.gpu_profiler if on else None
 
 
+def median(runs: list[dict]) -> dict:
+    """Field by field median of runs with the same shape (nested dicts of numbers)."""
+    out = {}
+    for k in dict.fromkeys(k for r in runs for k in r):
+        if any(isinstance(r.get(k), dict) for r in runs):
+            out[k] = median([r.get(k, {}) for r in runs])
+        else:
+            out[k] = statistics.median(r.get(k, 0) for r in runs)
+    return out
+
+
 def profile_text(profiler: cProfile.Profile, top: int) -> str:
     buf = io.StringIO()
     pstats.Stats(profiler, stream=buf).sort_stats("tottime").print_stats(top)
@@ -233,18 +296,23 @@ def profile_text(profiler: cProfile.Profile, top: int) -> str:
 
 def report_lines(r: dict) -> list[str]:
     g = r["gpu"]
+    spread = [run["loop"]["cpu_us_per_token"] for run in r.get("runs", [r])]
     return [
-        f"concurrency {r['concurrency']}: {r['requests']} requests ({r['failed']} failed), {r['tokens']} tokens in "
-        f"{r['wall_s']:.2f} s = {r['tok_per_s']:.0f} tok/s streamed, {r['content_chunks']} content chunks",
-        f"  loop thread : {r['loop']['cpu_us_per_token']:.1f} µs CPU per streamed token, of which "
+        f"concurrency {r['concurrency']}: median of {len(spread)} runs of {r['requests']:.0f} requests "
+        f"({r['failed']:.0f} failed), {r['tokens']:.0f} tokens in {r['wall_s']:.2f} s = {r['tok_per_s']:.0f} tok/s "
+        f"streamed, {r['content_chunks']:.0f} content chunks",
+        f"  loop thread : {r['loop']['cpu_us_per_token']:.1f} µs CPU per streamed token (runs "
+        f"{min(spread):.1f}-{max(spread):.1f}), of which "
         f"{r['loop']['sys_us_per_token']:.1f} in the kernel; {r['loop']['cpu_us_per_chunk']:.1f} µs per SSE chunk; "
         f"busy {100 * r['loop']['busy']:.0f}% of wall",
-        f"  GPU thread  : {g['steps']} steps, {g['rows_per_step']:.1f} rows/step; per step {g['step_wall_ms']:.2f} ms "
+        f"  GPU thread  : {g['steps']:.0f} steps, {g['rows_per_step']:.1f} rows/step; per step {g['step_wall_ms']:.2f} ms "
         f"wall, forward {g['forward_wall_ms']:.2f} ms, outside the forward {g['outside_forward_wall_ms']:.3f} ms wall / "
         f"{g['outside_forward_cpu_ms']:.3f} ms CPU ({g['outside_forward_cpu_us_per_row']:.1f} µs CPU per row); "
         f"between steps {g['between_steps_cpu_ms']:.3f} ms CPU; in steps {100 * g['busy']:.0f}% of wall",
         f"  other threads (span export, torch workers, ...): {r['other_threads_cpu_us_per_token']:.1f} µs CPU per "
         "token",
+        f"  garbage collector: {r['gc']['us_per_token']:.1f} µs per token ({r['gc']['ms_per_s']:.1f} ms per second), "
+        + ", ".join(f"{k} {v:.0f} ms" for k, v in r["gc"]["by_thread_and_generation_ms"].items()),
     ]
 
 
@@ -257,6 +325,8 @@ async def _serve(a: argparse.Namespace, port: int) -> Bench:
     from telemetry.setup import build_telemetry
 
     torch.set_num_threads(a.torch_threads)
+    if a.switch_interval is not None:
+        sys.setswitchinterval(a.switch_interval)
     trace_file = a.trace_file
     if trace_file is None:
         trace_file = os.path.join(tempfile.mkdtemp(prefix="pegainfer-host-path-"), "trace.jsonl")
