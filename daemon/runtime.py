@@ -8,6 +8,7 @@ import contextlib
 import enum
 import gc
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -30,6 +31,11 @@ log = logging.getLogger("pegainfer.daemon")
 # less often and the whole heap ten times less often. tools/bench_host_path.py prints the collector's
 # time per token.
 GC_THRESHOLDS = (2000, 10, 100)
+# How long a thread that wants the GIL waits before the holder is asked to let go (Python's default:
+# 5 ms). The GPU thread wants it back the moment the device finishes a step, while the loop thread is
+# busy streaming: with the default it waited up to 5 ms per step (tools/bench_host_path.py
+# --fake-step-ms 8.3 at 256 streams: steps of 14.6-16.0 ms; with 0.5 ms, 11.0-11.5 ms).
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 class Phase(enum.Enum):
@@ -83,7 +89,7 @@ class Runtime:
                           num_slots=s.max_active, rank_timeout_s=s.rank_timeout,
                           rank_join_timeout_s=s.rank_join_timeout, ep_master_addr=s.ep_master_addr,
                           ep_master_port=s.ep_master_port if s.ep_master_addr else None,
-                          ep_chunk_bytes=s.ep_chunk_bytes)
+                          ep_chunk_bytes=s.ep_chunk_bytes, max_prefill_tokens=s.max_prefill_tokens)
 
     def _build(self) -> tuple[Engine, Tokenizer]:
         """Runs in a worker thread: load weights, start ranks, one warm-up step."""
@@ -123,6 +129,7 @@ class Runtime:
         gc.collect()
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         self.gpu.start()
         self.telemetry.set_engine(engine.backend_name, engine.maturity, self.model_name)
         self.scheduler.set_ready(True)

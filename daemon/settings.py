@@ -36,7 +36,7 @@ class Settings:
     max_active: int | None = _f(None, "requests decoding at once (KV slots); default: as many as fit in free GPU "
                                       "memory (at most 256) on CUDA, 8 on CPU")
     max_pending: int = _f(64, "requests waiting for a slot before 429")
-    max_prefill_tokens: int = _f(4096, "prompt tokens per engine step; longer prompts are prefilled in chunks "
+    max_prefill_tokens: int = _f(8192, "prompt tokens per engine step; longer prompts are prefilled in chunks "
                                        "while running requests keep decoding")
     max_model_len: int | None = _f(None, "context limit in tokens (default: min(model limit, 4096))")
     max_tokens_default: int = _f(16, "max_tokens when a request gives none")

@@ -83,14 +83,15 @@ class MLAttention:
                                         mask=_causal_mask(n, ctx, x.device))[0]
         return self._out(out)
 
-    def prefill_packed(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
+    def prefill_packed(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | None,
                        cache: MLACache) -> torch.Tensor:
         """Fresh prompts packed into one sequence (no earlier cache): keys and values come from the
-        new tokens themselves; `mask` [1, 1, T, T] keeps each token to its own prompt, causally.
+        new tokens themselves; `mask` [1, 1, T, T] keeps each token to its own prompt, causally
+        (None: one prompt from index 0, plain causal attention).
         x: [T, H]; positions, slots: [T]. Graph-safe (no host synchronisation)."""
         q_nope, q_pe, kv = self._project(x, positions, slots, cache)
         q = torch.cat([q_nope, q_pe], dim=-1).unsqueeze(0)  # [1, T, nh, 192]
-        return self._out(self._attend(q, kv.unsqueeze(0), mask=mask)[0])
+        return self._out(self._attend(q, kv.unsqueeze(0), mask=mask, causal=mask is None)[0])
 
     def decode_absorbed(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, ctx_lens: torch.Tensor,
                         length: int, cache: MLACache) -> torch.Tensor:
@@ -138,7 +139,7 @@ class MLAttention:
         mask = (torch.arange(longest, device=q.device)[None, :] < ctx[:, None])[:, None, None, :]  # [B, 1, 1, L]
         out[idx] = self._attend(q[idx].unsqueeze(1), kv, mask=mask)[:, 0]
 
-    def _attend(self, q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor | None, causal: bool = False) -> torch.Tensor:
         """q: [B, S, nh, 192]; kv: cached [B, L, 576]; mask: bool, broadcastable to [B, nh, S, L].
         Expands keys and values from the latent (the reference's computation) -> [B, S, nh, 128]."""
         b, length = kv.shape[0], kv.shape[1]
@@ -147,7 +148,7 @@ class MLAttention:
         k_nope, v = kvb.split([self.nope, self.v_dim], dim=-1)
         k = torch.cat([k_nope, k_pe[:, :, None, :].expand(b, length, self.nh, self.rope_dim)], dim=-1)  # [B, L, nh, 192]
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                           attn_mask=mask, scale=self.scale)  # [B, nh, S, 128]
+                                           attn_mask=mask, is_causal=causal, scale=self.scale)  # [B, nh, S, 128]
         return o.transpose(1, 2)
 
 

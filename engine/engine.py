@@ -47,6 +47,7 @@ class EngineSpec:
     ep_chunk_bytes: int | None = None  # nccl backend: largest single collective (default 64 MiB)
     cuda_graphs: bool = True  # capture the decode step on CUDA when the EP backend is graph-safe
     triton_kernels: bool = True  # fused RMSNorm and MLA decode attention on CUDA (bf16)
+    max_prefill_tokens: int = 8192  # the largest prefill step (the GPU thread's per-step prompt budget)
 
     def torch_dtype(self) -> torch.dtype:
         name = self.dtype or ("bfloat16" if self.device.startswith("cuda") else "float32")
@@ -132,7 +133,7 @@ def build_engine(spec: EngineSpec) -> Engine:
     graphs = prefill_graphs = None
     if device.type == "cuda" and spec.cuda_graphs and getattr(backend, "graph_safe", False):
         graphs = DecodeGraphs(model, cache, slots, cache.scratch_slot)
-        prefill_graphs = PrefillGraphs(model, cache, graphs.pool, max_tokens=4096)
+        prefill_graphs = PrefillGraphs(model, cache, graphs.pool, max_tokens=spec.max_prefill_tokens)
     log_event("decode_path", cuda_graphs=graphs is not None, triton_kernels=kernels,
               attention=("mla_absorbed_triton" if kernels else "mla_absorbed") if graphs else "mla_expand",
               experts="grouped_mm" if getattr(backend, "fused", False) else "per_expert")

@@ -48,7 +48,7 @@ IDLE_WAKE_S = 0.5  # an idle thread still refreshes its heartbeat this often
 
 
 class GpuThread:
-    def __init__(self, engine: Engine, emit: Callable[[Event], None], *, max_prefill_tokens: int = 4096):
+    def __init__(self, engine: Engine, emit: Callable[[Event], None], *, max_prefill_tokens: int = 8192):
         self.engine = engine
         self._emit = emit
         self.max_prefill_tokens = max_prefill_tokens

@@ -24,19 +24,22 @@ class PrefillInputs:
 
 
 @torch.inference_mode()
-def prefill_step(model: DeepseekV2, inp: PrefillInputs, cache: MLACache) -> torch.Tensor:
+def prefill_step(model: DeepseekV2, inp: PrefillInputs, cache: MLACache, one_prompt: bool = False) -> torch.Tensor:
     """Returns the greedy next token of every prompt, [R] int64, on the device."""
-    logits = prefill_logits(model, inp, cache)
+    logits = prefill_logits(model, inp, cache, one_prompt)
     with phase("sampling"):
         return torch.argmax(logits, dim=-1)
 
 
 @torch.inference_mode()
-def prefill_logits(model: DeepseekV2, inp: PrefillInputs, cache: MLACache) -> torch.Tensor:
-    """[R, V] logits of every prompt's last token."""
-    same_row = inp.row_ids[:, None] == inp.row_ids[None, :]  # [T, T]
-    causal = inp.positions[None, :] <= inp.positions[:, None]  # [T, T] key position <= query position
-    mask = (same_row & causal)[None, None]  # [1, 1, T, T]
+def prefill_logits(model: DeepseekV2, inp: PrefillInputs, cache: MLACache, one_prompt: bool = False) -> torch.Tensor:
+    """[R, V] logits of every prompt's last token. one_prompt: the pack holds one prompt (from index
+    0, padding after it), so plain causal attention is exact and no T x T mask is built."""
+    mask = None
+    if not one_prompt:
+        same_row = inp.row_ids[:, None] == inp.row_ids[None, :]  # [T, T]
+        causal = inp.positions[None, :] <= inp.positions[:, None]  # [T, T] key position <= query position
+        mask = (same_row & causal)[None, None]  # [1, 1, T, T]
     x = F.embedding(inp.token_ids, model.embed)  # [T, H]
     for layer in model.layers:
         x = layer.run(x, lambda h, a=layer.attn: a.prefill_packed(h, inp.positions, inp.slots, mask, cache))

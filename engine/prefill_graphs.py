@@ -15,7 +15,7 @@ from engine.model import DeepseekV2
 from engine.prefill import PrefillInputs, prefill_logits, prefill_step
 from engine.startup_log import log_event
 
-TOKEN_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096)
+TOKEN_BUCKETS = (64, 128, 256, 512, 1024, 2048, 3072, 4096, 5120, 6144, 8192)
 MAX_ROWS = 64  # prompts per graphed prefill step; larger steps run eagerly
 
 
@@ -35,7 +35,7 @@ class PrefillGraphs:
         self.host_out = torch.zeros(self.max_rows, dtype=torch.int64).pin_memory()
         self.static = torch.zeros(4, n, dtype=torch.int64, device=dev)
         self.static_last = torch.zeros(self.max_rows, dtype=torch.int64, device=dev)
-        self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, bool, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # (tokens, logits, one prompt)
         self.logits_out: torch.Tensor | None = None  # [max_rows, V], allocated with the first logits graph
 
     def fits(self, rows: list[RowInput]) -> bool:
@@ -61,7 +61,8 @@ class PrefillGraphs:
         self.host_last_np[len(rows):] = 0
         self.static[:, :t].copy_(self.host[:, :t], non_blocking=True)
         self.static_last.copy_(self.host_last, non_blocking=True)
-        graph, out = self.graphs.get((t, logits)) or self._capture(t, logits)
+        one = len(rows) == 1  # one prompt: causal attention without the T x T mask
+        graph, out = self.graphs.get((t, logits, one)) or self._capture(t, logits, one)
         graph.replay()
         return out[: len(rows)] if logits else wait_and_read(out[: len(rows)], self.host_out)
 
@@ -72,7 +73,7 @@ class PrefillGraphs:
         h[2, start:end] = self.cache.scratch_slot
         h[3, start:end] = np.arange(self.max_rows, self.max_rows + end - start)
 
-    def _capture(self, t: int, logits: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(self, t: int, logits: bool, one: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         torch.cuda.current_stream().synchronize()  # the step's host->device copies must land first
         saved, saved_last = self.static[:, :t].clone(), self.static_last.clone()
         self._pad(0, t)  # warm up on the scratch slot only
@@ -81,11 +82,12 @@ class PrefillGraphs:
         s = self.static
         inp = PrefillInputs(s[0, :t], s[1, :t], s[2, :t], s[3, :t], self.static_last)
         fn = self._logits_fn() if logits else prefill_step
-        graph, out = capture(lambda: fn(self.model, inp, self.cache), self.pool)
+        graph, out = capture(lambda: fn(self.model, inp, self.cache, one), self.pool)
         self.static[:, :t].copy_(saved)
         self.static_last.copy_(saved_last)
-        self.graphs[(t, logits)] = (graph, out)
-        log_event("cuda_graph_captured", kind="prefill", tokens=t, logits=logits, graphs=len(self.graphs))
+        self.graphs[(t, logits, one)] = (graph, out)
+        log_event("cuda_graph_captured", kind="prefill", tokens=t, logits=logits, one_prompt=one,
+                  graphs=len(self.graphs))
         return graph, out
 
     def _logits_fn(self):
@@ -94,4 +96,4 @@ class PrefillGraphs:
             head = self.model.lm_head  # [V, H]
             self.logits_out = torch.empty(self.max_rows, head.shape[0], dtype=head.dtype, device=head.device)
         buf = self.logits_out
-        return lambda model, inp, cache: write_into(buf, prefill_logits(model, inp, cache))
+        return lambda model, inp, cache, one: write_into(buf, prefill_logits(model, inp, cache, one))

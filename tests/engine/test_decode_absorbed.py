@@ -61,3 +61,23 @@ def test_packed_prefill_matches_row_by_row_prefill(tiny_model_dir):
     real = engine.cache.data[:, : engine.cache.num_slots]
     assert torch.allclose(real, ref_cache[:, : engine.cache.num_slots], atol=1e-5)
     engine.close()
+
+
+def test_one_prompt_pack_uses_plain_causal_attention(tiny_model_dir):
+    """A pack of one prompt (padding after it) skips the T x T mask: same first token, same cache."""
+    from engine.prefill import PrefillInputs, prefill_logits
+    engine = build_engine(EngineSpec(model_dir=str(tiny_model_dir), num_slots=2))
+    prompt = list(range(40, 77))
+    slot = engine.cache.allocate()
+    n, pad = len(prompt), 11
+    t = torch.tensor
+    inp = PrefillInputs(t(prompt + [0] * pad), t(list(range(n)) + list(range(pad))),
+                        t([slot] * n + [engine.cache.scratch_slot] * pad), t([0] * n + list(range(100, 100 + pad))),
+                        t([n - 1]))
+    masked = prefill_logits(engine.model, inp, engine.cache)
+    cache_masked = engine.cache.data[:, slot].clone()
+    engine.cache.data.zero_()
+    causal = prefill_logits(engine.model, inp, engine.cache, one_prompt=True)
+    assert torch.allclose(causal, masked, atol=1e-5)
+    assert torch.allclose(engine.cache.data[:, slot], cache_masked, atol=1e-6)
+    engine.close()
