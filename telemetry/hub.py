@@ -37,7 +37,7 @@ class Telemetry:
         self.clock = clock if clock is not None else EpochClock()
         self.metrics = Metrics()
         self.requests = RequestSpans(self.tracing.tracer, self.clock, self.engine)
-        self.steps = StepSpans(self.tracing.tracer, self.engine, step_trace_every)
+        self.steps = StepSpans(self.tracing, self.engine, step_trace_every)
         self.errors = 0
 
     @contextlib.contextmanager
@@ -65,7 +65,7 @@ class Telemetry:
     def on_step(self, record: StepRecord) -> None:
         with self._guard("on_step"):
             if self.steps.wanted(record):
-                self.steps.record(record, self.requests.contexts(record.request_ids))
+                self.steps.record(record, self.requests.links(record.request_ids))
         with self._guard("on_step metrics"):
             self.metrics.on_step(record)
         self.requests.step_done()

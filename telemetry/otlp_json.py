@@ -9,6 +9,7 @@ the GIL that the GPU thread needs too."""
 from __future__ import annotations
 
 import base64
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -101,7 +102,19 @@ def _event(e) -> dict:
     return out
 
 
+# Link -> its encoding. A request's link object is shared by every engine-step span of its batch
+# (telemetry.request_spans), so most links are encoded once instead of once per step.
+_LINKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _link(link) -> dict:
+    out = _LINKS.get(link)
+    if out is None:
+        out = _LINKS[link] = _encode_link(link)
+    return out
+
+
+def _encode_link(link) -> dict:
     ctx = link.context
     out: dict[str, Any] = {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"}
     if ctx.trace_state:

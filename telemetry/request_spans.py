@@ -12,13 +12,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+from types import MappingProxyType
 from typing import Any
 
 import orjson
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Span
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode, Tracer
 
 from lifecycle.rejection import Draining, NotReady, QueueFull
 from lifecycle.request import Request
@@ -54,7 +55,10 @@ class RequestSpans:
         self._engine = engine
         self._announced: collections.OrderedDict[str, _Announced] = collections.OrderedDict()
         self._live: dict[str, Span] = {}
-        self._ended: dict[str, SpanContext] = {}  # ended since the last engine step (its links)
+        # every engine step links the requests it ran: one Link per request, made once, for the live
+        # ones and for those ended since the last step
+        self._links: dict[str, Link] = {}
+        self._ended: dict[str, Link] = {}
 
     # ---- what the hub calls ----------------------------------------------------------------------
     def announce(self, request_id: str, parsed: Any, parent: Context | None) -> None:
@@ -82,14 +86,15 @@ class RequestSpans:
         span.set_status(Status(StatusCode.ERROR, message))
         span.end(end_time=now)
 
-    def contexts(self, request_ids: list[str]) -> list[tuple[str, SpanContext]]:
-        """The span contexts of these requests, live or ended since the last engine step."""
+    def links(self, request_ids: list[str]) -> list[Link]:
+        """Links to the spans of these requests (live, or ended since the last engine step), each
+        carrying its request id."""
+        live, ended = self._links, self._ended
         out = []
         for rid in request_ids:
-            span = self._live.get(rid)
-            ctx = span.get_span_context() if span is not None else self._ended.get(rid)
-            if ctx is not None:
-                out.append((rid, ctx))
+            link = live.get(rid) or ended.get(rid)
+            if link is not None:
+                out.append(link)
         return out
 
     def step_done(self) -> None:
@@ -120,10 +125,12 @@ class RequestSpans:
         span = self._tracer.start_span(f"{OPERATION} {request.model}", context=parent, kind=SpanKind.SERVER,
                                        start_time=self._clock.ns(received), attributes=attributes)
         self._live[rid] = span
+        self._links[rid] = Link(span.get_span_context(), MappingProxyType({"pegainfer.request_id": rid}))
 
     def _finish(self, request: Request, linkable: bool) -> None:
         rid = request.request_id
         span = self._live.pop(rid, None)
+        link = self._links.pop(rid, None)
         if span is None:
             return
         ns = self._clock.ns
@@ -158,8 +165,8 @@ class RequestSpans:
         if reason in (TerminalReason.FAILED, TerminalReason.REJECTED):
             span.set_status(Status(StatusCode.ERROR, request.error or reason.value))
         span.end(end_time=max(end, span.start_time))
-        if linkable:  # the engine held it: its last step's record is still to come
-            self._ended[rid] = span.get_span_context()
+        if linkable and link is not None:  # the engine held it: its last step's record is still to come
+            self._ended[rid] = link
 
     def _children(self, root: Span, request: Request) -> None:
         """queue: PENDING -> ADMITTED; prefill: PREFILL -> first token; decode: first token -> end.

@@ -5,25 +5,27 @@ viewer can show which requests shared a decode step). Each step is a root span o
 it belongs to many requests, not to one."""
 from __future__ import annotations
 
-from opentelemetry.context import Context
-from opentelemetry.trace import Link, SpanContext, SpanKind, Tracer
+from opentelemetry.trace import Link
 
 from engine.messages import StepRecord
 from telemetry.engine_info import EngineInfo
+from telemetry.tracing import Tracing
 
 
 class StepSpans:
-    def __init__(self, tracer: Tracer, engine: EngineInfo, every: int = 1) -> None:
+    def __init__(self, tracing: Tracing, engine: EngineInfo, every: int = 1) -> None:
         if every < 0:
             raise ValueError(f"step_trace_every must be >= 0, got {every}")
-        self._tracer = tracer
+        self._tracing = tracing
         self._engine = engine
         self.every = every
 
     def wanted(self, record: StepRecord) -> bool:
         return self.every > 0 and record.step % self.every == 0
 
-    def record(self, record: StepRecord, links: list[tuple[str, SpanContext]]) -> None:
+    def record(self, record: StepRecord, links: list[Link]) -> None:
+        """links: to the request spans of the batch (RequestSpans.links). The attribute values are
+        built as the tracer would store them (sequences as tuples): the span skips its checks."""
         r = record
         start = r.started_ns
         end = start + max(0, round(r.cpu_s * 1e9))
@@ -34,9 +36,9 @@ class StepSpans:
             "pegainfer.step.decode_rows": r.decode_rows,
             "pegainfer.step.prefill_tokens": r.prefill_tokens,
             "pegainfer.step.positions_max": r.positions_max,
-            "pegainfer.step.request_ids": list(r.request_ids),
-            "pegainfer.step.routes_per_rank": list(r.routes_per_rank),
-            "pegainfer.step.routes_per_expert": list(r.routes_per_expert),
+            "pegainfer.step.request_ids": tuple(r.request_ids),
+            "pegainfer.step.routes_per_rank": tuple(r.routes_per_rank),
+            "pegainfer.step.routes_per_expert": tuple(r.routes_per_expert),
             "pegainfer.step.collective_calls": r.collective_calls,
             "pegainfer.step.collective_bytes": r.collective_bytes,
             "pegainfer.step.exchange_s": r.exchange_s,
@@ -46,7 +48,4 @@ class StepSpans:
         }
         if r.gpu_s is not None:
             attributes["pegainfer.step.gpu_s"] = r.gpu_s
-        span = self._tracer.start_span(
-            f"engine_step {r.phase}", context=Context(), kind=SpanKind.INTERNAL, start_time=start,
-            attributes=attributes, links=[Link(ctx, {"pegainfer.request_id": rid}) for rid, ctx in links])
-        span.end(end_time=end)
+        self._tracing.end_root_span(f"engine_step {r.phase}", start, end, attributes, links)

@@ -62,8 +62,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--step-trace-every", type=int, default=1)
     p.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads (CPU forward)")
     p.add_argument("--switch-interval", type=float,
-                   help="sys.setswitchinterval for the daemon process, in seconds (Python's default: 0.005): how "
-                        "long a thread that wants the GIL waits before the holder is asked to let go")
+                   help="the daemon's GIL switch interval in seconds (daemon.runtime.GIL_SWITCH_INTERVAL_S; "
+                        "Python's default is 0.005): how long a thread that wants the GIL waits before the holder "
+                        "is asked to let go")
     p.add_argument("--fake-step-ms", type=float,
                    help="replace the model forward by a sleep of this long (the GIL released, as in a device "
                         "wait) and a made-up token per row: the host path at a GPU's step rate")
@@ -326,7 +327,8 @@ async def _serve(a: argparse.Namespace, port: int) -> Bench:
 
     torch.set_num_threads(a.torch_threads)
     if a.switch_interval is not None:
-        sys.setswitchinterval(a.switch_interval)
+        import daemon.runtime
+        daemon.runtime.GIL_SWITCH_INTERVAL_S = a.switch_interval
     trace_file = a.trace_file
     if trace_file is None:
         trace_file = os.path.join(tempfile.mkdtemp(prefix="pegainfer-host-path-"), "trace.jsonl")

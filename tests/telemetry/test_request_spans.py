@@ -198,8 +198,8 @@ def test_steps_link_their_requests_including_one_that_ended_in_that_step():
     rig.step(1, ["a", "b"], "prefill")
     (step,) = [s for s in rig.spans() if s.name == "engine_step prefill"]
     roots = rig.roots()
-    (_, b_context), = rig.telemetry.requests.contexts(["b"])  # b is still running: its span is open
-    assert [link.context.span_id for link in step.links] == [roots["a"].context.span_id, b_context.span_id]
+    (b_link,) = rig.telemetry.requests.links(["b"])  # b is still running: its span is open
+    assert [link.context.span_id for link in step.links] == [roots["a"].context.span_id, b_link.context.span_id]
     assert [link.attributes["pegainfer.request_id"] for link in step.links] == ["a", "b"]
     assert step.parent is None and step.kind is SpanKind.INTERNAL
     assert step.attributes["pegainfer.step.request_ids"] == ("a", "b") and "pegainfer.step.gpu_s" not in step.attributes
