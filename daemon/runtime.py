@@ -38,6 +38,17 @@ GC_THRESHOLDS = (2000, 10, 100)
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
+def tune_for_serving() -> None:
+    """The interpreter settings for serving, once the engine is loaded. What exists by then (modules,
+    the model's Python objects, the tokenizer) lives as long as the process: it is moved out of the
+    cyclic collector's sight, or every full collection would walk all of it while holding the GIL
+    that both the loop and the GPU thread need."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+
+
 class Phase(enum.Enum):
     LOADING = "loading"
     READY = "ready"
@@ -123,13 +134,7 @@ class Runtime:
         self.scheduler = Scheduler(self.bridge, max_active=engine.cache.num_slots, max_pending=s.max_pending,
                                    observer=self.telemetry)
         self.bridge.connect(self.gpu, self.scheduler)
-        # What exists now (modules, the model's Python objects, the tokenizer) lives as long as the
-        # process: move it out of the cyclic collector's sight, or every full collection walks all of it
-        # while holding the GIL that both the loop and the GPU thread need.
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(*GC_THRESHOLDS)
-        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+        tune_for_serving()
         self.gpu.start()
         self.telemetry.set_engine(engine.backend_name, engine.maturity, self.model_name)
         self.scheduler.set_ready(True)

@@ -6,6 +6,8 @@ contention), for comparing two versions of the code:
   send, fed T synthetic steps through EngineBridge.dispatch (scheduler, token details, choices,
   detokeniser, SSE encoding, request and step spans, metrics); prints loop-thread CPU µs per token.
   uvicorn/h11, the socket writes and the GPU thread are not in it.
+Both apply the daemon's serving-time collector and GIL settings (daemon.runtime.tune_for_serving)
+where the code under test has them.
 - gpu: GpuThread._step over N running sequences with the forward replaced by a made-up token per row;
   prints the thread's host µs per step and per row.
 
@@ -27,6 +29,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+def tune_like_the_daemon() -> None:
+    """The daemon's serving-time interpreter settings (collector, GIL switch interval), where this
+    version of the daemon has them, so that both paths run as they would in it."""
+    import daemon.runtime
+    tune = getattr(daemon.runtime, "tune_for_serving", None)
+    if tune is not None:
+        tune()
 
 
 def fake_tokens(rows) -> list[int]:
@@ -57,6 +68,7 @@ async def loop_path(streams: int, tokens: int, rounds: int) -> list[float]:
     rt.scheduler = Scheduler(rt.bridge, max_active=streams, max_pending=streams, observer=tel)
     rt.scheduler.set_ready(True)
     rt.bridge.connect(gpu, rt.scheduler)
+    tune_like_the_daemon()
 
     async def send(message: dict) -> None:
         pass
@@ -115,6 +127,7 @@ def gpu_path(rows: int, steps: int, rounds: int) -> list[float]:
     for i in range(rows):
         gpu.submit(Admit(f"cmpl-{i:024x}", list(range(5, 105)), steps * (rounds + 1) + 20, True))
     gpu._apply(gpu._drain(False))
+    tune_like_the_daemon()
     for _ in range(10):
         gpu._step()
     per_step = []

@@ -299,7 +299,7 @@ def report_lines(r: dict) -> list[str]:
     g = r["gpu"]
     spread = [run["loop"]["cpu_us_per_token"] for run in r.get("runs", [r])]
     return [
-        f"concurrency {r['concurrency']}: median of {len(spread)} runs of {r['requests']:.0f} requests "
+        f"concurrency {r['concurrency']:.0f}: median of {len(spread)} runs of {r['requests']:.0f} requests "
         f"({r['failed']:.0f} failed), {r['tokens']:.0f} tokens in {r['wall_s']:.2f} s = {r['tok_per_s']:.0f} tok/s "
         f"streamed, {r['content_chunks']:.0f} content chunks",
         f"  loop thread : {r['loop']['cpu_us_per_token']:.1f} µs CPU per streamed token (runs "
