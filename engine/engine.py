@@ -136,7 +136,7 @@ def build_engine(spec: EngineSpec) -> Engine:
         prefill_graphs = PrefillGraphs(model, cache, graphs.pool, max_tokens=spec.max_prefill_tokens)
     log_event("decode_path", cuda_graphs=graphs is not None, triton_kernels=kernels,
               attention=("mla_absorbed_triton" if kernels else "mla_absorbed") if graphs else "mla_expand",
-              experts="grouped_mm" if getattr(backend, "fused", False) else "per_expert")
+              experts=getattr(backend, "kernel", "per_rank"), shared_experts_stream=model.side_stream is not None)
     log_event("engine_ready", backend=entry.name, maturity=entry.maturity, ep_size=spec.ep_size,
               max_model_len=max_len, kv_slots=slots, kv_bytes=cache.data.numel() * cache.data.element_size(),
               startup_s=round(time.perf_counter() - t0, 4))

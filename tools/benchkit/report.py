@@ -98,7 +98,8 @@ def direct_markdown(r: dict) -> str:
         f"- Backend: `{e['backend']}` (maturity `{e['maturity']}`), ep_size {e['ep_size']}",
         f"- Hardware: GPU {st.get('gpu') or 'none'}; host {r['host']['cpu']} ({r['host']['cpu_count']} CPUs)",
         f"- Versions: torch {st['torch']} (CUDA {st.get('cuda') or '-'}), transformers {st.get('transformers') or '-'}",
-        f"- Workload: prompt {r['workload']['prompt_len']} tokens (same ids in every row), "
+        f"- Workload: prompt {r['workload']['prompt_len']} tokens "
+        f"({r['workload'].get('prompts', 'the same in every row')}), "
         f"{r['workload']['new_tokens']} new tokens, greedy; warmup {r['workload']['warmup']}, "
         f"iters {r['workload']['iters']}",
         "- In-process, no HTTP: one prefill step with every row's prompt, then one step per decode token, "
