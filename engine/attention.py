@@ -18,6 +18,11 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tens
     return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
 
 
+# The Triton decode kernels hold every head of a row in one program: up to 64 heads fit the H200's
+# shared memory (Lite has 16); DeepSeek-V2's 128 heads keep the torch absorbed path.
+FUSED_MAX_HEADS = 64
+
+
 class MLAttention:
     def __init__(self, cfg: ModelConfig, layer: int, w: dict[str, torch.Tensor], rope: Rope):
         a = f"model.layers.{layer}.self_attn"

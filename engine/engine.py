@@ -10,6 +10,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.cuda_graphs import DecodeGraphs
+from engine.kernels import triton_available
 from engine.prefill_graphs import PrefillGraphs
 from engine.kv_cache import MLACache
 from engine.kv_capacity import kv_slots
@@ -128,27 +129,20 @@ def build_engine(spec: EngineSpec) -> Engine:
                            spec.num_slots)
     log_event("kv_capacity", slots=slots, max_model_len=max_len, free_bytes=free, cap=spec.num_slots)
     cache = MLACache(cfg.num_hidden_layers, slots, max_len, cfg.cache_width, device, dtype)
-    kernels = device.type == "cuda" and spec.triton_kernels and dtype == torch.bfloat16 and _triton_available()
+    kernels = device.type == "cuda" and spec.triton_kernels and dtype == torch.bfloat16 and triton_available()
     model.use_kernels(kernels)
     graphs = prefill_graphs = None
     if device.type == "cuda" and spec.cuda_graphs and getattr(backend, "graph_safe", False):
         graphs = DecodeGraphs(model, cache, slots, cache.scratch_slot)
         prefill_graphs = PrefillGraphs(model, cache, graphs.pool, max_tokens=spec.max_prefill_tokens)
     log_event("decode_path", cuda_graphs=graphs is not None, triton_kernels=kernels,
-              attention=("mla_absorbed_triton" if kernels else "mla_absorbed") if graphs else "mla_expand",
+              attention=("mla_absorbed_triton" if model.layers[0].attn.fused_decode else "mla_absorbed")
+              if graphs else "mla_expand",
               experts=getattr(backend, "kernel", "per_rank"), shared_experts_stream=model.side_stream is not None)
     log_event("engine_ready", backend=entry.name, maturity=entry.maturity, ep_size=spec.ep_size,
               max_model_len=max_len, kv_slots=slots, kv_bytes=cache.data.numel() * cache.data.element_size(),
               startup_s=round(time.perf_counter() - t0, 4))
     return Engine(spec, cfg, model, cache, backend, graphs, prefill_graphs)
-
-
-def _triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _random_tensors(cfg: ModelConfig, spec: EngineSpec, keep, device, dtype) -> tuple[dict, LoadStats]:

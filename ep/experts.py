@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.kernels import triton_available
 from ep.grouped import grouped_linear, grouped_mm_available
 
-KERNELS = ("triton", "grouped_mm", "loop")
 
 
 class ExpertShard:
@@ -46,15 +46,19 @@ class ExpertShard:
         return "grouped_mm" if grouped_mm_available(device) else "loop"
 
     def run_routes(self, layer: int, hidden: torch.Tensor, token_index: torch.Tensor, weight: torch.Tensor,
-                   counts: list[int] | torch.Tensor, kernel: str) -> torch.Tensor:
+                   counts: list[int] | torch.Tensor, kernel: str, total_routes: int | None = None) -> torch.Tensor:
         """The weighted expert outputs of this shard's routes with the chosen kernel; counts: routes
-        per owned expert, a device tensor (no host sync on the triton and grouped paths) or host ints."""
+        per owned expert, a device tensor (no host sync on the triton and grouped paths) or host ints.
+        total_routes: the step's routes on all ranks (default: these); the triton kernel hands steps
+        above its MAX_ROUTES to grouped GEMMs by this number, which every rank shares, so a route's
+        bits do not depend on how the step was split between ranks."""
         if kernel in ("triton", "grouped_mm"):
             if not isinstance(counts, torch.Tensor):
                 counts = torch.tensor(counts, dtype=torch.int64, device=hidden.device)
             if kernel == "triton":
                 from engine.kernels.moe_experts import MAX_ROUTES, fused_experts
-                if token_index.shape[0] <= MAX_ROUTES or not grouped_mm_available(hidden.device):
+                total = token_index.shape[0] if total_routes is None else total_routes
+                if total <= MAX_ROUTES or not grouped_mm_available(hidden.device):
                     return fused_experts(hidden, self.w13[layer], self.w2[layer], token_index, weight, counts)
             return self._run_grouped(layer, hidden, token_index, weight, counts)
         return self.run(layer, hidden, token_index, weight,
@@ -95,11 +99,3 @@ class ExpertShard:
             out[sl] = y * weight[sl, None]
             start += n
         return out
-
-
-def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True

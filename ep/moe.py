@@ -2,7 +2,7 @@
 fixed-order combine, plus the shared experts."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,10 +12,13 @@ from ep.backend import ExpertBackend
 from ep.plan import RoutePlan
 from ep.router import route
 
+if TYPE_CHECKING:
+    from engine.model import MLP
+
 
 class MoE:
     def __init__(self, layer: int, cfg: ModelConfig, gate_weight: torch.Tensor,
-                 shared: Callable[[torch.Tensor], torch.Tensor], backend: ExpertBackend):
+                 shared: MLP, backend: ExpertBackend):
         self.layer = layer
         self.cfg = cfg
         self.gate_weight = gate_weight.float()  # [E, H]; the gate runs in float32 whatever the model dtype
@@ -38,8 +41,7 @@ class MoE:
             shared = self.shared.fused(x)
         routed = self._routed(x)
         main.wait_stream(side)
-        x.record_stream(side)  # x was made on the main stream and is read on the side one
-        shared.record_stream(main)
+        shared.record_stream(main)  # made on the side stream, read on the main one
         return routed, shared
 
     def _routed(self, x: torch.Tensor) -> torch.Tensor:

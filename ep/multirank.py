@@ -102,7 +102,7 @@ class MultiRankBackend(ExpertBackend):
         if e0 > s0:
             mine_counts = plan.expert_counts[mine.start:mine.stop] if self.kernel != "loop" else counts[mine.start:mine.stop]
             out[s0:e0] = self.shard.run_routes(layer, hidden, plan.token_index[s0:e0], plan.weight[s0:e0],
-                                               mine_counts, self.kernel)  # [r0, H]
+                                               mine_counts, self.kernel, plan.token_index.shape[0])  # [r0, H]
         t2 = time.perf_counter()
         self._combine(exchange, out)
         if layer == self.last_moe_layer:

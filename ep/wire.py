@@ -22,8 +22,9 @@ class Header:
     rows_per_chunk: int = 0  # dispatch rows per rank per collective (0: not chunked)
     out_rows_per_chunk: int = 0  # combine rows per rank per collective
     counts: tuple[int, ...] = ()
+    total_routes: int = 0  # the step's routes on every rank together: each rank picks its expert kernel from it
 
-    FIXED = 4  # cmd, layer, rows_per_chunk, out_rows_per_chunk
+    FIXED = 5  # cmd, layer, rows_per_chunk, out_rows_per_chunk, total_routes
 
     @classmethod
     def size(cls, n_counts: int) -> int:
@@ -32,13 +33,13 @@ class Header:
     def encode(self, n_counts: int) -> torch.Tensor:
         """[FIXED + n_counts] int64 on the host; STOP pads its counts with zeros."""
         counts = list(self.counts) + [0] * (n_counts - len(self.counts))
-        return torch.tensor([self.cmd, self.layer, self.rows_per_chunk, self.out_rows_per_chunk, *counts],
-                            dtype=torch.int64)
+        return torch.tensor([self.cmd, self.layer, self.rows_per_chunk, self.out_rows_per_chunk, self.total_routes,
+                             *counts], dtype=torch.int64)
 
     @classmethod
     def decode(cls, t: torch.Tensor) -> Header:
         v = t.tolist()  # the one host read an expert rank makes per layer: routing needs the counts
-        return cls(v[0], v[1], v[2], v[3], tuple(v[cls.FIXED:]))
+        return cls(v[0], v[1], v[2], v[3], tuple(v[cls.FIXED:]), v[4])
 
 
 def row_bytes(hidden_size: int, dtype: torch.dtype) -> int:

@@ -161,8 +161,8 @@ def mla_decode(q: torch.Tensor, cache_layer: torch.Tensor, slots: torch.Tensor, 
     b, h, width = q.shape
     split_len = split_len or auto_split(b, length)
     n_splits = triton.cdiv(length, split_len)
-    part_o = torch.empty(b, n_splits, h, rank, dtype=torch.float32, device=q.device)
-    part_ml = torch.empty(b, n_splits, h, 2, dtype=torch.float32, device=q.device)
+    part_o = torch.empty(b, n_splits, h, rank, dtype=torch.float32, device=q.device)  # [B, S, H, rank] per split
+    part_ml = torch.empty(b, n_splits, h, 2, dtype=torch.float32, device=q.device)  # [B, S, H, (max, sum)]
     _split_kernel[(b, n_splits)](q.contiguous(), cache_layer, slots, lens, part_o, part_ml, scale,
                                  cache_layer.stride(0), cache_layer.stride(1),
                                  H=h, RANK=rank, ROPE=width - rank, BLOCK_N=32, SPLIT=split_len,

@@ -78,8 +78,8 @@ def fused_route(hidden: torch.Tensor, gate_weight: torch.Tensor, *, top_k: int, 
     t, h = hidden.shape
     e = gate_weight.shape[0]
     logits = torch.empty(t, e, dtype=torch.float32, device=hidden.device)  # [T, E]
-    weights = torch.empty(t, top_k, dtype=torch.float32, device=hidden.device)
-    ids = torch.empty(t, top_k, dtype=torch.int32, device=hidden.device)
+    weights = torch.empty(t, top_k, dtype=torch.float32, device=hidden.device)  # [T, k]
+    ids = torch.empty(t, top_k, dtype=torch.int32, device=hidden.device)  # [T, k]
     grouped = method == "group_limited_greedy"
     _logits_kernel[(t, triton.cdiv(e, 2))](hidden.contiguous(), gate_weight.contiguous(), logits, h, e,
                                            BLOCK_E=2, BLOCK_H=512, num_warps=4)

@@ -65,7 +65,8 @@ class HostStagedBackend(MultiRankBackend):
         for r in peers:
             s, e = spans[r][0] - e0, spans[r][1] - e0
             experts = self.ownership.experts_of(r)
-            header = Header(CMD_RUN, layer, counts=tuple(counts[experts.start:experts.stop])).encode(len(experts))
+            header = Header(CMD_RUN, layer, counts=tuple(counts[experts.start:experts.stop]),
+                            total_routes=sum(counts)).encode(len(experts))
             ex.keep.append(header)
             ex.works.append(self.group.send(header, r, TAG_HEADER))
             ex.works.append(self.group.send(staged[s:e], r, TAG_ROWS))
@@ -103,7 +104,8 @@ class HostStagedBackend(MultiRankBackend):
             staged = recv_host.take((n, rb), torch.uint8)
             group.recv(staged, 0, TAG_ROWS).wait()
             rows, weight = unpack_rows(staged.to(device), h, dtype)  # [n, H], [n]
-            y = shard.run_routes(hd.layer, rows, torch.arange(n, device=device), weight, list(hd.counts), kernel)  # [n, H] f32
+            y = shard.run_routes(hd.layer, rows, torch.arange(n, device=device), weight, list(hd.counts), kernel,
+                                 hd.total_routes)  # [n, H] f32
             result = send_host.take((n, h), torch.float32)
             result.copy_(y)
             group.send(result, 0, TAG_OUT).wait()

@@ -105,7 +105,7 @@ class NcclBackend(MultiRankBackend):
         q_in = rows_per_chunk(self.chunk_bytes, rb, world - 1)
         q_out = rows_per_chunk(self.chunk_bytes, h * 4, world - 1)
         header_host = self._header_host.take((Header.size(len(counts)),), torch.int64)
-        header_host.copy_(Header(CMD_RUN, layer, q_in, q_out, tuple(counts)).encode(len(counts)))
+        header_host.copy_(Header(CMD_RUN, layer, q_in, q_out, tuple(counts), sum(counts)).encode(len(counts)))
         self._header.copy_(header_host, non_blocking=True)
         works = [self.group.broadcast(self._header)]
         e0 = spans[0][1]
@@ -184,7 +184,8 @@ class NcclBackend(MultiRankBackend):
                 w.wait()
             rows, weight = unpack_rows(rows_in, h, dtype)  # [n, H], [n]
             counts = list(hd.counts[mine.start:mine.stop])
-            y = shard.run_routes(hd.layer, rows, torch.arange(n, device=device), weight, counts, kernel)  # [n, H] f32
+            y = shard.run_routes(hd.layer, rows, torch.arange(n, device=device), weight, counts, kernel,
+                                 hd.total_routes)  # [n, H] f32
             works, off = [], 0
             for c in range(n_chunks(sizes, hd.out_rows_per_chunk)):
                 k = chunk_sizes(sizes, hd.out_rows_per_chunk, c)[me - 1]

@@ -39,7 +39,7 @@ def test_empty_rows_pack_and_unpack() -> None:
 
 
 def test_header_round_trip() -> None:
-    h = Header(CMD_RUN, 7, 3, 5, (0, 4, 1, 9))
+    h = Header(CMD_RUN, 7, 3, 5, (0, 4, 1, 9), total_routes=40)
     assert Header.decode(h.encode(4)) == h
 
 
@@ -70,3 +70,26 @@ def test_scratch_grows_and_is_reused() -> None:
     assert b.data_ptr() == a.data_ptr() and s.capacity == cap
     s.take((10000,), torch.float32)
     assert s.capacity >= 40000
+
+
+def test_expert_kernel_follows_the_steps_routes_not_the_calls(monkeypatch) -> None:
+    """Above MAX_ROUTES routes in the whole step the triton kernel hands over to grouped GEMMs; a rank
+    that holds only a few of those routes must make the same choice as one rank holding them all."""
+    import pytest
+    import torch
+    pytest.importorskip("triton")
+
+    from engine.kernels import moe_experts
+    from ep import experts as experts_mod
+    from ep.experts import ExpertShard
+    chosen = []
+    monkeypatch.setattr(experts_mod, "grouped_mm_available", lambda device: True)
+    monkeypatch.setattr(moe_experts, "fused_experts", lambda *a: chosen.append("triton"))
+    monkeypatch.setattr(ExpertShard, "_run_grouped", lambda self, *a: chosen.append("grouped_mm"))
+    shard = ExpertShard(range(2), {0: torch.zeros(2, 4, 3)}, {0: torch.zeros(2, 3, 2)})
+    hidden, idx, w = torch.zeros(5, 3), torch.arange(5), torch.ones(5)
+    big = moe_experts.MAX_ROUTES + 1
+    shard.run_routes(0, hidden, idx, w, [2, 3], "triton")  # the step is these 5 routes
+    shard.run_routes(0, hidden, idx, w, [2, 3], "triton", total_routes=big)  # 5 of a larger step's
+    shard.run_routes(0, hidden, idx, w, [2, 3], "triton", total_routes=moe_experts.MAX_ROUTES)
+    assert chosen == ["triton", "grouped_mm", "triton"]
