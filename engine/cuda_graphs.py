@@ -20,17 +20,20 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 MIN_LENGTH_BUCKET = 256
 
 
-def wait_and_read(t: torch.Tensor, pinned: torch.Tensor | None = None) -> list[int]:
-    """Copy t into pinned host memory, wait for the device with the GIL released, then read the
-    host copy. A plain .tolist() blocks inside the device copy while holding the GIL, which would
-    stall the asyncio thread for the whole step. pinned: a reusable pinned buffer of at least
-    t's size and dtype (one is made when absent)."""
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True) if pinned is None else pinned[: t.shape[0]]
-    host.copy_(t, non_blocking=True)
+def wait_and_read(t: torch.Tensor, pinned: torch.Tensor | None = None) -> list:
+    """Wait for the device with the GIL released, then read t. A plain .tolist() blocks inside the
+    device copy while holding the GIL, which would stall the asyncio thread for the whole step.
+    pinned: a reusable pinned host buffer of at least t's size and dtype; t is copied into it
+    before the wait, so the read afterwards is a host read (the graphs' fixed-size outputs use one;
+    without it t is read from the device after the wait)."""
+    src = t
+    if pinned is not None:
+        src = pinned[: t.shape[0]]
+        src.copy_(t, non_blocking=True)
     done = torch.cuda.Event()
     done.record()
     done.synchronize()
-    return host.tolist()
+    return src.tolist()
 
 
 def capture(fn: Callable[[], torch.Tensor], pool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:

@@ -46,22 +46,22 @@ class MoE:
 
     def _routed(self, x: torch.Tensor) -> torch.Tensor:
         from engine.kernels.moe_route import fused_route
-        c = self.cfg
         with phase("routing"):
-            weights, ids = fused_route(x, self.gate_weight, top_k=c.num_experts_per_tok, method=c.topk_method,
-                                       n_group=c.n_group, topk_group=c.topk_group, norm_topk_prob=c.norm_topk_prob,
-                                       scaling=c.routed_scaling_factor)  # [T, k] each
+            weights, ids = self._gate(fused_route, x)  # [T, k] each
         with phase("experts"):
-            return self.backend.expert_slots(self.layer, x, weights, ids, c.n_routed_experts)  # [T, k, H]
+            return self.backend.expert_slots(self.layer, x, weights, ids, self.cfg.n_routed_experts)  # [T, k, H]
+
+    def _gate(self, router, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """router: ep.router.route or its kernel form; the layer's selection settings."""
+        c = self.cfg
+        return router(x, self.gate_weight, top_k=c.num_experts_per_tok, method=c.topk_method, n_group=c.n_group,
+                      topk_group=c.topk_group, norm_topk_prob=c.norm_topk_prob, scaling=c.routed_scaling_factor)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H]."""
-        c = self.cfg
         with phase("routing"):
-            weights, experts = route(x, self.gate_weight, top_k=c.num_experts_per_tok, method=c.topk_method,
-                                     n_group=c.n_group, topk_group=c.topk_group, norm_topk_prob=c.norm_topk_prob,
-                                     scaling=c.routed_scaling_factor)  # [T, k] each
-            plan = RoutePlan.build(weights, experts, c.n_routed_experts)
+            weights, experts = self._gate(route, x)  # [T, k] each
+            plan = RoutePlan.build(weights, experts, self.cfg.n_routed_experts)
         with phase("experts"):
             contributions = self.backend.expert_outputs(self.layer, x, plan)  # [R, H] f32
         with phase("combine"):

@@ -22,6 +22,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from engine.config import ModelConfig  # noqa: E402
+from engine.cuda_graphs import capture  # noqa: E402
 from engine.kernels import moe_experts  # noqa: E402
 from engine.kernels.moe_route import fused_route  # noqa: E402
 from engine.kernels.rmsnorm import moe_rmsnorm, rmsnorm  # noqa: E402
@@ -35,15 +36,7 @@ def graph_time_us(fn, inner: int = 20, reps: int = 10) -> float:
     """Device time of fn, µs per call: fn captured `inner` times into one CUDA graph, replayed
     `reps` times. The repetition inside the graph matters on a slow host: one replay per call would
     time the host's launch, not the kernels."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(inner):
-            fn()
+    g, _ = capture(lambda: [fn() for _ in range(inner)], None)
     g.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
