@@ -103,6 +103,59 @@ def replay_times(graphs, reps: int = 20) -> dict:
             "device_ms": round(start.elapsed_time(end) / reps, 3), "single_ms": round(gap[0].elapsed_time(gap[1]), 3)}
 
 
+def graph_timeline(engine, batch: int, reps: int = 3) -> dict:
+    """Kernel-level timeline of the captured decode graph at `batch` rows (CUPTI records each kernel
+    of a graph replay): the replay's span, the time some kernel runs (the union of their intervals:
+    the shared experts' stream overlaps the main one), the idle remainder between kernels, and the
+    kernels by name with their total time and the idle gap before each. Tells launch gaps from slow
+    kernels."""
+    import os
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+    graph, _ = next(v for k, v in engine.runner.graphs.graphs.items() if k[0] == batch and not k[2])
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            graph.replay()
+            torch.cuda.synchronize()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    prof.export_chrome_trace(path)
+    events = json.loads(Path(path).read_text())["traceEvents"]
+    os.unlink(path)
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    # split into replays: a replay starts where the previous kernel ended more than 50 µs earlier
+    runs, cur, end = [], [], None
+    for k in kernels:
+        if end is not None and k["ts"] - end > 50:
+            runs.append(cur)
+            cur = []
+        cur.append(k)
+        end = max(end or 0, k["ts"] + k["dur"])
+    runs.append(cur)
+    run = runs[-1]
+    span = max(k["ts"] + k["dur"] for k in run) - run[0]["ts"]
+    busy, last = 0.0, run[0]["ts"]
+    by_name: dict[str, dict] = {}
+    for k in run:
+        start, stop = k["ts"], k["ts"] + k["dur"]
+        gap = max(0.0, start - last)
+        busy += max(0.0, stop - max(start, last))
+        last = max(last, stop)
+        name = k["name"][:60]
+        d = by_name.setdefault(name, {"n": 0, "us": 0.0, "gap_before_us": 0.0})
+        d["n"] += 1
+        d["us"] += k["dur"]
+        d["gap_before_us"] += gap
+    top = sorted(by_name.items(), key=lambda kv: -kv[1]["us"])[:24]
+    return {"timeline_batch": batch, "replays_seen": len(runs), "kernels": len(run), "span_us": round(span, 1),
+            "busy_us": round(busy, 1), "idle_us": round(span - busy, 1),
+            "top": [{"name": n, "n": d["n"], "us": round(d["us"], 1), "gap_before_us": round(d["gap_before_us"], 1)}
+                    for n, d in top]}
+
+
 def diagnose(preset: str, prompt_len: int, profile_batch: int = 1) -> None:
     """First decode step of one row, three ways: expand path (eager), absorbed path (eager call),
     captured graph; then a profile of the absorbed decode step by kernel."""
@@ -229,6 +282,7 @@ def main() -> int:
     p.add_argument("--profile-batch", type=int, default=1, help="rows of the profiled decode step (--diag)")
     p.add_argument("--prefill-profile", help="rows x tokens cases of the packed prefill, e.g. 32x86,1x4620")
     p.add_argument("--host-profile", action="store_true", help="cProfile of the host side of decode steps")
+    p.add_argument("--timeline", action="store_true", help="kernel timeline of the decode graph at each batch")
     a = p.parse_args()
     if a.diag:
         for preset in a.diag.split(","):
@@ -254,6 +308,10 @@ def main() -> int:
         for b in batches:  # a first pass captures the graphs; the second is the one reported
             run_batch(engine, b, a.prompt_len, 4)
         rows = [run_batch(engine, b, a.prompt_len, a.new_tokens) for b in batches]
+        if a.timeline:
+            report[f"timeline_{name}"] = [graph_timeline(engine, b) for b in batches]
+            for t in report[f"timeline_{name}"]:
+                print(json.dumps(t), flush=True)
         report[name] = rows
         for r in rows:
             print(json.dumps({k: v for k, v in r.items() if k != "tokens"} | {"variant": name}), flush=True)

@@ -87,10 +87,20 @@ def mla_rows(batches: list[int], length: int = 256, ctx: int = 150) -> list[dict
     return out
 
 
+def sweep_tilings(kind: str) -> list:
+    T = moe_experts.Tiling
+    if kind == "grid":
+        return [T(bm, bk, n, n, 4, st) for bm in (16, 32, 64) for bk in (64, 128) for n in (32, 64) for st in (3, 4)]
+    return [T(16, bk, un, dn, w, st) for bk in (128, 256) for un, dn in ((64, 64), (64, 32), (32, 32), (128, 64))
+            for w in (2, 4) for st in (3, 4)]
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--batches", default="1,8,64,256")
-    p.add_argument("--sweep", action="store_true")
+    p.add_argument("--sweep", nargs="?", const="grid", choices=["grid", "small"],
+                   help="time the expert kernels under several tilings: grid (block m, k, n, stages) or small "
+                        "(the few-rows-per-expert shapes: n per kernel, warps, k up to 256)")
     p.add_argument("--profile", action="store_true", help="per-kernel device times of both paths")
     p.add_argument("--mla", action="store_true", help="only MLA decode attention: split and the merge kernels")
     p.add_argument("--out", type=Path)
@@ -141,16 +151,12 @@ def main() -> int:
         row["weight_floor_us"] = round(floor_us, 1)
         if a.sweep:
             sweep = {}
-            for bm in (16, 32, 64):
-                for bk in (64, 128):
-                    for n in (32, 64):
-                        for stages in (3, 4):
-                            t = moe_experts.Tiling(bm, bk, n, n, 4, stages)
-                            name = f"m{bm}/k{bk}/n{n}/s{stages}"
-                            try:
-                                sweep[name] = round(graph_time_us(lambda: fused_path(t)), 1)
-                            except Exception as err:  # a tiling that does not compile is reported, not fatal
-                                sweep[name] = type(err).__name__
+            for t in sweep_tilings(a.sweep):
+                name = f"m{t.block_m}/k{t.block_k}/n{t.up_n}-{t.down_n}/w{t.num_warps}/s{t.num_stages}"
+                try:
+                    sweep[name] = round(graph_time_us(lambda: fused_path(t)), 1)
+                except Exception as err:  # a tiling that does not compile is reported, not fatal
+                    sweep[name] = type(err).__name__
             row["sweep_us"] = sweep
             row["best"] = min((v, kk) for kk, v in sweep.items() if isinstance(v, float))
         rows.append(row)
