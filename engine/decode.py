@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from engine.kv_cache import MLACache
 from engine.model import DeepseekV2
 from engine.phases import phase
+from engine.sampler import argmax_rows
 from ep.moe import MoE
 
 
@@ -28,7 +29,7 @@ def decode_step(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torch.
     """Returns the greedy next token of every row, [B] int64, on the device."""
     logits = decode_logits(model, inp, cache)
     with phase("sampling"):
-        return torch.argmax(logits, dim=-1)
+        return argmax_rows(logits)
 
 
 @torch.inference_mode()

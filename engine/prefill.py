@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from engine.kv_cache import MLACache
 from engine.model import DeepseekV2
 from engine.phases import phase
+from engine.sampler import argmax_rows
 
 
 @dataclasses.dataclass(slots=True)
@@ -28,7 +29,7 @@ def prefill_step(model: DeepseekV2, inp: PrefillInputs, cache: MLACache, one_pro
     """Returns the greedy next token of every prompt, [R] int64, on the device."""
     logits = prefill_logits(model, inp, cache, one_prompt)
     with phase("sampling"):
-        return torch.argmax(logits, dim=-1)
+        return argmax_rows(logits)
 
 
 @torch.inference_mode()

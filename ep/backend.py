@@ -51,11 +51,18 @@ class ExpertBackend(abc.ABC):
     def expert_outputs(self, layer: int, hidden: torch.Tensor, plan: RoutePlan) -> torch.Tensor:
         """hidden: [T, H] (model dtype); returns [R, H] float32 in the plan's execution order."""
 
+    def alignment(self, routes: int):
+        """Buffers for the router kernel to put a decode step's routes in expert order into
+        (engine.kernels.moe_experts.Alignment), when this backend's expert kernels read them;
+        None otherwise (the default: the route plan does the sorting)."""
+        return None
+
     def expert_slots(self, layer: int, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                     n_experts: int) -> torch.Tensor:
+                     n_experts: int, aligned=None) -> torch.Tensor:
         """The decode step's form: weights, ids [T, k] (each token's routes in ascending expert
         order) -> [T, k, H] float32, route (t, j)'s weighted output at [t, j]. By default through
-        the route plan and expert_outputs; a backend with a fused kernel overrides it."""
+        the route plan and expert_outputs; a backend with a fused kernel overrides it. aligned:
+        what alignment() handed out, filled by the router kernel."""
         plan = RoutePlan.build(weights, ids.long(), n_experts)
         return plan.token_major(self.expert_outputs(layer, hidden, plan))
 

@@ -59,17 +59,19 @@ class ExpertShard:
                 from engine.kernels.moe_experts import MAX_ROUTES, fused_experts
                 total = token_index.shape[0] if total_routes is None else total_routes
                 if total <= MAX_ROUTES or not grouped_mm_available(hidden.device):
-                    return fused_experts(hidden, self.w13[layer], self.w2[layer], token_index, weight, counts)
+                    return fused_experts(hidden, self.w13[layer], self.w2[layer], token_index, weight, counts, total)
             return self._run_grouped(layer, hidden, token_index, weight, counts)
         return self.run(layer, hidden, token_index, weight,
                         counts.tolist() if isinstance(counts, torch.Tensor) else counts)
 
     def run_token_major(self, layer: int, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                        totals: torch.Tensor) -> torch.Tensor:
+                        totals: torch.Tensor, aligned=None) -> torch.Tensor:
         """Every route of every token when this shard owns all experts (the triton kernel only):
-        weights [T, k] float32, ids [T, k] int32 -> [T, k, H] float32; totals [E] += routes per expert."""
+        weights [T, k] float32, ids [T, k] int32 -> [T, k, H] float32; totals [E] += routes per expert.
+        aligned: an engine.kernels.moe_experts.Alignment the router kernel already filled (it has
+        then counted the totals too)."""
         from engine.kernels.moe_experts import fused_experts_token_major
-        return fused_experts_token_major(hidden, self.w13[layer], self.w2[layer], weights, ids, totals)
+        return fused_experts_token_major(hidden, self.w13[layer], self.w2[layer], weights, ids, totals, aligned)
 
     def _run_grouped(self, layer: int, hidden: torch.Tensor, token_index: torch.Tensor, weight: torch.Tensor,
                      counts: torch.Tensor) -> torch.Tensor:

@@ -21,9 +21,9 @@ import triton.language as tl
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Tiling:
-    """Launch shape of the two GEMM kernels. One tiling serves every batch size (it is not chosen
-    per step), so a route's bits never depend on what else is in the batch; block_k fixes the K
-    order of every dot product. tools/kernel_bench.py --sweep times the candidates on the GPU."""
+    """Launch shape of the two GEMM kernels, chosen by the step's total routes (tiling_for), which
+    every EP rank shares, so a route's bits never depend on how the step was split between ranks;
+    block_k fixes the K order of every dot product. tools/kernel_bench.py --sweep times candidates."""
     block_m: int = 32  # rows of one expert per block
     block_k: int = 128
     up_n: int = 64
@@ -32,46 +32,112 @@ class Tiling:
     num_stages: int = 3
 
 
-# Measured on the H200 (tools/kernel_bench.py --sweep, docs/perf-notes.md): of 24 tilings, this one
-# is within 8 % of the best at every batch size of 1, 8, 64 and 256 tokens.
+# Measured on the H200 (tools/kernel_bench.py --sweep grid|small, docs/perf-notes.md): 16-row blocks
+# are 3-6 % faster while experts hold a few rows each (1 to 64 tokens: 46.9 / 163 / 275 µs per MoE
+# layer at 1 / 8 / 64 tokens against 49.8 / 165 / 285 with 32-row blocks) and ~70 % slower at 256
+# tokens (24 rows per expert), where 32-row blocks are within 3 % of the best of 24.
 TILING = Tiling()
+FEW_ROWS_TILING = Tiling(block_m=16)
+FEW_ROWS_MAX_ROUTES = 512  # 8 routes per expert on average
 # Above this many routes on one rank (prompt chunks, not decode steps) each program would loop over
 # many row blocks re-reading its weights; ExpertShard hands such calls to grouped GEMMs instead.
 MAX_ROUTES = 2048
 
 
-@triton.jit
-def _align_kernel(ids_ptr, order_ptr, starts_ptr, counts_ptr, totals_ptr, R, BLOCK: tl.constexpr):
-    """Program e: its routes' positions in expert order (stable), its start and its count."""
-    e = tl.program_id(0)
-    start = tl.zeros([BLOCK], tl.int32)
-    for r0 in range(0, R, BLOCK):
-        rs = r0 + tl.arange(0, BLOCK)
-        ids = tl.load(ids_ptr + rs, mask=rs < R, other=2147483647)
-        start += (ids < e).to(tl.int32)
-    first = tl.sum(start, axis=0)
-    seen = tl.zeros([BLOCK], tl.int32)
-    for r0 in range(0, R, BLOCK):
-        rs = r0 + tl.arange(0, BLOCK)
-        hit = tl.load(ids_ptr + rs, mask=rs < R, other=2147483647) == e
-        before = tl.sum(seen, axis=0)
-        pos = first + before + tl.cumsum(hit.to(tl.int32), axis=0) - 1
-        tl.store(order_ptr + pos, rs, mask=hit)
-        seen += hit.to(tl.int32)
-    count = tl.sum(seen, axis=0)
-    tl.store(starts_ptr + e, first)
-    tl.store(counts_ptr + e, count)
-    tl.store(totals_ptr + e, tl.load(totals_ptr + e) + count)  # one program per expert: no race
+def tiling_for(total_routes: int) -> Tiling:
+    return FEW_ROWS_TILING if total_routes <= FEW_ROWS_MAX_ROUTES else TILING
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Alignment:
+    """The routes in expert order, as the expert kernels read them; filled on the device (by the
+    router kernel in the decode step, or by align()). order: [R] int32, execution position ->
+    route id (token-major, t * k + j), stable within an expert; starts, counts: [E] int32 per
+    expert; active: [E] int32, the experts with routes in ascending order, then -1 (one program
+    slot per active expert, so experts without routes cost no programs); totals: [E] int64, routes
+    per expert accumulated across calls (the backend's counters)."""
+    order: torch.Tensor
+    starts: torch.Tensor
+    counts: torch.Tensor
+    active: torch.Tensor
+    totals: torch.Tensor
+
+    @classmethod
+    def empty(cls, routes: int, totals: torch.Tensor) -> Alignment:
+        n, dev = totals.shape[0], totals.device
+        return cls(torch.empty(routes, dtype=torch.int32, device=dev), torch.empty(n, dtype=torch.int32, device=dev),
+                   torch.empty(n, dtype=torch.int32, device=dev), torch.empty(n, dtype=torch.int32, device=dev), totals)
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, act_ptr, H, I, stride_we, TOPK,
+def align_routes(ids_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, totals_ptr, R, E,
+                 E_PAD: tl.constexpr, R_BLOCK: tl.constexpr, CG: tl.constexpr):
+    """One program: a counting sort of the R routes' experts (ids, token-major) into `order`, stable
+    within an expert, with each expert's start and count, the active-expert list, and totals += counts.
+    CG: read ids through L2 (.cg), for a caller that learned of them through an atomic."""
+    e = tl.arange(0, E_PAD)
+    counts = tl.zeros([E_PAD], tl.int32)
+    for r0 in range(0, R, R_BLOCK):
+        rs = r0 + tl.arange(0, R_BLOCK)
+        if CG:
+            ids = tl.load(ids_ptr + rs, mask=rs < R, other=-1, cache_modifier=".cg")
+        else:
+            ids = tl.load(ids_ptr + rs, mask=rs < R, other=-1)
+        counts += tl.sum((ids[:, None] == e[None, :]).to(tl.int32), axis=0)
+    starts = tl.cumsum(counts, axis=0) - counts  # [E_PAD] exclusive prefix sum
+    seen = tl.zeros([E_PAD], tl.int32)  # routes of each expert placed so far
+    for r0 in range(0, R, R_BLOCK):
+        rs = r0 + tl.arange(0, R_BLOCK)
+        if CG:
+            ids = tl.load(ids_ptr + rs, mask=rs < R, other=-1, cache_modifier=".cg")
+        else:
+            ids = tl.load(ids_ptr + rs, mask=rs < R, other=-1)
+        hit = (ids[:, None] == e[None, :]).to(tl.int32)  # [R_BLOCK, E_PAD] one-hot
+        before = tl.cumsum(hit, axis=0) - hit  # earlier routes of the same expert in this block
+        pos = tl.sum(hit * (starts[None, :] + seen[None, :] + before), axis=1)  # [R_BLOCK]
+        tl.store(order_ptr + pos, rs, mask=rs < R)
+        seen += tl.sum(hit, axis=0)
+    live = e < E
+    tl.store(starts_ptr + e, starts, mask=live)
+    tl.store(counts_ptr + e, counts, mask=live)
+    tl.store(totals_ptr + e, tl.load(totals_ptr + e, mask=live, other=0) + counts, mask=live)
+    has = (counts > 0) & live
+    n_active = tl.sum(has.to(tl.int32), axis=0)
+    slot = tl.where(has, tl.cumsum(has.to(tl.int32), axis=0) - 1,
+                    n_active + tl.cumsum((~has).to(tl.int32), axis=0) - 1)
+    tl.store(active_ptr + slot, tl.where(has, e, -1), mask=live)
+
+
+@triton.jit
+def _align_kernel(ids_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, totals_ptr, R, E,
+                  E_PAD: tl.constexpr, R_BLOCK: tl.constexpr):
+    align_routes(ids_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, totals_ptr, R, E, E_PAD, R_BLOCK, False)
+
+
+def align(ids: torch.Tensor, out: Alignment) -> Alignment:
+    """ids: [T, k] int32 experts of each route -> out, filled (one program)."""
+    n = out.totals.shape[0]
+    _align_kernel[(1,)](ids.reshape(-1), out.order, out.starts, out.counts, out.active, out.totals, ids.numel(), n,
+                        E_PAD=triton.next_power_of_2(n), R_BLOCK=64)
+    return out
+
+
+@triton.jit
+def _slot(active_ptr, counts_ptr, starts_ptr):
+    """Program slot -> (expert, its route count, its start); a slot past the active experts gets a
+    count of 0, so its row loop does not run."""
+    raw = tl.load(active_ptr + tl.program_id(0))
+    e = tl.maximum(raw, 0)
+    count = tl.where(raw >= 0, tl.load(counts_ptr + e), 0)
+    return e, count, tl.load(starts_ptr + e)
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, act_ptr, H, I, stride_we, TOPK,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    e = tl.program_id(0)
+    e, count, start = _slot(active_ptr, counts_ptr, starts_ptr)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < I
-    count = tl.load(counts_ptr + e)
-    start = tl.load(starts_ptr + e)
     w_gate = w_ptr + e.to(tl.int64) * stride_we + n[None, :] * H  # rows [0, I) gate, [I, 2I) up
     w_up = w_gate + I * H
     for m0 in range(0, count, BLOCK_M):
@@ -97,13 +163,11 @@ def _gate_up_kernel(x_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, act_ptr, H,
 
 
 @triton.jit
-def _down_kernel(act_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, weight_ptr, out_ptr, H, I, stride_we,
+def _down_kernel(act_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, weight_ptr, out_ptr, H, I, stride_we,
                  BY_ROUTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    e = tl.program_id(0)
+    e, count, start = _slot(active_ptr, counts_ptr, starts_ptr)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < H
-    count = tl.load(counts_ptr + e)
-    start = tl.load(starts_ptr + e)
     w_base = w_ptr + e.to(tl.int64) * stride_we + n[None, :] * I  # w2[e]: [H, I]
     for m0 in range(0, count, BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
@@ -126,49 +190,53 @@ def _down_kernel(act_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, weight_ptr, 
                  mask=r_ok[:, None] & n_ok[None, :])
 
 
-def _mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, order: torch.Tensor, starts: torch.Tensor,
-         counts: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, topk: int, by_route: bool,
-         tiling: Tiling = TILING) -> torch.Tensor:
+def _mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, al: Alignment, slots: int, weight: torch.Tensor,
+         out: torch.Tensor, topk: int, by_route: bool, tiling: Tiling) -> torch.Tensor:
+    """slots: programs along the expert axis (active experts can be no more)."""
     n_exp, two_i, h = w13.shape
     i = two_i // 2
-    r = order.shape[0]
+    r = al.order.shape[0]
     act = torch.empty(r, i, dtype=x.dtype, device=x.device)  # [R, I] in execution order
-    _gate_up_kernel[(n_exp, triton.cdiv(i, tiling.up_n))](x, w13, order, starts, counts, act, h, i, w13.stride(0), topk,
-                                                       BLOCK_M=tiling.block_m, BLOCK_N=tiling.up_n, BLOCK_K=tiling.block_k,
-                                                       num_warps=tiling.num_warps, num_stages=tiling.num_stages)
-    _down_kernel[(n_exp, triton.cdiv(h, tiling.down_n))](act, w2, order, starts, counts, weight, out, h, i, w2.stride(0),
-                                                      BY_ROUTE=by_route, BLOCK_M=tiling.block_m, BLOCK_N=tiling.down_n,
-                                                      BLOCK_K=tiling.block_k, num_warps=tiling.num_warps,
-                                                      num_stages=tiling.num_stages)
+    _gate_up_kernel[(slots, triton.cdiv(i, tiling.up_n))](
+        x, w13, al.order, al.starts, al.counts, al.active, act, h, i, w13.stride(0), topk, BLOCK_M=tiling.block_m,
+        BLOCK_N=tiling.up_n, BLOCK_K=tiling.block_k, num_warps=tiling.num_warps, num_stages=tiling.num_stages)
+    _down_kernel[(slots, triton.cdiv(h, tiling.down_n))](
+        act, w2, al.order, al.starts, al.counts, al.active, weight, out, h, i, w2.stride(0), BY_ROUTE=by_route,
+        BLOCK_M=tiling.block_m, BLOCK_N=tiling.down_n, BLOCK_K=tiling.block_k, num_warps=tiling.num_warps,
+        num_stages=tiling.num_stages)
     return out
 
 
 def fused_experts_token_major(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                              ids: torch.Tensor, totals: torch.Tensor, tiling: Tiling = TILING) -> torch.Tensor:
+                              ids: torch.Tensor, totals: torch.Tensor, aligned: Alignment | None = None,
+                              tiling: Tiling | None = None) -> torch.Tensor:
     """Every route of every token through its expert (one rank owns them all).
     x: [T, H]; w13: [E, 2I, H]; w2: [E, H, I]; weights: [T, k] float32; ids: [T, k] int32 (expert of
-    each route); totals: [E] int64, routes per expert accumulated here. Returns [T, k, H] float32,
-    route (t, j) at [t, j]."""
+    each route); totals: [E] int64, routes per expert accumulated here, unless `aligned` is given:
+    the routes already put in expert order on the device (the router kernel does it in the decode
+    step, totals included). Returns [T, k, H] float32, route (t, j) at [t, j]."""
     t, k = ids.shape
     r = t * k
-    n_exp = w13.shape[0]
-    order = torch.empty(r, dtype=torch.int32, device=x.device)  # execution position -> route id
-    starts = torch.empty(n_exp, dtype=torch.int32, device=x.device)
-    counts = torch.empty(n_exp, dtype=torch.int32, device=x.device)
-    _align_kernel[(n_exp,)](ids.reshape(-1), order, starts, counts, totals, r, BLOCK=256)
+    if aligned is None:
+        aligned = align(ids, Alignment.empty(r, totals))
     out = torch.empty(r, x.shape[1], dtype=torch.float32, device=x.device)
-    _mlp(x.contiguous(), w13, w2, order, starts, counts, weights.reshape(-1).contiguous(), out, k, by_route=True,
-         tiling=tiling)
+    _mlp(x.contiguous(), w13, w2, aligned, min(w13.shape[0], r), weights.reshape(-1).contiguous(), out, k,
+         by_route=True, tiling=tiling or tiling_for(r))
     return out.view(t, k, x.shape[1])
 
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, token_index: torch.Tensor,
-                  weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+                  weight: torch.Tensor, counts: torch.Tensor, total_routes: int | None = None) -> torch.Tensor:
     """A shard's routes, already in expert order (the RoutePlan's execution order).
-    x: [T, H]; token_index, weight: [R] per route; counts: [n] routes per owned expert (device).
+    x: [T, H]; token_index, weight: [R] per route; counts: [n] routes per owned expert (device);
+    total_routes: the step's routes on every rank (picks the tiling; default these R).
     Returns [R, H] float32 in the same order."""
     counts = counts.to(torch.int32)
+    n = counts.shape[0]
     starts = torch.cumsum(counts, 0, dtype=torch.int32) - counts  # [n]
-    out = torch.empty(token_index.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
-    return _mlp(x.contiguous(), w13, w2, token_index.to(torch.int32), starts, counts, weight.float().contiguous(),
-                out, 1, by_route=False)
+    r = token_index.shape[0]
+    al = Alignment(token_index.to(torch.int32), starts, counts, torch.arange(n, dtype=torch.int32, device=x.device),
+                   counts)  # every owned expert gets a slot; totals unused here
+    out = torch.empty(r, x.shape[1], dtype=torch.float32, device=x.device)
+    return _mlp(x.contiguous(), w13, w2, al, n, weight.float().contiguous(), out, 1, by_route=False,
+                tiling=tiling_for(r if total_routes is None else total_routes))

@@ -1,19 +1,30 @@
-"""The MoE gate in two launches: float32 logits against the gate weight (many small programs),
-then per token the softmax, the DeepSeek-V2 selection (greedy or group-limited greedy), top-k,
-optional renormalisation and the routed scaling factor, with each token's k routes written in
-ascending expert order (the order the fixed-order combine adds them in). Same semantics as ep/router.py `route` followed by the per-token
-sort of ep/plan.py; replaces about a dozen small kernels per layer in the decode step."""
+"""The MoE gate in one launch: float32 logits against the gate weight (many small programs); the
+last program of each token to finish then does the softmax, the DeepSeek-V2 selection (greedy or
+group-limited greedy), top-k, optional renormalisation and the routed scaling factor, with each
+token's k routes written in ascending expert order (the order the fixed-order combine adds them
+in); optionally the last token's program then puts all routes in expert order for the expert
+kernels. Same semantics as ep/router.py `route` followed by the per-token sort of ep/plan.py;
+replaces about a dozen small kernels per layer in the decode step."""
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.moe_experts import Alignment, align_routes
+
 
 @triton.jit
-def _logits_kernel(x_ptr, w_ptr, logits_ptr, H, E, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Program (t, j): float32 logits of token t against experts [j*BLOCK_E, (j+1)*BLOCK_E); many
-    small programs, so the gate weight streams through many SMs at once."""
+def _route_kernel(x_ptr, w_ptr, logits_ptr, arrivals_ptr, weights_ptr, ids_ptr,
+                  order_ptr, starts_ptr, counts_ptr, active_ptr, totals_ptr, T, H, E, scaling,
+                  BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, E_PAD: tl.constexpr, TOP_K: tl.constexpr,
+                  K_PAD: tl.constexpr, N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, NORM: tl.constexpr,
+                  ALIGN: tl.constexpr, R_BLOCK: tl.constexpr):
+    """Program (t, j): float32 logits of token t against experts [j*BLOCK_E, (j+1)*BLOCK_E) (many
+    small programs, so the gate weight streams through many SMs at once). The last of token t's
+    programs to finish (an atomic count in arrivals[t]) selects its routes; with ALIGN, the last
+    token to be selected (arrivals[T]) puts every route in expert order. Each counter is put back
+    to 0 by the program that saw it full, so the next launch (or graph replay) starts clean."""
     t = tl.program_id(0)
     e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
     live = e < E
@@ -25,16 +36,26 @@ def _logits_kernel(x_ptr, w_ptr, logits_ptr, H, E, BLOCK_E: tl.constexpr, BLOCK_
         w = tl.load(w_ptr + e[:, None] * H + hs[None, :], mask=live[:, None] & hm[None, :], other=0.0)
         acc += w * x[None, :]
     tl.store(logits_ptr + t * E + e, tl.sum(acc, axis=1), mask=live)
+    tl.debug_barrier()  # every thread's stores come before this program's arrival (release below)
+    if tl.atomic_add(arrivals_ptr + t, 1, sem="acq_rel") == tl.num_programs(1) - 1:
+        tl.store(arrivals_ptr + t, 0)
+        _select(logits_ptr, weights_ptr, ids_ptr, t, E, scaling, E_PAD, TOP_K, K_PAD, N_GROUP, TOPK_GROUP, NORM)
+        if ALIGN:
+            tl.debug_barrier()
+            if tl.atomic_add(arrivals_ptr + T, 1, sem="acq_rel") == T - 1:
+                tl.store(arrivals_ptr + T, 0)
+                align_routes(ids_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, totals_ptr, T * TOP_K, E,
+                             E_PAD, R_BLOCK, True)
 
 
 @triton.jit
-def _select_kernel(logits_ptr, weights_ptr, ids_ptr, E, scaling,
-                   E_PAD: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
-                   N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, NORM: tl.constexpr):
-    t = tl.program_id(0)
+def _select(logits_ptr, weights_ptr, ids_ptr, t, E, scaling, E_PAD: tl.constexpr, TOP_K: tl.constexpr,
+            K_PAD: tl.constexpr, N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, NORM: tl.constexpr):
+    """Token t's softmax, selection, top-k, renormalisation and scaling, from logits other programs
+    wrote (read through L2: they are known to be there from an atomic, not from a kernel boundary)."""
     e = tl.arange(0, E_PAD)
     live = e < E
-    logits = tl.load(logits_ptr + t * E + e, mask=live, other=float("-inf"))  # [E_PAD]
+    logits = tl.load(logits_ptr + t * E + e, mask=live, other=float("-inf"), cache_modifier=".cg")  # [E_PAD]
     logits = tl.where(live, logits, float("-inf"))
     p = tl.exp(logits - tl.max(logits, axis=0))
     scores = p / tl.sum(p, axis=0)  # [E_PAD]; 0 on padding lanes
@@ -72,19 +93,29 @@ def _select_kernel(logits_ptr, weights_ptr, ids_ptr, E, scaling,
 
 def fused_route(hidden: torch.Tensor, gate_weight: torch.Tensor, *, top_k: int, method: str = "greedy",
                 n_group: int | None = None, topk_group: int | None = None, norm_topk_prob: bool = False,
-                scaling: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                scaling: float = 1.0, arrivals: torch.Tensor | None = None,
+                aligned: Alignment | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """hidden: [T, H] (any float dtype); gate_weight: [E, H] float32. Returns (weights [T, k]
-    float32, experts [T, k] int32), each token's routes in ascending expert order."""
+    float32, experts [T, k] int32), each token's routes in ascending expert order, in one launch.
+    arrivals: [>= T+1] int32 zeros the kernel counts in and leaves at zero (the caller keeps one,
+    so a CUDA graph replays without a memset); aligned: buffers to also put the routes in expert
+    order for the expert kernels (engine/kernels/moe_experts.py)."""
     t, h = hidden.shape
     e = gate_weight.shape[0]
-    logits = torch.empty(t, e, dtype=torch.float32, device=hidden.device)  # [T, E]
-    weights = torch.empty(t, top_k, dtype=torch.float32, device=hidden.device)  # [T, k]
-    ids = torch.empty(t, top_k, dtype=torch.int32, device=hidden.device)  # [T, k]
+    dev = hidden.device
+    if arrivals is None:
+        arrivals = torch.zeros(t + 1, dtype=torch.int32, device=dev)
+    assert arrivals.numel() >= t + 1 and arrivals.dtype == torch.int32
+    logits = torch.empty(t, e, dtype=torch.float32, device=dev)  # [T, E]
+    weights = torch.empty(t, top_k, dtype=torch.float32, device=dev)  # [T, k]
+    ids = torch.empty(t, top_k, dtype=torch.int32, device=dev)  # [T, k]
     grouped = method == "group_limited_greedy"
-    _logits_kernel[(t, triton.cdiv(e, 2))](hidden.contiguous(), gate_weight.contiguous(), logits, h, e,
-                                           BLOCK_E=2, BLOCK_H=512, num_warps=4)
-    _select_kernel[(t,)](logits, weights, ids, e, float(scaling), E_PAD=triton.next_power_of_2(e), TOP_K=top_k,
-                         K_PAD=triton.next_power_of_2(top_k), N_GROUP=n_group if grouped else 1,
-                         TOPK_GROUP=topk_group if grouped else 1, NORM=bool(norm_topk_prob and top_k > 1),
-                         num_warps=1)
+    block_e = 1 if t <= 16 else 4  # few tokens: one expert per program, so the weight spreads over more SMs
+    al = aligned or Alignment(ids, ids, ids, ids, ids)  # unused without ALIGN
+    _route_kernel[(t, triton.cdiv(e, block_e))](
+        hidden.contiguous(), gate_weight.contiguous(), logits, arrivals, weights, ids, al.order, al.starts, al.counts,
+        al.active, al.totals, t, h, e, float(scaling), BLOCK_E=block_e, BLOCK_H=min(triton.next_power_of_2(h), 2048),
+        E_PAD=triton.next_power_of_2(e), TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
+        N_GROUP=n_group if grouped else 1, TOPK_GROUP=topk_group if grouped else 1,
+        NORM=bool(norm_topk_prob and top_k > 1), ALIGN=aligned is not None, R_BLOCK=64, num_warps=4)
     return weights, ids

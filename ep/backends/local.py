@@ -34,10 +34,16 @@ class LocalBackend(ExpertBackend):
         self._routes += plan.expert_counts
         return self.shard.run_routes(layer, hidden, plan.token_index, plan.weight, plan.expert_counts, self.kernel)
 
+    def alignment(self, routes: int):
+        if self.kernel != "triton":
+            return None
+        from engine.kernels.moe_experts import Alignment
+        return Alignment.empty(routes, self._routes)  # the router kernel counts the routes into _routes
+
     def expert_slots(self, layer: int, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                     n_experts: int) -> torch.Tensor:
-        if self.kernel == "triton":  # no plan: the kernels sort the routes themselves
-            return self.shard.run_token_major(layer, hidden, weights, ids, self._routes)
+                     n_experts: int, aligned=None) -> torch.Tensor:
+        if self.kernel == "triton":  # no plan: the router kernel (or the expert kernels) sort the routes
+            return self.shard.run_token_major(layer, hidden, weights, ids, self._routes, aligned)
         return super().expert_slots(layer, hidden, weights, ids, n_experts)
 
     def take_counters(self) -> ExchangeCounters:

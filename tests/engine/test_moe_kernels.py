@@ -58,6 +58,34 @@ assert torch.allclose(slots, plan.token_major(want), atol=1e-5), (slots - plan.t
 assert totals.tolist() == counts
 fused_experts_token_major(x, w13[0], w2[0], w, e, totals)
 assert totals.tolist() == [2 * c for c in counts]
+# the router kernel's own alignment (the decode step's form): the same routes, the same expert order
+# as align() and as the route plan, the active experts listed in order, counters left at zero for the
+# next launch; 20 tokens x 4 routes span two of its 64-route blocks
+from engine.kernels.moe_experts import Alignment, align
+xb = torch.randn(20, H, generator=g)
+arrivals = torch.zeros(32, dtype=torch.int32)
+for _ in range(2):  # the second launch reuses the counters the first one put back
+    tot_a, tot_b = torch.zeros(E, dtype=torch.int64), torch.zeros(E, dtype=torch.int64)
+    al = Alignment.empty(80, tot_a)
+    wb, eb = fused_route(xb, gate, top_k=K, arrivals=arrivals, aligned=al)
+    wr, er = fused_route(xb, gate, top_k=K)
+    assert torch.equal(eb, er) and torch.equal(wb, wr)
+    assert arrivals.count_nonzero() == 0
+    ref = align(eb, Alignment.empty(80, tot_b))
+    pb = RoutePlan.build(wb, eb.long(), E)
+    for f in ("order", "starts", "counts", "active", "totals"):
+        assert torch.equal(getattr(al, f), getattr(ref, f)), f
+    assert al.counts.tolist() == pb.expert_counts.tolist()
+    used = [i for i in range(E) if al.counts[i] > 0]
+    assert al.active.tolist() == used + [-1] * (E - len(used))
+    # routes in expert order, stable: the route ids of each expert ascend
+    ids_in_order = eb.reshape(-1)[al.order.long()]
+    assert torch.equal(ids_in_order, ids_in_order.sort(stable=True).values)
+    assert torch.equal(al.order.long(), torch.sort(eb.reshape(-1), stable=True).indices)
+    got_b = fused_experts_token_major(xb, w13[0], w2[0], wb, eb, tot_b, al)
+    want_b = fused_experts_token_major(xb, w13[0], w2[0], wb, eb, torch.zeros(E, dtype=torch.int64))
+    assert torch.equal(got_b, want_b)
+
 # a shard's routes as a multi-rank backend hands them over: rows arrive already gathered
 sub = range(4, 12)
 lo, hi = plan.span(sub, counts)

@@ -182,3 +182,17 @@ def test_uniforms_are_in_the_open_unit_interval_and_spread():
     u = uniform(torch.tensor([0, 1, 2**31], dtype=torch.int64), 4096)  # [3, 4096]
     assert 0 < u.min() and u.max() < 1
     assert abs(u.mean().item() - 0.5) < 0.01 and not torch.equal(u[0], u[1])
+
+
+def test_argmax_rows_is_torch_argmax_ties_included():
+    from engine.sampler import argmax_rows
+    g = torch.Generator().manual_seed(3)
+    for dt in (torch.float32, torch.bfloat16):
+        x = torch.randn(6, 102400, generator=g).to(dt)
+        x[1] = 0  # every entry ties: the first index
+        x[2, 4000] = x[2, 95000] = 50  # a tie across blocks: the earlier block
+        x[3, 1601] = x[3, 1650] = 50  # a tie inside one block
+        x[4] = (torch.randn(102400, generator=g) * 0.01).to(dt).round()  # many ties at 0 and ±0.0
+        assert torch.equal(argmax_rows(x), torch.argmax(x, dim=-1))
+    odd = torch.randn(3, 1000, generator=g)  # not divisible into blocks: torch.argmax itself
+    assert torch.equal(argmax_rows(odd), torch.argmax(odd, dim=-1))
