@@ -64,22 +64,26 @@ class ExpertShard:
         return self.run(layer, hidden, token_index, weight,
                         counts.tolist() if isinstance(counts, torch.Tensor) else counts)
 
-    def run_token_major(self, layer: int, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                        totals: torch.Tensor, aligned=None) -> torch.Tensor:
+    def run_token_major(self, layer: int, hidden: torch.Tensor, weights: torch.Tensor, aligned) -> torch.Tensor:
         """Every route of every token when this shard owns all experts (the triton kernel only):
-        weights [T, k] float32, ids [T, k] int32 -> [T, k, H] float32; totals [E] += routes per expert.
-        aligned: an engine.kernels.moe_experts.Alignment the router kernel already filled (it has
-        then counted the totals too)."""
+        weights [T, k] float32 -> [T, k, H] float32; aligned: the engine.kernels.moe_experts.Alignment
+        the router kernel filled (routes by expert; it counted them into the backend's totals)."""
         from engine.kernels.moe_experts import fused_experts_token_major
-        return fused_experts_token_major(hidden, self.w13[layer], self.w2[layer], weights, ids, totals, aligned)
+        return fused_experts_token_major(hidden, self.w13[layer], self.w2[layer], weights, aligned)
 
     def _run_grouped(self, layer: int, hidden: torch.Tensor, token_index: torch.Tensor, weight: torch.Tensor,
                      counts: torch.Tensor) -> torch.Tensor:
         """Two grouped GEMMs over the rows sorted by expert. counts: [n] int on the device."""
         offs = torch.cumsum(counts, 0, dtype=torch.int32)  # [n]
-        x = hidden[token_index]  # [r, H]
-        gate, up = grouped_linear(x, self.w13[layer], offs).chunk(2, dim=-1)  # [r, I] each
-        y = grouped_linear(F.silu(gate) * up, self.w2[layer], offs)  # [r, H]
+        x = hidden.index_select(0, token_index)  # [r, H]
+        gate_up = grouped_linear(x, self.w13[layer], offs)  # [r, 2I]
+        if triton_available():  # one pass, rounded as the two ops below
+            from engine.kernels.swiglu import swiglu
+            act = swiglu(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)  # [r, I] each
+            act = F.silu(gate) * up
+        y = grouped_linear(act, self.w2[layer], offs)  # [r, H]
         return y * weight[:, None]
 
     def run(self, layer: int, hidden: torch.Tensor, token_index: torch.Tensor, weight: torch.Tensor,

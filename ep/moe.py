@@ -24,9 +24,6 @@ class MoE:
         self.gate_weight = gate_weight.float()  # [E, H]; the gate runs in float32 whatever the model dtype
         self.shared = shared
         self.backend = backend
-        # the fused router's counters ([>= T+1] int32 each, decode step); a larger batch adds a larger one,
-        # and the smaller ones stay alive for the CUDA graphs captured with them
-        self._arrivals: list[torch.Tensor] = []
 
     def parts(self, x: torch.Tensor, side: torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The decode step's fused form (CUDA, Triton): x [T, H] -> (routed [T, k, H] float32, one
@@ -49,12 +46,9 @@ class MoE:
 
     def _routed(self, x: torch.Tensor) -> torch.Tensor:
         from engine.kernels.moe_route import fused_route
-        t = x.shape[0]
-        if not self._arrivals or self._arrivals[-1].numel() < t + 1:  # the router kernel's counters, kept zero
-            self._arrivals.append(torch.zeros(max(2 * (t + 1), 512), dtype=torch.int32, device=x.device))
-        aligned = self.backend.alignment(t * self.cfg.num_experts_per_tok)  # None unless its kernels take it
+        aligned = self.backend.alignment(x.shape[0] * self.cfg.num_experts_per_tok)  # None unless its kernels take it
         with phase("routing"):
-            weights, ids = self._gate(fused_route, x, arrivals=self._arrivals[-1], aligned=aligned)  # [T, k] each
+            weights, ids = self._gate(fused_route, x, aligned=aligned)  # [T, k] each
         with phase("experts"):
             return self.backend.expert_slots(self.layer, x, weights, ids, self.cfg.n_routed_experts, aligned)
 

@@ -6,6 +6,8 @@ import dataclasses
 
 import torch
 
+from engine.kernels import triton_available
+
 
 @dataclasses.dataclass(slots=True)
 class RoutePlan:
@@ -42,6 +44,9 @@ class RoutePlan:
     def combine(self, contributions: torch.Tensor) -> torch.Tensor:
         """contributions: [R, H] float32 in execution order -> [T, H] float32, summed token-major
         in a fixed order (slot 0, then 1, ...), so every backend gives the same bits."""
+        if contributions.is_cuda and triton_available():  # one launch, the same order as below
+            from engine.kernels.moe_combine import combine_routes
+            return combine_routes(contributions, self.perm, self.top_k)
         buf = self.token_major(contributions)  # [T, k, H]
         if buf.is_cuda:  # one reduction launch; deterministic, though not the CPU's add order
             return buf.sum(dim=1)

@@ -50,8 +50,8 @@ def tiling_for(total_routes: int) -> Tiling:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Alignment:
-    """The routes in expert order, as the expert kernels read them; filled on the device (by the
-    router kernel in the decode step, or by align()). order: [R] int32, execution position ->
+    """The routes in expert order, as the expert kernels read them; filled on the device by the
+    router's selection kernel (engine/kernels/moe_route.py). order: [R] int32, execution position ->
     route id (token-major, t * k + j), stable within an expert; starts, counts: [E] int32 per
     expert; active: [E] int32, the experts with routes in ascending order, then -1 (one program
     slot per active expert, so experts without routes cost no programs); totals: [E] int64, routes
@@ -67,59 +67,6 @@ class Alignment:
         n, dev = totals.shape[0], totals.device
         return cls(torch.empty(routes, dtype=torch.int32, device=dev), torch.empty(n, dtype=torch.int32, device=dev),
                    torch.empty(n, dtype=torch.int32, device=dev), torch.empty(n, dtype=torch.int32, device=dev), totals)
-
-
-@triton.jit
-def align_routes(ids_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, totals_ptr, R, E,
-                 E_PAD: tl.constexpr, R_BLOCK: tl.constexpr, CG: tl.constexpr):
-    """One program: a counting sort of the R routes' experts (ids, token-major) into `order`, stable
-    within an expert, with each expert's start and count, the active-expert list, and totals += counts.
-    CG: read ids through L2 (.cg), for a caller that learned of them through an atomic."""
-    e = tl.arange(0, E_PAD)
-    counts = tl.zeros([E_PAD], tl.int32)
-    for r0 in range(0, R, R_BLOCK):
-        rs = r0 + tl.arange(0, R_BLOCK)
-        if CG:
-            ids = tl.load(ids_ptr + rs, mask=rs < R, other=-1, cache_modifier=".cg")
-        else:
-            ids = tl.load(ids_ptr + rs, mask=rs < R, other=-1)
-        counts += tl.sum((ids[:, None] == e[None, :]).to(tl.int32), axis=0)
-    starts = tl.cumsum(counts, axis=0) - counts  # [E_PAD] exclusive prefix sum
-    seen = tl.zeros([E_PAD], tl.int32)  # routes of each expert placed so far
-    for r0 in range(0, R, R_BLOCK):
-        rs = r0 + tl.arange(0, R_BLOCK)
-        if CG:
-            ids = tl.load(ids_ptr + rs, mask=rs < R, other=-1, cache_modifier=".cg")
-        else:
-            ids = tl.load(ids_ptr + rs, mask=rs < R, other=-1)
-        hit = (ids[:, None] == e[None, :]).to(tl.int32)  # [R_BLOCK, E_PAD] one-hot
-        before = tl.cumsum(hit, axis=0) - hit  # earlier routes of the same expert in this block
-        pos = tl.sum(hit * (starts[None, :] + seen[None, :] + before), axis=1)  # [R_BLOCK]
-        tl.store(order_ptr + pos, rs, mask=rs < R)
-        seen += tl.sum(hit, axis=0)
-    live = e < E
-    tl.store(starts_ptr + e, starts, mask=live)
-    tl.store(counts_ptr + e, counts, mask=live)
-    tl.store(totals_ptr + e, tl.load(totals_ptr + e, mask=live, other=0) + counts, mask=live)
-    has = (counts > 0) & live
-    n_active = tl.sum(has.to(tl.int32), axis=0)
-    slot = tl.where(has, tl.cumsum(has.to(tl.int32), axis=0) - 1,
-                    n_active + tl.cumsum((~has).to(tl.int32), axis=0) - 1)
-    tl.store(active_ptr + slot, tl.where(has, e, -1), mask=live)
-
-
-@triton.jit
-def _align_kernel(ids_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, totals_ptr, R, E,
-                  E_PAD: tl.constexpr, R_BLOCK: tl.constexpr):
-    align_routes(ids_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, totals_ptr, R, E, E_PAD, R_BLOCK, False)
-
-
-def align(ids: torch.Tensor, out: Alignment) -> Alignment:
-    """ids: [T, k] int32 experts of each route -> out, filled (one program)."""
-    n = out.totals.shape[0]
-    _align_kernel[(1,)](ids.reshape(-1), out.order, out.starts, out.counts, out.active, out.totals, ids.numel(), n,
-                        E_PAD=triton.next_power_of_2(n), R_BLOCK=64)
-    return out
 
 
 @triton.jit
@@ -208,17 +155,13 @@ def _mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, al: Alignment, sl
 
 
 def fused_experts_token_major(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                              ids: torch.Tensor, totals: torch.Tensor, aligned: Alignment | None = None,
-                              tiling: Tiling | None = None) -> torch.Tensor:
+                              aligned: Alignment, tiling: Tiling | None = None) -> torch.Tensor:
     """Every route of every token through its expert (one rank owns them all).
-    x: [T, H]; w13: [E, 2I, H]; w2: [E, H, I]; weights: [T, k] float32; ids: [T, k] int32 (expert of
-    each route); totals: [E] int64, routes per expert accumulated here, unless `aligned` is given:
-    the routes already put in expert order on the device (the router kernel does it in the decode
-    step, totals included). Returns [T, k, H] float32, route (t, j) at [t, j]."""
-    t, k = ids.shape
+    x: [T, H]; w13: [E, 2I, H]; w2: [E, H, I]; weights: [T, k] float32; aligned: the routes in
+    expert order, as the router kernel filled them (fused_route(..., aligned=)). Returns
+    [T, k, H] float32, route (t, j) at [t, j]."""
+    t, k = weights.shape
     r = t * k
-    if aligned is None:
-        aligned = align(ids, Alignment.empty(r, totals))
     out = torch.empty(r, x.shape[1], dtype=torch.float32, device=x.device)
     _mlp(x.contiguous(), w13, w2, aligned, min(w13.shape[0], r), weights.reshape(-1).contiguous(), out, k,
          by_route=True, tiling=tiling or tiling_for(r))

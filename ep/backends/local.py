@@ -38,12 +38,12 @@ class LocalBackend(ExpertBackend):
         if self.kernel != "triton":
             return None
         from engine.kernels.moe_experts import Alignment
-        return Alignment.empty(routes, self._routes)  # the router kernel counts the routes into _routes
+        return Alignment.empty(routes, self._routes)  # the router kernel adds the routes to _routes
 
     def expert_slots(self, layer: int, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                      n_experts: int, aligned=None) -> torch.Tensor:
-        if self.kernel == "triton":  # no plan: the router kernel (or the expert kernels) sort the routes
-            return self.shard.run_token_major(layer, hidden, weights, ids, self._routes, aligned)
+        if self.kernel == "triton" and aligned is not None:  # no plan: the router kernel sorted the routes
+            return self.shard.run_token_major(layer, hidden, weights, aligned)
         return super().expert_slots(layer, hidden, weights, ids, n_experts)
 
     def take_counters(self) -> ExchangeCounters:

@@ -52,39 +52,35 @@ counts = plan.expert_counts.tolist()
 want = shard.run(0, x, plan.token_index, plan.weight, counts)  # [R, H] execution order
 got = fused_experts(x, w13[0], w2[0], plan.token_index, plan.weight, plan.expert_counts)
 assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+# the decode step's form: the router's selection kernel lists the routes by expert (the same expert
+# order as the route plan, stable, the active experts in order, totals counted), then the experts
+# run token-major; 20 tokens exercise the multi-warp selection
+from engine.kernels.moe_experts import Alignment
 totals = torch.zeros(E, dtype=torch.int64)
-slots = fused_experts_token_major(x, w13[0], w2[0], w, e, totals)  # [T, K, H]
+al = Alignment.empty(T * K, totals)
+w_a, e_a = fused_route(x, gate, top_k=K, aligned=al)
+assert torch.equal(w_a, w) and torch.equal(e_a, e)
+slots = fused_experts_token_major(x, w13[0], w2[0], w_a, al)  # [T, K, H]
 assert torch.allclose(slots, plan.token_major(want), atol=1e-5), (slots - plan.token_major(want)).abs().max()
 assert totals.tolist() == counts
-fused_experts_token_major(x, w13[0], w2[0], w, e, totals)
+fused_route(x, gate, top_k=K, aligned=Alignment.empty(T * K, totals))
 assert totals.tolist() == [2 * c for c in counts]
-# the router kernel's own alignment (the decode step's form): the same routes, the same expert order
-# as align() and as the route plan, the active experts listed in order, counters left at zero for the
-# next launch; 20 tokens x 4 routes span two of its 64-route blocks
-from engine.kernels.moe_experts import Alignment, align
-xb = torch.randn(20, H, generator=g)
-arrivals = torch.zeros(32, dtype=torch.int32)
-for _ in range(2):  # the second launch reuses the counters the first one put back
-    tot_a, tot_b = torch.zeros(E, dtype=torch.int64), torch.zeros(E, dtype=torch.int64)
-    al = Alignment.empty(80, tot_a)
-    wb, eb = fused_route(xb, gate, top_k=K, arrivals=arrivals, aligned=al)
-    wr, er = fused_route(xb, gate, top_k=K)
-    assert torch.equal(eb, er) and torch.equal(wb, wr)
-    assert arrivals.count_nonzero() == 0
-    ref = align(eb, Alignment.empty(80, tot_b))
+for tokens, kw in [(20, dict()), (20, dict(method="group_limited_greedy", n_group=4, topk_group=2)), (1, dict())]:
+    xb = torch.randn(tokens, H, generator=g)
+    al = Alignment.empty(tokens * K, torch.zeros(E, dtype=torch.int64))
+    wb, eb = fused_route(xb, gate, top_k=K, aligned=al, **kw)
+    w_ref, e_ref = route(xb, gate, top_k=K, **kw)
+    e_ref, idx = e_ref.sort(dim=-1)
+    assert torch.equal(eb.long(), e_ref) and torch.allclose(wb, w_ref.gather(1, idx), atol=1e-6)
     pb = RoutePlan.build(wb, eb.long(), E)
-    for f in ("order", "starts", "counts", "active", "totals"):
-        assert torch.equal(getattr(al, f), getattr(ref, f)), f
-    assert al.counts.tolist() == pb.expert_counts.tolist()
+    assert al.counts.tolist() == pb.expert_counts.tolist() == al.totals.tolist()
+    assert torch.equal(al.order.long(), torch.sort(eb.reshape(-1), stable=True).indices)  # stable expert order
+    assert al.starts.tolist() == (torch.cumsum(pb.expert_counts, 0) - pb.expert_counts).tolist()
     used = [i for i in range(E) if al.counts[i] > 0]
     assert al.active.tolist() == used + [-1] * (E - len(used))
-    # routes in expert order, stable: the route ids of each expert ascend
-    ids_in_order = eb.reshape(-1)[al.order.long()]
-    assert torch.equal(ids_in_order, ids_in_order.sort(stable=True).values)
-    assert torch.equal(al.order.long(), torch.sort(eb.reshape(-1), stable=True).indices)
-    got_b = fused_experts_token_major(xb, w13[0], w2[0], wb, eb, tot_b, al)
-    want_b = fused_experts_token_major(xb, w13[0], w2[0], wb, eb, torch.zeros(E, dtype=torch.int64))
-    assert torch.equal(got_b, want_b)
+    got_b = fused_experts_token_major(xb, w13[0], w2[0], wb, al)
+    want_b = shard.run(0, xb, pb.token_index, pb.weight, pb.expert_counts.tolist())
+    assert torch.allclose(got_b, pb.token_major(want_b), atol=1e-5)
 
 # a shard's routes as a multi-rank backend hands them over: rows arrive already gathered
 sub = range(4, 12)
@@ -94,6 +90,11 @@ rows = x[plan.token_index[lo:hi]]
 got = fused_experts(rows, shard_b.w13[0], shard_b.w2[0], torch.arange(hi - lo), plan.weight[lo:hi],
                     plan.expert_counts[4:12])
 assert torch.allclose(got, want[lo:hi], atol=1e-5)
+
+# the prefill combine kernel: the CPU path's slot order, so the same bits
+from engine.kernels.moe_combine import combine_routes
+contrib = torch.randn(T * K, H, generator=g)
+assert torch.equal(combine_routes(contrib, plan.perm, K), plan.combine(contrib))
 
 # combine folded into the next norm
 shared = torch.randn(T, H, generator=g)
