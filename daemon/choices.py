@@ -19,7 +19,9 @@ class Choices:
         self.prompt_ids = prompt_ids
         self.prompt_text = req.prompt if req.prompt is not None else tok.decode(prompt_ids)
         self.items = [ChoiceOutput(i, tok, req.stop, self.logprobs) for i in range(req.candidates)]
-        self.texts = [""] * len(self.items)  # everything released, per choice (the non-streaming body)
+        # everything released, per choice: the non-streaming body (a stream sends it as it goes)
+        self._keep = not req.stream
+        self.texts = [""] * len(self.items)
         self.entries: list[list] = [[] for _ in self.items]
         self._echoed = not req.echo
 
@@ -29,6 +31,13 @@ class Choices:
         that have just found a stop string (the engine should stop them)."""
         if tokens and not self._echoed:
             self._put_echo(prompt)
+        if len(tokens) == 1 and self._echoed:  # one token of one choice: no merging, no sorting
+            t = tokens[0]
+            c = self.items[t.index]
+            was_open = c.finish_reason is None
+            d = c.push(t)
+            stopped = [t.index] if was_open and c.stopped_by_string else []
+            return self._record({t.index: d} if d else {}), stopped
         deltas: dict[int, Delta] = {}
         stopped = []
         for t in tokens:
@@ -50,10 +59,6 @@ class Choices:
         """Every generated token counts, best_of candidates included (as OpenAI bills them)."""
         return sum(c.tokens for c in self.items)
 
-    def chunk_choice(self, index: int, d: Delta) -> dict:
-        return {"index": index, "text": d.text, "logprobs": as_openai(d.entries) if self.logprobs else None,
-                "finish_reason": d.finish_reason}
-
     def final(self) -> list[dict]:
         """The response's choices, indexed 0..n-1: with best_of > n, the n candidates of highest
         cumulative log-prob, best first; otherwise all of them in order."""
@@ -74,7 +79,9 @@ class Choices:
             c.base = len(self.prompt_text)
 
     def _record(self, deltas: dict[int, Delta]) -> list[tuple[int, Delta]]:
-        out = sorted(deltas.items())
+        out = sorted(deltas.items()) if len(deltas) > 1 else list(deltas.items())
+        if not self._keep:
+            return out
         for i, d in out:
             self.texts[i] += d.text
             self.entries[i] += d.entries

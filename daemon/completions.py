@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from daemon import protocol
 from daemon.choices import Choices
+from daemon.chunk_encoder import ChunkEncoder
 from daemon.protocol import APIError, CompletionRequest
 from daemon.runtime import Runtime
 from daemon.sse import EventStream
@@ -154,20 +155,31 @@ def _advance(rt: Runtime, request: Request, choices: Choices) -> list:
 
 
 async def _stream(rt: Runtime, request: Request, choices: Choices, created: int, include_usage: bool):
+    """The response's SSE events. What one wake-up releases goes out as one piece (a finished
+    request's last chunk, usage and [DONE] together), so that each read costs one ASGI send."""
     rid, model = request.request_id, request.model
+    encode = ChunkEncoder(rid, created, model, choices.logprobs).chunk
     try:
         async for item in request.sink:
             deltas = _advance(rt, request, choices)
             end = item.end
-            if end is not None and end.state is RequestState.FINISHED:
+            if end is None:
+                if len(deltas) == 1:  # the common case: one choice moved
+                    index, d = deltas[0]
+                    yield encode(index, d)
+                elif deltas:
+                    yield b"".join([encode(index, d) for index, d in deltas])
+                continue
+            if end.state is RequestState.FINISHED:
                 deltas += choices.finish(end.finish_reason.value)
-            for index, d in deltas:
-                yield _data(protocol.chunk(rid, created, model, [choices.chunk_choice(index, d)]))
-            if end is not None and end.state is not RequestState.FINISHED:
-                yield _data(_end_error(end).body())
-        if include_usage:
-            yield _data(protocol.usage_chunk(rid, created, model, len(request.prompt_ids), choices.completion_tokens))
-        yield DONE
+            events = [encode(index, d) for index, d in deltas]
+            if end.state is not RequestState.FINISHED:
+                events.append(_data(_end_error(end).body()))
+            if include_usage:
+                events.append(_data(protocol.usage_chunk(rid, created, model, len(request.prompt_ids),
+                                                         choices.completion_tokens)))
+            events.append(DONE)
+            yield b"".join(events)
     finally:
         rt.bridge.details.close(rid)
         # the client went away mid-stream (daemon.sse cancels this generator) or we are exiting

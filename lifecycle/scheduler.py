@@ -141,8 +141,8 @@ class Scheduler:
     def on_token(self, request_id: str, token_id: int, batch_size: int) -> None:
         """One sampled token. The first one (from the prefill) moves the request to DECODE; the
         engine may skip the prefill-start event, so ADMITTED passes through PREFILL here."""
-        request = self._held(request_id, "token")
-        if request is None:
+        request = self._running.get(request_id)  # the common case, without _held's call
+        if request is None and (request := self._held(request_id, "token")) is None:
             return
         request.output_ids.append(token_id)
         if request.state is RequestState.ADMITTED:
@@ -151,8 +151,9 @@ class Scheduler:
             self._move(request, RequestState.DECODE)
         else:  # a decode step's token: the batch size is a decode batch size
             request.decode_batch_size_max = max(request.decode_batch_size_max, batch_size)
-        request.sink.push(token_id)
-        if request.sink.overflowed:
+        sink = request.sink
+        sink.push(token_id)
+        if sink.overflowed:
             self._abort(request, RequestState.CANCELLED, SLOW_READER)
 
     def on_finished(self, request_id: str, reason: FinishReason | str) -> None:

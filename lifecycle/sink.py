@@ -10,6 +10,8 @@ scheduler cancels the request ("client too slow to read"). A slow reader therefo
 `max_buffered` + one step's tokens of memory, never an unbounded queue.
 
 Both sides live on the asyncio loop thread; nothing here is thread-safe, and nothing needs to be.
+A waiting reader parks on a bare future that the next push or close resolves (an asyncio.Event
+would cost a waiter deque and a new future per wait, on every streamed token).
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ class SinkItem:
 class TokenSink:
     """Single-producer, single-consumer, asyncio-side; see the module docstring."""
 
-    __slots__ = ("max_buffered", "_buffer", "_end", "_end_read", "_wakeup", "_reading")
+    __slots__ = ("max_buffered", "_buffer", "_end", "_end_read", "_waiter", "_reading")
 
     def __init__(self, max_buffered: int) -> None:
         if max_buffered < 1:
@@ -51,7 +53,7 @@ class TokenSink:
         self._buffer: list[int] = []
         self._end: SinkEnd | None = None
         self._end_read = False
-        self._wakeup = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None  # the reader's, while it waits
         self._reading = False
 
     # ---- producer side (the scheduler) ----------------------------------------------------------
@@ -59,14 +61,21 @@ class TokenSink:
         if self._end is not None:
             raise RuntimeError("push after the sink was closed")
         self._buffer.append(token_id)
-        self._wakeup.set()
+        if self._waiter is not None:
+            self._wake()
 
     def close(self, end: SinkEnd) -> None:
         """Deliver the one terminal item; a second close is a scheduler bug and raises."""
         if self._end is not None:
             raise RuntimeError(f"sink closed twice ({self._end.state.name}, then {end.state.name})")
         self._end = end
-        self._wakeup.set()
+        if self._waiter is not None:
+            self._wake()
+
+    def _wake(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if not waiter.done():  # a reader cancelled while it waited left a cancelled future
+            waiter.set_result(None)
 
     @property
     def overflowed(self) -> bool:
@@ -99,11 +108,12 @@ class TokenSink:
         self._reading = True
         try:
             while (item := self.read_nowait()) is None:
-                self._wakeup.clear()
-                await self._wakeup.wait()
+                self._waiter = asyncio.get_running_loop().create_future()
+                await self._waiter
             return item
         finally:
             self._reading = False
+            self._waiter = None
 
     def __aiter__(self) -> TokenSink:
         return self

@@ -36,7 +36,7 @@ class Telemetry:
         self.engine = EngineInfo()
         self.clock = clock if clock is not None else EpochClock()
         self.metrics = Metrics()
-        self.requests = RequestSpans(self.tracing.tracer, self.clock, self.engine)
+        self.requests = RequestSpans(self.tracing, self.clock, self.engine)
         self.steps = StepSpans(self.tracing, self.engine, step_trace_every)
         self.errors = 0
 

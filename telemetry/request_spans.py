@@ -4,7 +4,8 @@ terminal events, all timed from the request's own timestamps.
 
 The root span starts at the request's first transition (its start time is `received_at`) so that
 engine steps can link to it while it runs; children, events and most attributes are written at
-the terminal transition, when every timestamp is known. A request gets exactly one root span:
+the terminal transition, when every timestamp is known; the children go straight to the span
+processors (Tracing.end_child_span), as the tracer would have ended them. A request gets exactly one root span:
 the scheduler moves a request to a terminal state exactly once, and a front rejection never
 reaches the scheduler."""
 from __future__ import annotations
@@ -16,16 +17,16 @@ from types import MappingProxyType
 from typing import Any
 
 import orjson
-from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Span
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from lifecycle.rejection import Draining, NotReady, QueueFull
 from lifecycle.request import Request
 from lifecycle.states import ENGINE_HELD, RequestState, TerminalReason
 from telemetry.clock import EpochClock
 from telemetry.engine_info import EngineInfo
+from telemetry.tracing import Tracing
 
 OPERATION = "text_completion"
 MAX_ANNOUNCED = 4096  # announced requests not yet seen by the scheduler (normally 0 or 1)
@@ -49,8 +50,9 @@ def output_hash(token_ids: list[int]) -> str:
 
 
 class RequestSpans:
-    def __init__(self, tracer: Tracer, clock: EpochClock, engine: EngineInfo) -> None:
-        self._tracer = tracer
+    def __init__(self, tracing: Tracing, clock: EpochClock, engine: EngineInfo) -> None:
+        self._tracing = tracing
+        self._tracer = tracing.tracer
         self._clock = clock
         self._engine = engine
         self._announced: collections.OrderedDict[str, _Announced] = collections.OrderedDict()
@@ -180,12 +182,11 @@ class RequestSpans:
             phases.append(("prefill", prefill_from, r.first_token_at if r.first_token_at is not None else end))
         if r.first_token_at is not None:
             phases.append(("decode", r.first_token_at, end))
-        parent = trace.set_span_in_context(root)
+        parent = root.get_span_context()
         for name, start, stop in phases:
             start_ns, stop_ns = self._clock.ns(start), self._clock.ns(stop)
-            child = self._tracer.start_span(name, context=parent, kind=SpanKind.INTERNAL, start_time=start_ns,
-                                            attributes={"pegainfer.phase": name, "gen_ai.response.id": r.request_id})
-            child.end(end_time=max(start_ns, stop_ns))
+            self._tracing.end_child_span(name, parent, start_ns, max(start_ns, stop_ns),
+                                         {"pegainfer.phase": name, "gen_ai.response.id": r.request_id})
 
 
 def _sampling_attributes(request: Request, parsed: Any) -> dict[str, Any]:

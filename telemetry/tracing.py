@@ -55,6 +55,20 @@ class Tracing:
             return None
         return self._propagator.extract(carrier)
 
+    def end_child_span(self, name: str, parent: SpanContext, start_ns: int, end_ns: int, attributes: Mapping) -> None:
+        """A finished INTERNAL span under `parent` (a request's phase spans: three per request), handed
+        straight to the processors like end_root_span's, with what the tracer would give a child:
+        the parent's trace id and trace state, ALWAYS_ON's sampled flag, the parent's random-trace-id
+        flag, a new span id. The attributes must be clean (strings and numbers)."""
+        flags = TraceFlags(TraceFlags.SAMPLED | (TraceFlags.RANDOM_TRACE_ID if parent.trace_flags.random_trace_id
+                                                 else 0))
+        ctx = SpanContext(parent.trace_id, self.provider.id_generator.generate_span_id(), is_remote=False,
+                          trace_flags=flags, trace_state=parent.trace_state)
+        span = ReadableSpan(name, ctx, parent, self.provider.resource, attributes, (), (), SpanKind.INTERNAL,
+                            start_time=start_ns, end_time=end_ns, instrumentation_scope=self._scope)
+        for p in self._processors:
+            p.on_end(span)
+
     def end_root_span(self, name: str, start_ns: int, end_ns: int, attributes: Mapping, links: list[Link]) -> None:
         """A finished INTERNAL root span, handed straight to the processors as the tracer's span.end()
         would. For the engine-step spans, which link every request of their batch: start_span

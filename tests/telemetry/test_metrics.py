@@ -56,3 +56,20 @@ def test_scrape_time_gauges_dropped_spans_and_backend_info():
     assert value(text, "pegainfer:requests_terminal_total", terminal_reason="rejected") == 1
     assert value(text, "pegainfer:backend_info", backend="local", maturity="production", model="tiny") == 1
     assert 'backend="nccl"' not in text
+
+
+def test_step_histogram_takes_n_equal_observations_as_n_observe_calls():
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from telemetry.metrics import ITL_BUCKETS, _StepHistogram
+
+    values = [(0.0, 3), (0.001, 2), (0.0012, 5), (0.25, 1), (5.0, 4), (9.5, 2)]  # on, between and past bounds
+    a, b = CollectorRegistry(), CollectorRegistry()
+    one_by_one = Histogram("h", "doc", buckets=ITL_BUCKETS, registry=a)
+    batched = _StepHistogram("h", "doc", buckets=ITL_BUCKETS, registry=b)
+    for v, n in values:
+        for _ in range(n):
+            one_by_one.observe(v)
+        batched.observe_n(v, n)
+    strip = lambda text: [x for x in text.decode().splitlines() if "_created" not in x]  # noqa: E731
+    assert strip(generate_latest(a)) == strip(generate_latest(b))
