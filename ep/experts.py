@@ -77,14 +77,13 @@ class ExpertShard:
         offs = torch.cumsum(counts, 0, dtype=torch.int32)  # [n]
         x = hidden.index_select(0, token_index)  # [r, H]
         gate_up = grouped_linear(x, self.w13[layer], offs)  # [r, 2I]
-        if triton_available():  # one pass, rounded as the two ops below
-            from engine.kernels.swiglu import swiglu
-            act = swiglu(gate_up)
-        else:
+        if not triton_available():
             gate, up = gate_up.chunk(2, dim=-1)  # [r, I] each
-            act = F.silu(gate) * up
-        y = grouped_linear(act, self.w2[layer], offs)  # [r, H]
-        return y * weight[:, None]
+            return grouped_linear(F.silu(gate) * up, self.w2[layer], offs) * weight[:, None]
+        from engine.kernels.moe_combine import weigh
+        from engine.kernels.swiglu import swiglu
+        y = grouped_linear(swiglu(gate_up), self.w2[layer], offs)  # [r, H]; SwiGLU rounded as the ops above
+        return weigh(y, weight)
 
     def run(self, layer: int, hidden: torch.Tensor, token_index: torch.Tensor, weight: torch.Tensor,
             counts: list[int]) -> torch.Tensor:

@@ -92,9 +92,11 @@ got = fused_experts(rows, shard_b.w13[0], shard_b.w2[0], torch.arange(hi - lo), 
 assert torch.allclose(got, want[lo:hi], atol=1e-5)
 
 # the prefill combine kernel: the CPU path's slot order, so the same bits
-from engine.kernels.moe_combine import combine_routes
+from engine.kernels.moe_combine import combine_routes, weigh
 contrib = torch.randn(T * K, H, generator=g)
 assert torch.equal(combine_routes(contrib, plan.perm, K), plan.combine(contrib))
+yb = torch.randn(T * K, H, generator=g).bfloat16()
+assert torch.equal(weigh(yb, plan.weight), yb * plan.weight[:, None])
 
 # combine folded into the next norm
 shared = torch.randn(T, H, generator=g)
