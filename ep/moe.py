@@ -29,17 +29,17 @@ class MoE:
         """The decode step's fused form (CUDA, Triton): x [T, H] -> (routed [T, k, H] float32, one
         weighted output per route, and shared [T, H]). The caller adds them in the next norm's
         kernel (engine/kernels/rmsnorm.py moe_rmsnorm), in the same route order as `combine`.
-        side: a second stream for the shared experts, which then run beside the routed experts (a
-        CUDA graph captures the two branches; SGLang overlaps DeepSeek's shared experts the same way).
-        The gate runs first, alone: forked before it, the shared experts' GEMV held the SMs the
-        gate's many small programs need (on the H200 at batch 1 the logits kernel took 8.0 µs per
-        layer in the step's timeline, the whole gate 4.9 µs alone in kernel_bench), and the routed
-        experts wait for the gate."""
+        side: a second stream for the shared experts, which then run beside the gate and the routed
+        experts (a CUDA graph captures the two branches; SGLang overlaps DeepSeek's shared experts
+        the same way). Forking after the gate measured worse on the H200 at batch 1 (2.371 ms per
+        step, against 2.301 forking before it, in two runs whose gate kernels also differed a
+        little): the shared experts then compete with the routed expert kernels for bandwidth,
+        where forked first they overlap the latency-bound gate."""
         from engine.kernels.moe_route import fused_route
-        aligned = self.backend.alignment(x.shape[0] * self.cfg.num_experts_per_tok)  # None unless its kernels take it
-        with phase("routing"):
-            weights, ids = self._gate(fused_route, x, aligned=aligned)  # [T, k] each
+        aligned = self.backend.alignment(x.shape[0])  # None unless its kernels take it
         if side is None:
+            with phase("routing"):
+                weights, ids = self._gate(fused_route, x, aligned=aligned)  # [T, k] each
             routed = self._experts(x, weights, ids, aligned)
             with phase("shared_experts"):
                 return routed, self.shared.fused(x)
@@ -47,6 +47,8 @@ class MoE:
         side.wait_stream(main)
         with torch.cuda.stream(side), phase("shared_experts"):
             shared = self.shared.fused(x)
+        with phase("routing"):
+            weights, ids = self._gate(fused_route, x, aligned=aligned)  # [T, k] each
         routed = self._experts(x, weights, ids, aligned)
         main.wait_stream(side)
         shared.record_stream(main)  # made on the side stream, read on the main one

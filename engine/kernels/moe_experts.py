@@ -50,12 +50,13 @@ def tiling_for(total_routes: int) -> Tiling:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Alignment:
-    """The routes in expert order, as the expert kernels read them; filled on the device by the
-    router's selection kernel (engine/kernels/moe_route.py). order: [R] int32, execution position ->
-    route id (token-major, t * k + j), stable within an expert; starts, counts: [E] int32 per
-    expert; active: [E] int32, the experts with routes in ascending order, then -1 (one program
-    slot per active expert, so experts without routes cost no programs); totals: [E] int64, routes
-    per expert accumulated across calls (the backend's counters)."""
+    """The routes by expert, as the expert kernels read them; filled on the device by the router's
+    kernels (engine/kernels/moe_route.py). Expert e's i-th route is order[starts[e] + i], a route
+    id (token-major, t * k + j), ascending within the expert; the router lists each expert at a
+    fixed stride (starts[e] = e * T, order: [E * T] int32) so no expert waits for another's count.
+    counts: [E] int32; active: [E] int32, the program slots: experts with routes first, ascending,
+    then -1 (slots past them cost one early exit); totals: [E] int64, routes per expert
+    accumulated across calls (the backend's counters)."""
     order: torch.Tensor
     starts: torch.Tensor
     counts: torch.Tensor
@@ -63,9 +64,9 @@ class Alignment:
     totals: torch.Tensor
 
     @classmethod
-    def empty(cls, routes: int, totals: torch.Tensor) -> Alignment:
+    def empty(cls, tokens: int, totals: torch.Tensor) -> Alignment:
         n, dev = totals.shape[0], totals.device
-        return cls(torch.empty(routes, dtype=torch.int32, device=dev), torch.empty(n, dtype=torch.int32, device=dev),
+        return cls(torch.empty(n * tokens, dtype=torch.int32, device=dev), torch.empty(n, dtype=torch.int32, device=dev),
                    torch.empty(n, dtype=torch.int32, device=dev), torch.empty(n, dtype=torch.int32, device=dev), totals)
 
 
@@ -81,7 +82,7 @@ def _slot(active_ptr, counts_ptr, starts_ptr):
 
 @triton.jit
 def _gate_up_kernel(x_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, act_ptr, H, I, stride_we, TOPK,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    BY_ROUTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     e, count, start = _slot(active_ptr, counts_ptr, starts_ptr)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < I
@@ -90,7 +91,8 @@ def _gate_up_kernel(x_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr,
     for m0 in range(0, count, BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
         r_ok = rows < count
-        token = tl.load(order_ptr + start + rows, mask=r_ok, other=0) // TOPK  # [BLOCK_M]
+        src = tl.load(order_ptr + start + rows, mask=r_ok, other=0)  # [BLOCK_M] route id (BY_ROUTE) or token
+        token = src // TOPK
         acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, H, BLOCK_K):
@@ -105,8 +107,8 @@ def _gate_up_kernel(x_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr,
         g = acc_g.to(dtype).to(tl.float32)
         s = (g * tl.sigmoid(g)).to(dtype).to(tl.float32)
         a = (s * acc_u.to(dtype).to(tl.float32)).to(dtype)
-        tl.store(act_ptr + (start + rows)[:, None].to(tl.int64) * I + n[None, :], a,
-                 mask=r_ok[:, None] & n_ok[None, :])
+        dest = src if BY_ROUTE else start + rows  # act rows by route id, or by execution position
+        tl.store(act_ptr + dest[:, None].to(tl.int64) * I + n[None, :], a, mask=r_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
@@ -119,19 +121,18 @@ def _down_kernel(act_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, 
     for m0 in range(0, count, BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
         r_ok = rows < count
-        pos = start + rows  # execution-order position
+        if BY_ROUTE:  # act, weight and output rows by route id (token-major)
+            dest = tl.load(order_ptr + start + rows, mask=r_ok, other=0)
+        else:  # by execution-order position
+            dest = start + rows
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, I, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < I
-            a = tl.load(act_ptr + pos[:, None].to(tl.int64) * I + ks[None, :], mask=r_ok[:, None] & k_ok[None, :],
+            a = tl.load(act_ptr + dest[:, None].to(tl.int64) * I + ks[None, :], mask=r_ok[:, None] & k_ok[None, :],
                         other=0.0)  # [BLOCK_M, BLOCK_K]
             acc = tl.dot(a, tl.load(w_base + ks[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0), acc)
         y = acc.to(act_ptr.dtype.element_ty).to(tl.float32)
-        if BY_ROUTE:  # weights and output rows are indexed by route id (token-major)
-            dest = tl.load(order_ptr + pos, mask=r_ok, other=0)
-        else:  # by execution-order position
-            dest = pos
         wt = tl.load(weight_ptr + dest, mask=r_ok, other=0.0)
         tl.store(out_ptr + dest[:, None].to(tl.int64) * H + n[None, :], y * wt[:, None],
                  mask=r_ok[:, None] & n_ok[None, :])
@@ -142,10 +143,10 @@ def _mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, al: Alignment, sl
     """slots: programs along the expert axis (active experts can be no more)."""
     n_exp, two_i, h = w13.shape
     i = two_i // 2
-    r = al.order.shape[0]
-    act = torch.empty(r, i, dtype=x.dtype, device=x.device)  # [R, I] in execution order
+    act = torch.empty(out.shape[0], i, dtype=x.dtype, device=x.device)  # [R, I], rows as out's
     _gate_up_kernel[(slots, triton.cdiv(i, tiling.up_n))](
-        x, w13, al.order, al.starts, al.counts, al.active, act, h, i, w13.stride(0), topk, BLOCK_M=tiling.block_m,
+        x, w13, al.order, al.starts, al.counts, al.active, act, h, i, w13.stride(0), topk, BY_ROUTE=by_route,
+        BLOCK_M=tiling.block_m,
         BLOCK_N=tiling.up_n, BLOCK_K=tiling.block_k, num_warps=tiling.num_warps, num_stages=tiling.num_stages)
     _down_kernel[(slots, triton.cdiv(h, tiling.down_n))](
         act, w2, al.order, al.starts, al.counts, al.active, weight, out, h, i, w2.stride(0), BY_ROUTE=by_route,

@@ -34,11 +34,11 @@ class LocalBackend(ExpertBackend):
         self._routes += plan.expert_counts
         return self.shard.run_routes(layer, hidden, plan.token_index, plan.weight, plan.expert_counts, self.kernel)
 
-    def alignment(self, routes: int):
+    def alignment(self, tokens: int):
         if self.kernel != "triton":
             return None
         from engine.kernels.moe_experts import Alignment
-        return Alignment.empty(routes, self._routes)  # the router kernel adds the routes to _routes
+        return Alignment.empty(tokens, self._routes)  # the router kernel adds the routes to _routes
 
     def expert_slots(self, layer: int, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                      n_experts: int, aligned=None) -> torch.Tensor:
