@@ -72,6 +72,11 @@ class DecodeGraphs:
         self.host = torch.zeros(4, max_batch, dtype=torch.int64).pin_memory()  # ids, pos, slot, ctx
         self.host_np = self.host.numpy()  # the same memory
         self.host_out = torch.zeros(max_batch, dtype=torch.int64).pin_memory()  # the step's tokens, read back
+        self.host_out_np = self.host_out.numpy()
+        self.done = torch.cuda.Event()  # recorded after each step's read-back copy
+        # per batch bucket: (static inputs, pinned inputs, pinned tokens) views, made once: on the GPU
+        # machine's host each torch call (a slice included) costs microseconds on every step
+        self.views: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.static = torch.zeros(4, max_batch, dtype=torch.int64, device=dev)
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -93,10 +98,19 @@ class DecodeGraphs:
         h[2, :n] = [r.slot for r in rows]
         h[3, :n] = h[1, :n] + 1
         self._pad(h, n, b)
-        self.static[:, :b].copy_(self.host[:, :b], non_blocking=True)
+        views = self.views.get(b)
+        if views is None:
+            views = self.views[b] = (self.static[:, :b], self.host[:, :b], self.host_out[:b])
+        static, host, tokens = views
+        static.copy_(host, non_blocking=True)
         graph, out = self.graphs.get((b, length, logits)) or self._capture(b, length, logits)
         graph.replay()
-        return out[:n] if logits else wait_and_read(out[:n], self.host_out)
+        if logits:
+            return out[:n]
+        tokens.copy_(out, non_blocking=True)  # out: [b], the padded rows' tokens too
+        self.done.record()
+        self.done.synchronize()  # the GIL is released while it waits
+        return self.host_out_np[:n].tolist()
 
     def _pad(self, h: np.ndarray, n: int, b: int) -> None:
         h[0, n:b] = 0
