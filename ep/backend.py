@@ -51,7 +51,7 @@ class ExpertBackend(abc.ABC):
     def expert_outputs(self, layer: int, hidden: torch.Tensor, plan: RoutePlan) -> torch.Tensor:
         """hidden: [T, H] (model dtype); returns [R, H] float32 in the plan's execution order."""
 
-    def alignment(self, tokens: int):
+    def alignment(self, tokens: int, top_k: int):
         """Buffers for the router kernel to put a decode step's routes in expert order into
         (engine.kernels.moe_experts.Alignment), when this backend's expert kernels read them;
         None otherwise (the default: the route plan does the sorting)."""

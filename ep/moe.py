@@ -36,7 +36,7 @@ class MoE:
         little): the shared experts then compete with the routed expert kernels for bandwidth,
         where forked first they overlap the latency-bound gate."""
         from engine.kernels.moe_route import fused_route
-        aligned = self.backend.alignment(x.shape[0])  # None unless its kernels take it
+        aligned = self.backend.alignment(x.shape[0], self.cfg.num_experts_per_tok)  # None unless its kernels take it
         if side is None:
             with phase("routing"):
                 weights, ids = self._gate(fused_route, x, aligned=aligned)  # [T, k] each

@@ -134,7 +134,7 @@ def main() -> int:
             return rmsnorm(plan.combine(y).to(dt) + shared, norm_w, 1e-6, residual=resid)[0]
 
         def fused_path(tiling=None):  # as the decode step runs it: the router puts the routes in expert order
-            al = moe_experts.Alignment.empty(b, totals)
+            al = moe_experts.Alignment.empty(b, k, totals)
             wts, _ = fused_route(x, gate, top_k=k, aligned=al)
             slots = moe_experts.fused_experts_token_major(x, w13[0], w2[0], wts, al, tiling=tiling)
             return moe_rmsnorm(slots, shared, norm_w, 1e-6, residual=resid)[0]
@@ -148,7 +148,7 @@ def main() -> int:
                "rel_diff": round(float((got - ref).norm() / ref.norm()), 5),
                "torch_us": round(graph_time_us(torch_path), 1), "fused_us": round(graph_time_us(fused_path), 1),
                "route_us": round(graph_time_us(
-                   lambda: fused_route(x, gate, top_k=k, aligned=moe_experts.Alignment.empty(b, totals))), 1)}
+                   lambda: fused_route(x, gate, top_k=k, aligned=moe_experts.Alignment.empty(b, k, totals))), 1)}
         floor_us = active * expert_bytes / 4.2e12 * 1e6
         row["weight_floor_us"] = round(floor_us, 1)
         if a.sweep:

@@ -39,6 +39,7 @@ class Tiling:
 TILING = Tiling()
 FEW_ROWS_TILING = Tiling(block_m=16)
 FEW_ROWS_MAX_ROUTES = 512  # 8 routes per expert on average
+COMPACT_MAX_TOKENS = 16  # up to this many tokens the router lists the active experts first (Alignment)
 # Above this many routes on one rank (prompt chunks, not decode steps) each program would loop over
 # many row blocks re-reading its weights; ExpertShard hands such calls to grouped GEMMs instead.
 MAX_ROUTES = 2048
@@ -54,20 +55,30 @@ class Alignment:
     kernels (engine/kernels/moe_route.py). Expert e's i-th route is order[starts[e] + i], a route
     id (token-major, t * k + j), ascending within the expert; the router lists each expert at a
     fixed stride (starts[e] = e * T, order: [E * T] int32) so no expert waits for another's count.
-    counts: [E] int32; active: [E] int32, the program slots: experts with routes first, ascending,
-    then -1 (slots past them cost one early exit); totals: [E] int64, routes per expert
-    accumulated across calls (the backend's counters)."""
+    counts: [E] int32; active: [E] int32, the expert of each program slot; totals: [E] int64, routes
+    per expert accumulated across calls (the backend's counters); slots: how many program slots the
+    expert kernels launch. Up to COMPACT_MAX_TOKENS tokens the router puts the experts with routes
+    first, ascending, then -1, and the kernels launch one slot per possible active expert
+    (min(E, T * k)); above it every expert has its own slot (nearly all have routes)."""
     order: torch.Tensor
     starts: torch.Tensor
     counts: torch.Tensor
     active: torch.Tensor
     totals: torch.Tensor
+    slots: int
+
+    @property
+    def compact(self) -> bool:
+        """The router lists only the experts with routes in `active` (few tokens)."""
+        return self.order.shape[0] <= COMPACT_MAX_TOKENS * self.totals.shape[0]
 
     @classmethod
-    def empty(cls, tokens: int, totals: torch.Tensor) -> Alignment:
+    def empty(cls, tokens: int, top_k: int, totals: torch.Tensor) -> Alignment:
         n, dev = totals.shape[0], totals.device
+        slots = min(n, tokens * top_k) if tokens <= COMPACT_MAX_TOKENS else n
         return cls(torch.empty(n * tokens, dtype=torch.int32, device=dev), torch.empty(n, dtype=torch.int32, device=dev),
-                   torch.empty(n, dtype=torch.int32, device=dev), torch.empty(n, dtype=torch.int32, device=dev), totals)
+                   torch.empty(n, dtype=torch.int32, device=dev), torch.empty(n, dtype=torch.int32, device=dev), totals,
+                   slots)
 
 
 @triton.jit
@@ -164,7 +175,7 @@ def fused_experts_token_major(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tens
     t, k = weights.shape
     r = t * k
     out = torch.empty(r, x.shape[1], dtype=torch.float32, device=x.device)
-    _mlp(x.contiguous(), w13, w2, aligned, min(w13.shape[0], r), weights.reshape(-1).contiguous(), out, k,
+    _mlp(x.contiguous(), w13, w2, aligned, aligned.slots, weights.reshape(-1).contiguous(), out, k,
          by_route=True, tiling=tiling or tiling_for(r))
     return out.view(t, k, x.shape[1])
 
@@ -180,7 +191,7 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, token_in
     starts = torch.cumsum(counts, 0, dtype=torch.int32) - counts  # [n]
     r = token_index.shape[0]
     al = Alignment(token_index.to(torch.int32), starts, counts, torch.arange(n, dtype=torch.int32, device=x.device),
-                   counts)  # every owned expert gets a slot; totals unused here
+                   counts, n)  # every owned expert gets a slot; totals unused here
     out = torch.empty(r, x.shape[1], dtype=torch.float32, device=x.device)
     return _mlp(x.contiguous(), w13, w2, al, n, weight.float().contiguous(), out, 1, by_route=False,
                 tiling=tiling_for(r if total_routes is None else total_routes))

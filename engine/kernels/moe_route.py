@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.moe_experts import Alignment
+from engine.kernels.moe_experts import COMPACT_MAX_TOKENS, Alignment
 
 @triton.jit
 def _logits_kernel(x_ptr, w_ptr, logits_ptr, H, E, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):
@@ -134,7 +134,7 @@ def _align_kernel(ids_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, totals
     tl.store(active_ptr + e, e)
 
 
-SMALL = 16  # up to this many tokens: one expert per logits program, and the one-launch selection
+SMALL = COMPACT_MAX_TOKENS  # up to this many tokens: one expert per logits program, the one-launch selection
 MAX_TOKENS = 1024  # the listing reads every token's ids at once: decode batches, not prompts
 
 
@@ -143,7 +143,7 @@ def fused_route(hidden: torch.Tensor, gate_weight: torch.Tensor, *, top_k: int, 
                 scaling: float = 1.0, aligned: Alignment | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """hidden: [T, H] (any float dtype); gate_weight: [E, H] float32. Returns (weights [T, k]
     float32, experts [T, k] int32), each token's routes in ascending expert order. aligned:
-    buffers (Alignment.empty(T, totals)) to also list the routes by expert for the expert
+    buffers (Alignment.empty(T, k, totals)) to also list the routes by expert for the expert
     kernels (engine/kernels/moe_experts.py), T <= MAX_TOKENS; totals gets each expert's count added."""
     t, h = hidden.shape
     e = gate_weight.shape[0]
@@ -160,8 +160,10 @@ def fused_route(hidden: torch.Tensor, gate_weight: torch.Tensor, *, top_k: int, 
     _logits_kernel[(t, triton.cdiv(e, block_e))](hidden.contiguous(), gate_weight.contiguous(), logits, h, e,
                                                  BLOCK_E=block_e, BLOCK_H=block_h, num_warps=warps)
     grouped = method == "group_limited_greedy"
-    al = aligned or Alignment(ids, ids, ids, ids, ids)  # not touched without an alignment to fill
-    one_launch = aligned is not None and t <= SMALL
+    al = aligned or Alignment(ids, ids, ids, ids, ids, 0)  # not touched without an alignment to fill
+    if aligned is not None and aligned.order.shape[0] != e * t:
+        raise ValueError(f"the alignment was made for {aligned.order.shape[0] // e} tokens, not {t}")
+    one_launch = aligned is not None and aligned.compact  # t <= SMALL
     block_t = triton.next_power_of_2(t) if one_launch else min(SMALL, triton.next_power_of_2(t))
     _select_kernel[(e,) if one_launch else (triton.cdiv(t, block_t),)](
         logits, weights, ids, al.order, al.starts, al.counts, al.active, al.totals, t, e, float(scaling),

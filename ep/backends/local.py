@@ -39,11 +39,11 @@ class LocalBackend(ExpertBackend):
         self._routes += plan.expert_counts
         return self.shard.run_routes(layer, hidden, plan.token_index, plan.weight, plan.expert_counts, self.kernel)
 
-    def alignment(self, tokens: int):
+    def alignment(self, tokens: int, top_k: int):
         if self.kernel != "triton":
             return None
         from engine.kernels.moe_experts import Alignment
-        return Alignment.empty(tokens, self._routes)  # the router kernel adds the routes to _routes
+        return Alignment.empty(tokens, top_k, self._routes)  # the router kernel adds the routes to _routes
 
     def expert_slots(self, layer: int, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                      n_experts: int, aligned=None) -> torch.Tensor:

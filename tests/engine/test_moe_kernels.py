@@ -57,34 +57,41 @@ assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
 # run token-major; 20 tokens exercise the multi-warp selection
 from engine.kernels.moe_experts import Alignment
 totals = torch.zeros(E, dtype=torch.int64)
-al = Alignment.empty(T, totals)
+al = Alignment.empty(T, K, totals)
 w_a, e_a = fused_route(x, gate, top_k=K, aligned=al)
 assert torch.equal(w_a, w) and torch.equal(e_a, e)
 slots = fused_experts_token_major(x, w13[0], w2[0], w_a, al)  # [T, K, H]
 assert torch.allclose(slots, plan.token_major(want), atol=1e-5), (slots - plan.token_major(want)).abs().max()
 assert totals.tolist() == counts
-fused_route(x, gate, top_k=K, aligned=Alignment.empty(T, totals))
+fused_route(x, gate, top_k=K, aligned=Alignment.empty(T, K, totals))
 assert totals.tolist() == [2 * c for c in counts]
-for tokens, kw in [(20, dict()), (20, dict(method="group_limited_greedy", n_group=4, topk_group=2)), (1, dict())]:
+E64 = 64  # more experts than a step's routes: 17 tokens x 1 route (the per-expert listing form)
+gate64 = torch.randn(E64, H, generator=g)
+w13_64, w2_64 = torch.randn(E64, 2 * I, H, generator=g) / 8, torch.randn(E64, H, I, generator=g) / 8
+shard64 = ExpertShard(range(E64), {0: w13_64}, {0: w2_64})
+cases = [(20, K, gate, shard, dict()), (20, K, gate, shard, dict(method="group_limited_greedy", n_group=4, topk_group=2)),
+         (1, K, gate, shard, dict()), (17, 1, gate64, shard64, dict()), (3, 1, gate64, shard64, dict())]
+for tokens, k, gw, sh, kw in cases:
+    n_exp = gw.shape[0]
     xb = torch.randn(tokens, H, generator=g)
-    al = Alignment.empty(tokens, torch.zeros(E, dtype=torch.int64))
-    wb, eb = fused_route(xb, gate, top_k=K, aligned=al, **kw)
-    w_ref, e_ref = route(xb, gate, top_k=K, **kw)
+    al = Alignment.empty(tokens, k, torch.zeros(n_exp, dtype=torch.int64))
+    wb, eb = fused_route(xb, gw, top_k=k, aligned=al, **kw)
+    w_ref, e_ref = route(xb, gw, top_k=k, **kw)
     e_ref, idx = e_ref.sort(dim=-1)
     assert torch.equal(eb.long(), e_ref) and torch.allclose(wb, w_ref.gather(1, idx), atol=1e-6)
-    pb = RoutePlan.build(wb, eb.long(), E)
+    pb = RoutePlan.build(wb, eb.long(), n_exp)
     assert al.counts.tolist() == pb.expert_counts.tolist() == al.totals.tolist()
-    assert al.starts.tolist() == [i * tokens for i in range(E)]  # a fixed stride per expert
+    assert al.starts.tolist() == [i * tokens for i in range(n_exp)]  # a fixed stride per expert
     flat = eb.reshape(-1)
-    for i in range(E):  # expert i's route ids, ascending (stable)
+    for i in range(n_exp):  # expert i's route ids, ascending (stable)
         assert al.order[i * tokens: i * tokens + al.counts[i]].tolist() == torch.nonzero(flat == i).flatten().tolist()
-    used = [i for i in range(E) if al.counts[i] > 0]
-    if tokens <= 16:  # the one-launch form lists only the experts with routes
-        assert al.active.tolist() == used + [-1] * (E - len(used))
+    used = [i for i in range(n_exp) if al.counts[i] > 0]
+    if tokens <= 16:  # the one-launch form lists only the experts with routes, one slot per possible one
+        assert al.active.tolist() == used + [-1] * (n_exp - len(used)) and al.slots == min(n_exp, tokens * k)
     else:
-        assert al.active.tolist() == list(range(E))
-    got_b = fused_experts_token_major(xb, w13[0], w2[0], wb, al)
-    want_b = shard.run(0, xb, pb.token_index, pb.weight, pb.expert_counts.tolist())
+        assert al.active.tolist() == list(range(n_exp)) and al.slots == n_exp
+    got_b = fused_experts_token_major(xb, sh.w13[0], sh.w2[0], wb, al)
+    want_b = sh.run(0, xb, pb.token_index, pb.weight, pb.expert_counts.tolist())
     assert torch.allclose(got_b, pb.token_major(want_b), atol=1e-5)
 
 # a shard's routes as a multi-rank backend hands them over: rows arrive already gathered
