@@ -47,7 +47,9 @@ class EngineSpec:
     ep_master_port: int | None = None
     ep_chunk_bytes: int | None = None  # nccl backend: largest single collective (default 64 MiB)
     cuda_graphs: bool = True  # capture the decode step on CUDA when the EP backend is graph-safe
-    triton_kernels: bool = True  # fused RMSNorm and MLA decode attention on CUDA (bf16)
+    # the Triton decode step and expert kernels on CUDA (bf16); the prompt path's MoE combine uses its
+    # Triton kernel wherever Triton imports, for every backend alike (ep/plan.py)
+    triton_kernels: bool = True
     max_prefill_tokens: int = 8192  # the largest prefill step (the GPU thread's per-step prompt budget)
 
     def torch_dtype(self) -> torch.dtype:

@@ -60,7 +60,7 @@ class ExpertShard:
                 total = token_index.shape[0] if total_routes is None else total_routes
                 if total <= MAX_ROUTES or not grouped_mm_available(hidden.device):
                     return fused_experts(hidden, self.w13[layer], self.w2[layer], token_index, weight, counts, total)
-            return self._run_grouped(layer, hidden, token_index, weight, counts)
+            return self._run_grouped(layer, hidden, token_index, weight, counts, kernel == "triton")
         return self.run(layer, hidden, token_index, weight,
                         counts.tolist() if isinstance(counts, torch.Tensor) else counts)
 
@@ -72,17 +72,19 @@ class ExpertShard:
         return fused_experts_token_major(hidden, self.w13[layer], self.w2[layer], weights, aligned)
 
     def _run_grouped(self, layer: int, hidden: torch.Tensor, token_index: torch.Tensor, weight: torch.Tensor,
-                     counts: torch.Tensor) -> torch.Tensor:
-        """Two grouped GEMMs over the rows sorted by expert. counts: [n] int on the device."""
+                     counts: torch.Tensor, triton: bool = False) -> torch.Tensor:
+        """Two grouped GEMMs over the rows sorted by expert. counts: [n] int on the device.
+        triton: SwiGLU and the weighting as one-pass Triton kernels (the shard's kernel is "triton")."""
         offs = torch.cumsum(counts, 0, dtype=torch.int32)  # [n]
         x = hidden.index_select(0, token_index)  # [r, H]
         gate_up = grouped_linear(x, self.w13[layer], offs)  # [r, 2I]
-        if not triton_available():
+        if not (triton and triton_available()):
             gate, up = gate_up.chunk(2, dim=-1)  # [r, I] each
             return grouped_linear(F.silu(gate) * up, self.w2[layer], offs) * weight[:, None]
         from engine.kernels.moe_combine import weigh
         from engine.kernels.swiglu import swiglu
-        y = grouped_linear(swiglu(gate_up), self.w2[layer], offs)  # [r, H]; SwiGLU rounded as the ops above
+        # SwiGLU as the Triton expert kernels compute it (within a float32 ulp of F.silu before rounding)
+        y = grouped_linear(swiglu(gate_up), self.w2[layer], offs)  # [r, H]
         return weigh(y, weight)
 
     def run(self, layer: int, hidden: torch.Tensor, token_index: torch.Tensor, weight: torch.Tensor,

@@ -31,10 +31,9 @@ class MoE:
         kernel (engine/kernels/rmsnorm.py moe_rmsnorm), in the same route order as `combine`.
         side: a second stream for the shared experts, which then run beside the gate and the routed
         experts (a CUDA graph captures the two branches; SGLang overlaps DeepSeek's shared experts
-        the same way). Forking after the gate measured worse on the H200 at batch 1 (2.371 ms per
-        step, against 2.301 forking before it, in two runs whose gate kernels also differed a
-        little): the shared experts then compete with the routed expert kernels for bandwidth,
-        where forked first they overlap the latency-bound gate."""
+        the same way). Forking after the gate measured worse on the H200 at batch 1 (docs/perf-notes.md,
+        rows 15-17, `tools/gpu_probe.py --timeline`): the shared experts then compete with the
+        routed expert kernels for bandwidth, where forked first they overlap the latency-bound gate."""
         from engine.kernels.moe_route import fused_route
         aligned = self.backend.alignment(x.shape[0], self.cfg.num_experts_per_tok)  # None unless its kernels take it
         if side is None:

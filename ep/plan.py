@@ -44,7 +44,9 @@ class RoutePlan:
     def combine(self, contributions: torch.Tensor) -> torch.Tensor:
         """contributions: [R, H] float32 in execution order -> [T, H] float32, summed token-major
         in a fixed order (slot 0, then 1, ...), so every backend gives the same bits."""
-        if contributions.is_cuda and triton_available():  # one launch, the same order as below
+        # one launch, the same order as below; chosen by availability alone, so every backend (and
+        # every rank) combines with the same kernel whatever its expert kernel
+        if contributions.is_cuda and triton_available():
             from engine.kernels.moe_combine import combine_routes
             return combine_routes(contributions, self.perm, self.top_k)
         buf = self.token_major(contributions)  # [T, k, H]

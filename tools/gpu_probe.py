@@ -113,7 +113,12 @@ def graph_timeline(engine, batch: int, reps: int = 3) -> dict:
     import tempfile
 
     from torch.profiler import ProfilerActivity, profile
-    graph, _ = next(v for k, v in engine.runner.graphs.graphs.items() if k[0] == batch and not k[2])
+    from engine.cuda_graphs import bucket
+    graphs = engine.runner.graphs
+    if graphs is None:
+        return {"timeline_batch": batch, "skipped": "no CUDA graphs in this variant"}
+    b = bucket(batch, graphs.batch_buckets)
+    graph, _ = next(v for k, v in graphs.graphs.items() if k[0] == b and not k[2])
     graph.replay()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

@@ -92,6 +92,7 @@ def main() -> int:
     for rows in [int(r) for r in a.rows.split(",")]:
         bufs = [torch.randn(rows, h, device=dev, dtype=torch.bfloat16) for _ in range(2)]
         ws = [torch.randn(n_out, h, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(a.links)]
+        assert rows & (rows - 1) == 0, "rows: powers of two (the GEMV's row block)"
         xs = [torch.randn(rows, h, device=dev, dtype=torch.bfloat16) for _ in range(a.links + 1)]
         row = {"rows": rows, "links": a.links}
         for kind in ("tiny", "gemv", "gemv_prefetch"):
@@ -102,7 +103,7 @@ def main() -> int:
                         x, y = bufs[i % 2], bufs[(i + 1) % 2]
                         _tiny_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024, PDL=pdl,
                                                                       launch_pdl=pdl)
-                    else:  # x_i [rows, H] -> y written into x_{i+1}[:, :n_out]
+                    else:  # x_i [rows, H] -> y [rows, n_out] written into the front of x_{i+1} (the next link reads it)
                         y = xs[i + 1]
                         _gemv_kernel[(n_out // 32,)](xs[i], ws[i], y, rows, n_out, h, BLOCK_M=max(16, rows),
                                                      BLOCK_N=32, BLOCK_K=128, PDL=pdl,

@@ -1,11 +1,11 @@
-"""The routed experts' SwiGLU MLP as three Triton launches with no host synchronisation, for the
-small batches of the decode step (vLLM's fused_moe is the model): `align` puts the routes in
-expert order with each expert's start and count, `gate_up` runs every expert's gate and up
-projections over its rows with SiLU(gate) * up in the epilogue, and `down` runs the down
-projection, scales by the route weight and writes each route's float32 output where the caller
-wants it. Each program takes one expert and one column block and loops over that expert's rows in
-blocks of BLOCK_M, so an expert's weights are read once per block of rows, and experts with no rows
-cost one early exit.
+"""The routed experts' SwiGLU MLP as two Triton launches with no host synchronisation, for the
+small batches of the decode step (vLLM's fused_moe is the model), over routes already listed by
+expert (an Alignment: the router's kernels fill it in the decode step; an EP shard's route plan
+gives it in execution order): `gate_up` runs every expert's gate and up projections over its rows
+with SiLU(gate) * up in the epilogue, and `down` runs the down projection, scales by the route
+weight and writes each route's float32 output where the caller wants it. Each program takes a
+slot (an expert, or none past the experts with routes) and one column block and loops over that
+expert's rows in blocks of BLOCK_M, so an expert's weights are read once per block of rows.
 
 Rounding follows the grouped-GEMM path: gate, up, SiLU(gate) and the product are rounded to the
 model dtype, the down projection is rounded to it, then multiplied by the float32 route weight.

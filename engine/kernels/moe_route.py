@@ -1,8 +1,8 @@
 """The MoE gate of the decode step, with no atomics and no host sync. First the float32 logits
-against the gate weight (many small programs, so the weight streams through many SMs at once). Then the selection: the softmax, the DeepSeek-V2 selection
-(greedy or group-limited greedy), top-k, optional renormalisation and the routed scaling factor,
-each token's k routes written in ascending expert order (the order the fixed-order combine adds
-them in). With an Alignment to fill, the routes are also listed by expert for the expert kernels:
+against the gate weight (many small programs, so the weight streams through many SMs at once).
+Then the selection: the softmax, the DeepSeek-V2 selection (greedy or group-limited greedy),
+top-k, optional renormalisation and the routed scaling factor, each token's k routes written in
+ascending expert order (the order the fixed-order combine adds them in). With an Alignment to fill, the routes are also listed by expert for the expert kernels:
 each expert's count and routes in token-major order at a fixed stride (order[e*T...]), and its
 slot among the experts that have routes, by one program per expert (up to 16 tokens inside the
 selection launch, each program selecting every token; above that, a third launch reading the
@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from engine.kernels.moe_experts import COMPACT_MAX_TOKENS, Alignment
+
 
 @triton.jit
 def _logits_kernel(x_ptr, w_ptr, logits_ptr, H, E, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):
@@ -123,7 +124,7 @@ def _select_kernel(logits_ptr, weights_ptr, ids_ptr, order_ptr, starts_ptr, coun
 def _align_kernel(ids_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, totals_ptr, T,
                   T_PAD: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr):
     """Program e lists expert e's routes from every token's selected ids (read at once). Every
-    expert gets its own slot: with more than SMALL tokens nearly all have routes."""
+    expert gets its own slot: with more than COMPACT_MAX_TOKENS tokens nearly all have routes."""
     e = tl.program_id(0)
     t = tl.arange(0, T_PAD)
     k = tl.arange(0, K_PAD)

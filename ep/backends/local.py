@@ -40,10 +40,13 @@ class LocalBackend(ExpertBackend):
         return self.shard.run_routes(layer, hidden, plan.token_index, plan.weight, plan.expert_counts, self.kernel)
 
     def alignment(self, tokens: int, top_k: int):
-        if self.kernel != "triton":
+        from engine.kernels.moe_route import MAX_TOKENS
+        if self.kernel != "triton" or tokens > MAX_TOKENS:  # larger steps: the route plan's path
             return None
         from engine.kernels.moe_experts import Alignment
-        return Alignment.empty(tokens, top_k, self._routes)  # the router kernel adds the routes to _routes
+        # the router kernel adds the routes to _routes in place (captured graphs hold this tensor:
+        # it is never reassigned)
+        return Alignment.empty(tokens, top_k, self._routes)
 
     def expert_slots(self, layer: int, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                      n_experts: int, aligned=None) -> torch.Tensor:

@@ -69,8 +69,12 @@ E64 = 64  # more experts than a step's routes: 17 tokens x 1 route (the per-expe
 gate64 = torch.randn(E64, H, generator=g)
 w13_64, w2_64 = torch.randn(E64, 2 * I, H, generator=g) / 8, torch.randn(E64, H, I, generator=g) / 8
 shard64 = ExpertShard(range(E64), {0: w13_64}, {0: w2_64})
+gate10 = torch.randn(10, H, generator=g)  # a count of experts that is not a power of two
+shard10 = ExpertShard(range(10), {0: torch.randn(10, 2 * I, H, generator=g) / 8}, {0: torch.randn(10, H, I, generator=g) / 8})
 cases = [(20, K, gate, shard, dict()), (20, K, gate, shard, dict(method="group_limited_greedy", n_group=4, topk_group=2)),
-         (1, K, gate, shard, dict()), (17, 1, gate64, shard64, dict()), (3, 1, gate64, shard64, dict())]
+         (1, K, gate, shard, dict()), (17, 1, gate64, shard64, dict()), (3, 1, gate64, shard64, dict()),
+         (5, K, gate, shard, dict(method="group_limited_greedy", n_group=4, topk_group=2)),
+         (6, 3, gate10, shard10, dict()), (18, 3, gate10, shard10, dict(norm_topk_prob=True, scaling=2.5))]
 for tokens, k, gw, sh, kw in cases:
     n_exp = gw.shape[0]
     xb = torch.randn(tokens, H, generator=g)
@@ -134,3 +138,19 @@ def test_moe_kernels_match_torch_in_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     p = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]
+
+
+def test_local_backend_hands_steps_above_the_router_limit_to_the_route_plan():
+    """A decode step of more tokens than the router lists at once (an explicit --max-active above
+    it) runs through the route plan instead of failing."""
+    import torch
+
+    from engine.kernels.moe_route import MAX_TOKENS
+    from ep.backends.local import LocalBackend
+    from ep.experts import ExpertShard
+    e, h, i = 4, 8, 6
+    shard = ExpertShard(range(e), {0: torch.randn(e, 2 * i, h)}, {0: torch.randn(e, h, i)})
+    backend = LocalBackend(shard, e, torch.device("cpu"))
+    backend.kernel = "triton"  # as chosen on CUDA bf16
+    assert backend.alignment(MAX_TOKENS, 2) is not None
+    assert backend.alignment(MAX_TOKENS + 1, 2) is None
