@@ -130,7 +130,8 @@ class Runtime:
             return
         self.engine, self.tokenizer = engine, tok
         self.bridge = EngineBridge(loop, self)
-        self.gpu = GpuThread(engine, self.bridge.emit, max_prefill_tokens=s.max_prefill_tokens)
+        self.gpu = GpuThread(engine, self.bridge.emit, max_prefill_tokens=s.max_prefill_tokens,
+                             overlap=not s.disable_overlap_schedule)
         self.scheduler = Scheduler(self.bridge, max_active=engine.cache.num_slots, max_pending=s.max_pending,
                                    observer=self.telemetry)
         self.bridge.connect(self.gpu, self.scheduler)

@@ -57,6 +57,25 @@ def bucket(n: int, buckets: tuple[int, ...] | list[int]) -> int:
     raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
 
 
+class Launched:
+    """A greedy decode step on its way: which pinned buffer its tokens land in, and how many rows."""
+    __slots__ = ("turn", "n")
+
+    def __init__(self, turn: int, n: int):
+        self.turn, self.n = turn, n
+
+
+class _EagerGraph:
+    """Off CUDA: the step function itself, run on every replay (the same buffers, no capture), so the
+    graphs' inputs, feed and outputs are exercised on the CPU too."""
+
+    def __init__(self, fn: Callable[[], torch.Tensor]):
+        self.fn = fn
+
+    def replay(self) -> None:
+        self.fn()
+
+
 class DecodeGraphs:
     def __init__(self, model: DeepseekV2, cache: MLACache, max_batch: int, scratch_slot: int):
         self.model = model
@@ -69,79 +88,135 @@ class DecodeGraphs:
             n *= 2
         self.length_buckets = lengths + [cache.max_len]
         dev = cache.data.device
-        self.host = torch.zeros(4, max_batch, dtype=torch.int64).pin_memory()  # ids, pos, slot, ctx
-        self.host_np = self.host.numpy()  # the same memory
-        self.host_out = torch.zeros(max_batch, dtype=torch.int64).pin_memory()  # the step's tokens, read back
-        self.host_out_np = self.host_out.numpy()
-        self.done = torch.cuda.Event()  # recorded after each step's read-back copy
-        # per batch bucket: (static inputs, pinned inputs, pinned tokens) views, made once: on the GPU
-        # machine's host each torch call (a slice included) costs microseconds on every step
-        self.views: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-        self.static = torch.zeros(4, max_batch, dtype=torch.int64, device=dev)
-        self.pool = torch.cuda.graph_pool_handle()
-        self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.max_batch = max_batch
+        self.on_cuda = dev.type == "cuda"
+        m = self.max_batch = max_batch
+        # [6, m] on the device: row 0 holds the last greedy step's tokens (every greedy graph writes
+        # them there), rows 1-5 the step's inputs: ids, positions, slots, cached lengths and the feed.
+        # A row's input id is flat[feed]: m + i is the host's id of row i, j < m is row j's token of
+        # the step before (an overlapped step learns its ids on the device)
+        self.dev = torch.zeros(6, m, dtype=torch.int64, device=dev)
+        self.flat = self.dev.view(-1)
+        self.static = self.dev[1:]  # [5, m]
+        self.tokens = self.dev[0]  # [m]
+        self.own_feed = np.arange(m, 2 * m, dtype=np.int64)
+        # two sets of pinned host buffers, used in turn: the next step's inputs are written while the
+        # previous step's copies may still be queued on the stream
+        self.host = [_host((5, m), self.on_cuda) for _ in range(2)]
+        self.host_np = [h.numpy() for h in self.host]  # the same memory
+        self.host_out = [_host((m,), self.on_cuda) for _ in range(2)]  # the step's tokens, read back
+        self.host_out_np = [h.numpy() for h in self.host_out]
+        self.done = [torch.cuda.Event() for _ in range(2)] if self.on_cuda else [None, None]
+        self.turn = 0
+        self.tokens_fresh = False  # the last step launched was greedy: a feed may read its tokens
+        # per (batch bucket, turn): the static, pinned input and pinned output views, made once: on
+        # the GPU machine's host each torch call (a slice included) costs microseconds on every step
+        self.views: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.pool = torch.cuda.graph_pool_handle() if self.on_cuda else None
+        self.graphs: dict[tuple[int, int, bool], tuple] = {}
         self.logits_out: torch.Tensor | None = None  # [max_batch, V], allocated with the first logits graph
 
     def run(self, rows: list[RowInput], logits: bool = False):
         """rows: decode rows only (one token each). Returns the greedy tokens (list[int]), or with
         logits=True the graph's static [n, V] logits (the caller copies them before the next replay)."""
+        if logits:
+            return self._replay(rows, None, logits=True)
+        return self.collect(self.launch(rows))
+
+    def launch(self, rows: list[RowInput], feed: list[int] | None = None) -> Launched:
+        """Start the greedy step of decode rows and return without waiting for it. feed[i] = j >= 0:
+        row i's input is row j's token of the step launched just before (greedy too), taken on the
+        device; -1 (or no feed): the host's id in rows[i].token_ids."""
+        return self._replay(rows, feed, logits=False)
+
+    def collect(self, launched: Launched) -> list[int]:
+        """The launched step's tokens; waits for it with the GIL released."""
+        done = self.done[launched.turn]
+        if done is not None:
+            done.synchronize()
+        return self.host_out_np[launched.turn][: launched.n].tolist()
+
+    def _replay(self, rows: list[RowInput], feed: list[int] | None, logits: bool):
         n = len(rows)
         b = bucket(n, self.batch_buckets)
         pos = [r.start_pos for r in rows]
         length = bucket(max(pos) + 1, self.length_buckets)
+        turn = self.turn
+        self.turn ^= 1
         # the inputs go through a numpy view of the pinned buffer: the host of the GPU machine
         # spends ~70 µs on each torch op, so per-step torch ops here would cost milliseconds
-        h = self.host_np
+        h = self.host_np[turn]
         h[0, :n] = [r.token_ids[0] for r in rows]
         h[1, :n] = pos
         h[2, :n] = [r.slot for r in rows]
         h[3, :n] = h[1, :n] + 1
+        if feed is None:
+            h[4, :n] = self.own_feed[:n]
+        else:
+            if not self.tokens_fresh:
+                raise RuntimeError("a decode feed needs the step before to be a greedy graph step")
+            f = np.asarray(feed, dtype=np.int64)
+            h[4, :n] = np.where(f >= 0, f, self.own_feed[:n])
         self._pad(h, n, b)
-        views = self.views.get(b)
+        views = self.views.get((b, turn))
         if views is None:
-            views = self.views[b] = (self.static[:, :b], self.host[:, :b], self.host_out[:b])
-        static, host, tokens = views
+            views = self.views[(b, turn)] = (self.static[:, :b], self.host[turn][:, :b], self.tokens[:b],
+                                             self.host_out[turn][:b])
+        static, host, tokens, host_out = views
         static.copy_(host, non_blocking=True)
         graph, out = self.graphs.get((b, length, logits)) or self._capture(b, length, logits)
         graph.replay()
+        self.tokens_fresh = not logits
         if logits:
             return out[:n]
-        tokens.copy_(out, non_blocking=True)  # out: [b], the padded rows' tokens too
-        self.done.record()
-        self.done.synchronize()  # the GIL is released while it waits
-        return self.host_out_np[:n].tolist()
+        host_out.copy_(tokens, non_blocking=True)  # the padded rows' tokens too
+        done = self.done[turn]
+        if done is not None:
+            done.record()
+        return Launched(turn, n)
 
     def _pad(self, h: np.ndarray, n: int, b: int) -> None:
         h[0, n:b] = 0
         h[1, n:b] = 0
         h[2, n:b] = self.scratch_slot
         h[3, n:b] = 1
+        h[4, n:b] = self.own_feed[n:b]
 
     def _inputs(self, b: int, length: int) -> DecodeInputs:
+        """The step's inputs as graph-static tensors: the ids gathered through the feed (one kernel)."""
         s = self.static
-        return DecodeInputs(s[0, :b], s[1, :b], s[2, :b], s[3, :b], length)
+        ids = self.flat.index_select(0, s[4, :b])
+        return DecodeInputs(ids, s[1, :b], s[2, :b], s[3, :b], length)
 
-    def _capture(self, b: int, length: int, logits: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(self, b: int, length: int, logits: bool) -> tuple:
+        if logits and self.logits_out is None:
+            head = self.model.lm_head  # [V, H]
+            self.logits_out = torch.empty(self.max_batch, head.shape[0], dtype=head.dtype, device=head.device)
+        out_buf = self.logits_out[:b] if logits else self.tokens[:b]
+
+        def fn() -> torch.Tensor:
+            inp = self._inputs(b, length)
+            if logits:
+                return write_into(out_buf, decode_logits(self.model, inp, self.cache))
+            return decode_step(self.model, inp, self.cache, out=out_buf)
+
+        if not self.on_cuda:
+            self.graphs[(b, length, logits)] = (_EagerGraph(fn), out_buf)
+            return self.graphs[(b, length, logits)]
         torch.cuda.current_stream().synchronize()  # the step's host->device copy must land first
-        saved = self.static[:, :b].clone()
-        self._pad(self.host_np, 0, b)  # warm up on the scratch slot only: real caches stay untouched
-        self.static[:, :b].copy_(self.host[:, :b])
-        inp = self._inputs(b, length)
-        fn = self._logits_fn(b) if logits else decode_step
-        graph, out = capture(lambda: fn(self.model, inp, self.cache), self.pool)
-        self.static[:, :b].copy_(saved)
+        saved = self.dev.clone()  # the inputs and the previous step's tokens (a feed may read them)
+        h = self.host_np[self.turn]
+        self._pad(h, 0, b)  # warm up on the scratch slot only: real caches stay untouched
+        self.static[:, :b].copy_(self.host[self.turn][:, :b])
+        graph, out = capture(fn, self.pool)
+        self.dev.copy_(saved)
         self.graphs[(b, length, logits)] = (graph, out)
         log_event("cuda_graph_captured", batch=b, length=length, logits=logits, graphs=len(self.graphs))
         return graph, out
 
-    def _logits_fn(self, b: int):
-        """The decode step that leaves its [b, V] logits in the shared output buffer."""
-        if self.logits_out is None:
-            head = self.model.lm_head  # [V, H]
-            self.logits_out = torch.empty(self.max_batch, head.shape[0], dtype=head.dtype, device=head.device)
-        buf = self.logits_out[:b]  # [b, V]
-        return lambda model, inp, cache: write_into(buf, decode_logits(model, inp, cache))
+
+def _host(shape: tuple[int, ...], pinned: bool) -> torch.Tensor:
+    t = torch.zeros(shape, dtype=torch.int64)
+    return t.pin_memory() if pinned else t
 
 
 @torch.inference_mode()

@@ -25,11 +25,12 @@ class DecodeInputs:
 
 
 @torch.inference_mode()
-def decode_step(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torch.Tensor:
-    """Returns the greedy next token of every row, [B] int64, on the device."""
+def decode_step(model: DeepseekV2, inp: DecodeInputs, cache: MLACache, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Returns the greedy next token of every row, [B] int64, on the device (written into `out`
+    when given: the graphs keep every step's tokens in one place)."""
     logits = decode_logits(model, inp, cache)
     with phase("sampling"):
-        return argmax_rows(logits)
+        return argmax_rows(logits, out=out)
 
 
 @torch.inference_mode()

@@ -5,10 +5,19 @@ step back to the asyncio loop. It blocks when idle and never awaits.
 A request of n choices is n sequences sharing one prefill: the first sequence prefills, all n draw
 their first token from its logits (each with its own seed stream), then the n-1 siblings take a copy
 of its KV cache rows and decode on their own slots. The request's Finished event comes once its
-last sequence has ended."""
+last sequence has ended.
+
+Overlapped decode (as SGLang's overlap scheduler and vLLM's async scheduling): while every running
+sequence decodes greedily and nobody waits for a free slot, the thread launches step N+1 before it
+reads step N's tokens. Step N+1's input ids are step N's tokens, taken on the device; its rows are
+step N's minus those that reach max_tokens at N. A sequence that ends at N for another reason (EOS,
+a stop token, a stop string, a cancel) is learned one step late: its token from N+1 is dropped.
+Admission, prefill, forks and sampling steps run one at a time, with nothing in flight, so a freed
+KV slot is never handed out while a launched step may still write to it."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import queue
 import random
 import threading
@@ -38,6 +47,7 @@ from engine.messages import (
     StopChoice,
     Token,
 )
+from engine.cuda_graphs import Launched
 from engine.runner import StepOutput
 from engine.sampler import Draw
 from engine.sequence import Group, Sequence
@@ -47,11 +57,28 @@ _SEEDS = random.SystemRandom()  # seeds for requests that bring none
 IDLE_WAKE_S = 0.5  # an idle thread still refreshes its heartbeat this often
 
 
+@dataclasses.dataclass(slots=True)
+class InFlight:
+    """A launched greedy decode step whose tokens have not been read yet."""
+    launched: Launched | list[int]
+    seqs: list[Sequence]
+    rows: list[RowInput]
+    t0: float  # perf_counter at launch
+    started_ns: int
+    timer: tuple[torch.cuda.Event, torch.cuda.Event] | None
+    overlapped: bool  # launched while the step before it was still in flight
+    counters: Callable[[], object]  # the backend's counters of this step, once it has finished
+
+
 class GpuThread:
-    def __init__(self, engine: Engine, emit: Callable[[Event], None], *, max_prefill_tokens: int = 8192):
+    def __init__(self, engine: Engine, emit: Callable[[Event], None], *, max_prefill_tokens: int = 8192,
+                 overlap: bool = True):
         self.engine = engine
         self._emit = emit
         self.max_prefill_tokens = max_prefill_tokens
+        self.overlap = overlap  # launch decode step N+1 before reading step N's tokens
+        self.in_flight: InFlight | None = None
+        self.overlapped_steps = 0  # steps launched while the one before was still in flight
         self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: dict[tuple[str, int], Sequence] = {}  # (request id, choice index) -> sequence
@@ -60,7 +87,9 @@ class GpuThread:
         self.steps = 0
         self.decode_batch_max = 0
         self.prefill_tokens = 0  # prompt tokens run through the model, all steps together
-        self._timer: tuple[torch.cuda.Event, torch.cuda.Event] | None = None  # made on the first CUDA step
+        # two pairs of CUDA events around the forward, used in turn (two steps may be in flight)
+        self._timers: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None
+        self._timer_turn = 0
         self._thread = threading.Thread(target=self._run, name="pegainfer-gpu", daemon=True)
 
     # ---- loop side --------------------------------------------------------------------------------
@@ -79,12 +108,15 @@ class GpuThread:
     # ---- GPU thread -------------------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            while self._apply(self._drain(block=not (self.waiting or self.running))):
+            while self._apply(self._drain(block=not (self.waiting or self.running or self.in_flight))):
                 self.heartbeat = time.monotonic()
-                if self.waiting or self.running:
+                if self.in_flight is not None:
+                    self._overlapped_step()
+                elif self.waiting or self.running:
                     self._step()
         except Exception as e:  # noqa: BLE001 - any error ends the thread; every request hears of it
             self.error = f"{type(e).__name__}: {e}"
+            self.in_flight = None
             held = self._held_ids()
             self.running.clear()
             self.waiting.clear()
@@ -205,6 +237,9 @@ class GpuThread:
         if admitted:
             self._emit(PrefillStarted(admitted, started_ns))
         seqs, rows = self._rows()
+        if self.overlap and not admitted and self._plain_decode(seqs, rows):
+            self.in_flight = self._launch(seqs, rows, None)
+            return
         timer = self._device_timer()
         if timer is not None:
             timer[0].record()
@@ -250,12 +285,90 @@ class GpuThread:
         self.prefill_tokens += prefill_tokens
         self._emit(StepEvents(tokens, finished, [], [], record, prompt))
 
+    # ---- overlapped decode ----------------------------------------------------------------------
+    @staticmethod
+    def _plain_decode(seqs: list[Sequence], rows: list[RowInput]) -> bool:
+        """Every row decodes one token by the argmax fast path, and no sibling waits for a fork."""
+        for seq, row in zip(seqs, rows):
+            if not seq.plain or seq.forks or len(row.token_ids) != 1 or row.start_pos < len(seq.prompt_ids):
+                return False
+        return bool(rows)
+
+    def _launch(self, seqs: list[Sequence], rows: list[RowInput], feed: list[int] | None) -> InFlight:
+        """Start a greedy decode step; feed: as ModelRunner.launch (None: the host knows every id)."""
+        t0, started_ns = time.perf_counter(), time.time_ns()
+        timer = self._device_timer()
+        if timer is not None:
+            timer[0].record()
+        launched = self.engine.runner.launch(rows, feed)
+        counters = self.engine.backend.mark_counters()
+        if timer is not None:
+            timer[1].record()
+        for seq in seqs:
+            seq.cached += 1
+        return InFlight(launched, seqs, rows, t0, started_ns, timer, feed is not None, counters)
+
+    def _overlapped_step(self) -> None:
+        """Launch the successor of the step in flight where nothing else needs the thread first, then
+        read the step in flight and hand out its tokens."""
+        prev = self.in_flight
+        nxt = None
+        cache = self.engine.cache
+        if self.overlap and not (self.waiting and cache.free_slots > len(self.waiting[0].forks)):
+            seqs, rows, feed = [], [], []
+            for j, seq in enumerate(prev.seqs):
+                # still running, and wanting a token after the one in flight
+                if self.running.get(seq.key) is seq and len(seq.output_ids) + 1 < seq.max_tokens:
+                    seqs.append(seq)
+                    rows.append(RowInput(seq.slot, [0], seq.cached))  # the id comes from the feed
+                    feed.append(j)
+            if seqs:
+                nxt = self._launch(seqs, rows, feed)
+                self.overlapped_steps += 1
+        self.in_flight = nxt
+        self._finish(prev)
+
+    def _finish(self, f: InFlight) -> None:
+        """Read a launched step's tokens; sequences that ended while it ran drop theirs."""
+        out = self.engine.runner.collect(f.launched)
+        gpu_s = None
+        if f.timer is not None:
+            f.timer[1].synchronize()
+            gpu_s = f.timer[0].elapsed_time(f.timer[1]) / 1e3
+        tokens, finished, live = [], [], []
+        eos_id = self.engine.eos_id
+        positions_max = 0
+        for seq, row, tok in zip(f.seqs, f.rows, out):
+            if row.start_pos > positions_max:
+                positions_max = row.start_pos
+            if self.running.get(seq.key) is not seq:
+                continue  # it ended (or was cancelled) while this step was in flight
+            live.append(seq)
+            seq.output_ids.append(tok)
+            reason = seq.finish_reason(eos_id)
+            tokens.append(Token(seq.request_id, tok, len(seq.output_ids) == 1, seq.index, None, (), reason))
+            if reason is not None:
+                end = self._end(seq, reason)
+                if end is not None:
+                    finished.append(Finished(seq.request_id, end))
+        n = len(f.rows)
+        self.decode_batch_max = max(self.decode_batch_max, n)
+        self.steps += 1
+        # the record names the requests the step served; rows counts the dropped ones too
+        record = self._record(live, f.rows, n, 0, positions_max, f.started_ns, time.perf_counter() - f.t0,
+                              gpu_s, len(live), False, f.overlapped, f.counters(), n - len(live))
+        self._emit(StepEvents(tokens, finished, [], [], record, []))
+
     def _device_timer(self) -> tuple[torch.cuda.Event, torch.cuda.Event] | None:
-        """Two CUDA events around the forward, made once (each new event costs host time per step);
-        None off the GPU."""
-        if self._timer is None and self.engine.spec.device.startswith("cuda"):
-            self._timer = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        return self._timer
+        """A pair of CUDA events around the forward; two pairs made once and used in turn (each new
+        event costs host time per step). None off the GPU."""
+        if self._timers is None:
+            if not self.engine.spec.device.startswith("cuda"):
+                return None
+            self._timers = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                            for _ in range(2)]
+        self._timer_turn ^= 1
+        return self._timers[self._timer_turn]
 
     def _choose(self, seqs: list[Sequence], rows: list[RowInput]) -> tuple[list[Sequence], StepOutput]:
         """Run the step and choose a token per sequence; a fresh prompt also chooses for its waiting
@@ -284,8 +397,8 @@ class GpuThread:
         return owners, self.engine.runner.run(rows, draws, prompt_rows)
 
     def _record(self, seqs, rows, n_decode, prefill_tokens, positions_max, started_ns, cpu_s, gpu_s, draws,
-                sampled) -> StepRecord:
-        c = self.engine.backend.take_counters()
+                sampled, overlapped=False, counters=None, dropped=0) -> StepRecord:
+        c = counters if counters is not None else self.engine.backend.take_counters()
         phase = "decode" if prefill_tokens == 0 else ("prefill" if n_decode == 0 else "mixed")
         return StepRecord(
             step=self.steps, phase=phase, request_ids=list(dict.fromkeys([s.request_id for s in seqs])),
@@ -296,6 +409,7 @@ class GpuThread:
             collective_calls=c.collective_calls if c else 0,
             collective_bytes=(c.bytes_sent + c.bytes_received) if c else 0, exchange_s=c.exchange_s if c else 0.0,
             kv_slots_used=self.engine.cache.num_slots - self.engine.cache.free_slots, draws=draws, sampled=sampled,
+            overlapped=overlapped, dropped_rows=dropped,
         )
 
 

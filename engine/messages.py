@@ -131,7 +131,7 @@ class StepRecord:
     prefill_tokens: int
     positions_max: int
     started_ns: int  # time.time_ns() at the start of the step
-    cpu_s: float  # wall time of the step on the GPU thread
+    cpu_s: float  # wall time of the step on the GPU thread (overlapped: from its launch to its read-back)
     gpu_s: float | None  # CUDA-event time of the forward, when on a GPU
     routes_per_rank: list[int]
     routes_per_expert: list[int]
@@ -141,6 +141,8 @@ class StepRecord:
     kv_slots_used: int
     draws: int = 0  # tokens chosen this step (a prefill of n choices draws n from one row)
     sampled: bool = False  # the step took the sampling path (logits out), not the argmax fast path
+    overlapped: bool = False  # launched before the step ahead of it was read (ids fed on the device)
+    dropped_rows: int = 0  # rows whose sequence ended before the step was read: their tokens were dropped
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

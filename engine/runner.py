@@ -14,7 +14,7 @@ import dataclasses
 import torch
 
 from engine.batch import Batch, RowInput
-from engine.cuda_graphs import DecodeGraphs, wait_and_read
+from engine.cuda_graphs import DecodeGraphs, Launched, wait_and_read
 from engine.kv_cache import MLACache
 from engine.messages import TopLogprobs
 from engine.model import DeepseekV2
@@ -40,9 +40,11 @@ class ModelRunner:
         self.device = device
         self.graphs = graphs
         self.prefill_graphs = prefill_graphs
+        self._eager_last: list[int] | None = None  # the last eager launch's tokens (what a feed reads)
 
     def step(self, rows: list[RowInput]) -> list[int]:
         """Run the rows' new tokens through the model; return each row's greedy next token."""
+        self._eager_last = None
         if self.graphs is None:
             return self._eager(rows)
         decode, prompt = _split(rows)
@@ -58,6 +60,25 @@ class ModelRunner:
             for i, tok in zip(decode, self.graphs.run([rows[i] for i in decode])):
                 out[i] = tok
         return out
+
+    def launch(self, rows: list[RowInput], feed: list[int] | None = None) -> Launched | list[int]:
+        """Start a greedy step of decode rows without waiting for its tokens (collect() reads them),
+        so the host can prepare the next step while this one runs. feed[i] = j >= 0: row i's input
+        is row j's token of the step launched just before, which the host has not read yet (-1: the
+        id in rows[i]). The eager path has nothing to overlap: it runs the step at once."""
+        if self.graphs is not None:
+            return self.graphs.launch(rows, feed)
+        if feed is not None:
+            prev = self._eager_last
+            if prev is None:
+                raise RuntimeError("a decode feed needs the step before to be a launched greedy step")
+            rows = [r if j < 0 else RowInput(r.slot, [prev[j]], r.start_pos) for r, j in zip(rows, feed)]
+        self._eager_last = self._eager(rows)
+        return self._eager_last
+
+    def collect(self, launched: Launched | list[int]) -> list[int]:
+        """The greedy tokens of a launched step."""
+        return launched if isinstance(launched, list) else self.graphs.collect(launched)
 
     def run(self, rows: list[RowInput], draws: list[Draw], prompt_rows: dict[int, int] | None = None) -> StepOutput:
         """The step with a token chosen per draw (several draws may read one row: the first step of
@@ -87,6 +108,7 @@ class ModelRunner:
     def logits(self, rows: list[RowInput], full_rows: set[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """[R, V] float32 logits of every row's last new token, and for the rows in full_rows the
         [L, V] logits of all their new tokens."""
+        self._eager_last = None
         if self.graphs is None or full_rows:
             return self._eager_logits(rows, full_rows)
         decode, prompt = _split(rows)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -69,6 +70,13 @@ class ExpertBackend(abc.ABC):
     def take_counters(self) -> ExchangeCounters | None:
         """Counters since the last call (None when the backend keeps none)."""
         return None
+
+    def mark_counters(self) -> Callable[[], ExchangeCounters | None]:
+        """Called right after a step is launched, before it is read back: a function that returns
+        that step's counters once the step has finished (called in launch order). By default the
+        counters are complete at launch (the step ran synchronously on the host's side)."""
+        counters = self.take_counters()
+        return lambda: counters
 
     def close(self) -> None:
         """Release ranks and buffers; idempotent."""

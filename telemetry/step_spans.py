@@ -44,6 +44,8 @@ class StepSpans:
             "pegainfer.step.exchange_s": r.exchange_s,
             "pegainfer.step.cpu_s": r.cpu_s,
             "pegainfer.step.kv_slots_used": r.kv_slots_used,
+            "pegainfer.step.overlapped": r.overlapped,
+            "pegainfer.step.dropped_rows": r.dropped_rows,
             **self._engine.attributes(),
         }
         if r.gpu_s is not None:

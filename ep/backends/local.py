@@ -26,6 +26,10 @@ class LocalBackend(ExpertBackend):
         # step, no zeroing kernel (each torch call costs the GPU machine's host tens of µs per step)
         self._host = torch.zeros(n_experts, dtype=torch.int64).pin_memory() if device.type == "cuda" else None
         self._seen = np.zeros(n_experts, dtype=np.int64)  # the totals at the last take_counters
+        # overlapped steps: two more pinned copies, each with an event, used in turn (mark_counters)
+        self._marks = [(torch.zeros(n_experts, dtype=torch.int64).pin_memory(), torch.cuda.Event())
+                       for _ in range(2)] if device.type == "cuda" else []
+        self._mark_turn = 0
         log_event("expert_kernel", backend=self.name, kernel=self.kernel, graph_safe=self.graph_safe)
 
     @classmethod
@@ -64,3 +68,19 @@ class LocalBackend(ExpertBackend):
             per_expert = (now - self._seen).tolist()
             self._seen = now.copy()
         return ExchangeCounters([sum(per_expert)], per_expert)
+
+    def mark_counters(self):
+        if not self._marks:
+            return super().mark_counters()
+        buf, done = self._marks[self._mark_turn]
+        self._mark_turn ^= 1
+        buf.copy_(self._routes, non_blocking=True)  # queued behind the launched step, no wait here
+        done.record()
+
+        def read() -> ExchangeCounters:
+            done.synchronize()
+            now = buf.numpy().copy()
+            per_expert = (now - self._seen).tolist()
+            self._seen = now
+            return ExchangeCounters([sum(per_expert)], per_expert)
+        return read
