@@ -5,6 +5,7 @@ eager expand path.
 
     python tools/gpu_probe.py [--batches 1,8,32] [--prompt-len 86] [--new-tokens 64] [--variants triton,plain]
     python tools/gpu_probe.py --diag tiny,lite
+    python tools/gpu_probe.py --thread --batches 1,64,256 --out FILE.json  (the GPU thread, overlap off/on)
 """
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ import torch  # noqa: E402
 
 from engine.batch import RowInput  # noqa: E402
 from engine.engine import EngineSpec, build_engine  # noqa: E402
+
+
+def _git_sha() -> str:
+    import os
+    return os.environ.get("PEGAINFER_GIT_SHA", "unknown")
 
 
 def ceilings() -> dict:
@@ -286,6 +292,48 @@ def prefill_profile(cases: list[tuple[int, int]]) -> None:
             engine.cache.release(s)
 
 
+def thread_decode(engine, batches: list[int], prompt_len: int, new_tokens: int, overlap: bool) -> list[dict]:
+    """The GPU thread itself (what the daemon runs, without HTTP): b greedy requests admitted at once,
+    each token's arrival timed on the consuming side. Per batch: the median per-request TPOT (first
+    token to last) and the decode tokens per second over the span from the first request's first
+    token to the last token. A first pass captures the graphs; the second is reported."""
+    import queue
+
+    from engine.gpu_thread import GpuThread
+    from engine.messages import Admit, Shutdown, StepEvents
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    gpu = GpuThread(engine, events.put, overlap=overlap)
+    gpu.start()
+    rows = []
+    try:
+        for b in batches:
+            g = torch.Generator().manual_seed(b)
+            prompts = torch.randint(0, engine.cfg.vocab_size - 2, (b, prompt_len), generator=g).tolist()
+            for rep in range(2):
+                first, last, done = {}, {}, 0
+                steps0, overlapped0 = gpu.steps, gpu.overlapped_steps
+                for i, p in enumerate(prompts):
+                    gpu.submit(Admit(f"b{b}-{rep}-{i}", p, new_tokens, ignore_eos=True))
+                while done < b:
+                    ev = events.get(timeout=600)
+                    now = time.perf_counter()
+                    if isinstance(ev, StepEvents):
+                        for t in ev.tokens:
+                            first.setdefault(t.request_id, now)
+                            last[t.request_id] = now
+                        done += len(ev.finished)
+            tpots = [(last[r] - first[r]) / (new_tokens - 1) * 1e3 for r in first]
+            span = max(last.values()) - min(first.values())
+            rows.append({"batch": b, "overlap": overlap, "tpot_ms_median": round(statistics.median(tpots), 3),
+                         "decode_tok_s": round(b * (new_tokens - 1) / span, 1), "steps": gpu.steps - steps0,
+                         "overlapped_steps": gpu.overlapped_steps - overlapped0})
+            print(json.dumps(rows[-1]), flush=True)
+    finally:
+        gpu.submit(Shutdown())
+        gpu.join(30)
+    return rows
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--batches", default="1,8,32")
@@ -298,6 +346,8 @@ def main() -> int:
     p.add_argument("--prefill-profile", help="rows x tokens cases of the packed prefill, e.g. 32x86,1x4620")
     p.add_argument("--host-profile", action="store_true", help="cProfile of the host side of decode steps")
     p.add_argument("--timeline", action="store_true", help="kernel timeline of the decode graph at each batch")
+    p.add_argument("--thread", action="store_true",
+                   help="decode through the GPU thread (as the daemon), overlapped scheduling on and off")
     a = p.parse_args()
     if a.diag:
         for preset in a.diag.split(","):
@@ -309,6 +359,16 @@ def main() -> int:
     batches = [int(b) for b in a.batches.split(",")]
     if a.host_profile:
         host_profile(batches, a.prompt_len)
+        return 0
+    if a.thread:
+        engine = build_engine(EngineSpec(random_preset="lite", device="cuda", dtype="bfloat16",
+                                         num_slots=max(batches), max_model_len=1024))
+        report = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "git": _git_sha(),
+                  "prompt_len": a.prompt_len, "new_tokens": a.new_tokens,
+                  "thread": [r for overlap in (False, True, False, True)
+                             for r in thread_decode(engine, batches, a.prompt_len, a.new_tokens, overlap)]}
+        if a.out:
+            a.out.write_text(json.dumps(report))
         return 0
     report = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "ceilings": ceilings()}
     print(json.dumps(report), flush=True)

@@ -9,6 +9,7 @@ import queue
 import pytest
 import torch
 
+from engine.cuda_graphs import DecodeGraphs
 from engine.engine import EngineSpec, build_engine
 from engine.generate import generate
 from engine.gpu_thread import GpuThread
@@ -164,23 +165,6 @@ def test_greedy_steps_keep_the_argmax_fast_path(engine):
     assert out.tokens[("h", 0)] == out.tokens[("h", 1)] == generate(engine, [[3, 4]], 5, ignore_eos=True)[0].token_ids
 
 
-class EagerDecodeGraphs:
-    """DecodeGraphs' interface on CPU: the same step functions it captures, run without a graph."""
-
-    def __init__(self, engine):
-        self.model, self.cache, self.calls = engine.model, engine.cache, []
-
-    def run(self, rows, logits=False):
-        from engine.decode import DecodeInputs, decode_logits, decode_step
-        self.calls.append(logits)
-        pos = torch.tensor([r.start_pos for r in rows])
-        inp = DecodeInputs(torch.tensor([r.token_ids[0] for r in rows]), pos, torch.tensor([r.slot for r in rows]),
-                           pos + 1, length=int(pos.max()) + 1)
-        if logits:
-            return decode_logits(self.model, inp, self.cache)
-        return decode_step(self.model, inp, self.cache).tolist()
-
-
 class EagerPrefillGraphs:
     def __init__(self, engine):
         self.model, self.cache, self.calls = engine.model, engine.cache, []
@@ -216,14 +200,16 @@ def test_the_graph_paths_choose_the_same_tokens_as_the_eager_path(engine, with_e
     later = (Admit("q", [20, 21, 22], 5, True, SamplingSpec(temperature=1.0, seed=4)),)  # prefills beside decodes
     ref = run(engine, admits, later)
     runner = engine.runner
-    runner.graphs, runner.prefill_graphs = EagerDecodeGraphs(engine), EagerPrefillGraphs(engine)
+    # the real DecodeGraphs: off CUDA each "graph" replays its step function eagerly
+    runner.graphs = DecodeGraphs(engine.model, engine.cache, engine.cache.num_slots, engine.cache.scratch_slot)
+    runner.prefill_graphs = EagerPrefillGraphs(engine)
     try:
         got = run(engine, admits, later)
-        decode_calls, prefill_calls = runner.graphs.calls, runner.prefill_graphs.calls
+        decode_calls, prefill_calls = {key[2] for key in runner.graphs.graphs}, runner.prefill_graphs.calls
     finally:
         runner.graphs = runner.prefill_graphs = None
     assert got.tokens == ref.tokens
-    assert True in decode_calls and False in decode_calls  # both the sampling path and the fast path ran
+    assert decode_calls == {True, False}  # both the sampling path (logits) and the fast path (tokens) ran
     assert any(r.phase == "mixed" and r.sampled for r in got.records)
     if with_echo:
         assert prefill_calls == [True] and got.prompt["e"][1][0] == pytest.approx(ref.prompt["e"][1][0], abs=1e-5)
