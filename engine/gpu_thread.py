@@ -110,10 +110,7 @@ class GpuThread:
         try:
             while self._apply(self._drain(block=not (self.waiting or self.running or self.in_flight))):
                 self.heartbeat = time.monotonic()
-                if self.in_flight is not None:
-                    self._overlapped_step()
-                elif self.waiting or self.running:
-                    self._step()
+                self.tick()
         except Exception as e:  # noqa: BLE001 - any error ends the thread; every request hears of it
             self.error = f"{type(e).__name__}: {e}"
             self.in_flight = None
@@ -121,6 +118,14 @@ class GpuThread:
             self.running.clear()
             self.waiting.clear()
             self._emit(EngineDied(self.error, [Failed(rid, self.error) for rid in held]))
+
+    def tick(self) -> None:
+        """One turn of the loop after the commands: read the step in flight (launching its successor
+        first where it may), or run the next step, or nothing when idle."""
+        if self.in_flight is not None:
+            self._overlapped_step()
+        elif self.waiting or self.running:
+            self._step()
 
     def _drain(self, block: bool) -> list[Command]:
         cmds = []

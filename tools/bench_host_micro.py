@@ -8,11 +8,12 @@ contention), for comparing two versions of the code:
   uvicorn/h11, the socket writes and the GPU thread are not in it.
 Both apply the daemon's serving-time collector and GIL settings (daemon.runtime.tune_for_serving)
 where the code under test has them.
-- gpu: GpuThread._step over N running sequences with the forward replaced by a made-up token per row;
-  prints the thread's host µs per step and per row.
+- gpu: GpuThread.tick over N running sequences with the forward replaced by a made-up token per row
+  (tools/benchkit/fake_device.py, zero device time); prints the thread's host µs per step and per row,
+  overlapped (the daemon's default) or step by step (--no-overlap).
 
     python tools/bench_host_micro.py loop [--streams 64] [--tokens 64] [--rounds 6]
-    python tools/bench_host_micro.py gpu [--rows 64] [--steps 200] [--rounds 7]
+    python tools/bench_host_micro.py gpu [--rows 64] [--steps 200] [--rounds 7] [--no-overlap]
 
 Both print the median and the minimum over rounds (the first round of `loop` warms up and is dropped)."""
 from __future__ import annotations
@@ -38,10 +39,6 @@ def tune_like_the_daemon() -> None:
     tune = getattr(daemon.runtime, "tune_for_serving", None)
     if tune is not None:
         tune()
-
-
-def fake_tokens(rows) -> list[int]:
-    return [(r.token_ids[-1] * 31 + r.start_pos) % 996 + 3 for r in rows]  # never the tiny model's BOS/EOS
 
 
 async def loop_path(streams: int, tokens: int, rounds: int) -> list[float]:
@@ -114,28 +111,29 @@ async def loop_path(streams: int, tokens: int, rounds: int) -> list[float]:
     return per_token
 
 
-def gpu_path(rows: int, steps: int, rounds: int) -> list[float]:
+def gpu_path(rows: int, steps: int, rounds: int, overlap: bool = True) -> list[float]:
     from engine.default_model import ensure_default_model
     from engine.engine import EngineSpec, build_engine
     from engine.gpu_thread import GpuThread
     from engine.messages import Admit
+    from tools.benchkit.fake_device import FakeDevice
 
     engine = build_engine(EngineSpec(model_dir=str(ensure_default_model()), num_slots=rows))
     events: list = []
-    gpu = GpuThread(engine, events.append)
-    engine.runner.step = fake_tokens
+    gpu = GpuThread(engine, events.append, overlap=overlap)
+    FakeDevice(0.0).install(engine.runner)
     for i in range(rows):
         gpu.submit(Admit(f"cmpl-{i:024x}", list(range(5, 105)), steps * (rounds + 1) + 20, True))
     gpu._apply(gpu._drain(False))
     tune_like_the_daemon()
     for _ in range(10):
-        gpu._step()
+        gpu.tick()
     per_step = []
     for _ in range(rounds):
         events.clear()
         t0 = time.thread_time()
         for _ in range(steps):
-            gpu._step()
+            gpu.tick()
         per_step.append(1e6 * (time.thread_time() - t0) / steps)
     engine.close()
     return per_step
@@ -152,13 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     gp.add_argument("--rows", type=int, default=64)
     gp.add_argument("--steps", type=int, default=200)
     gp.add_argument("--rounds", type=int, default=7)
+    gp.add_argument("--no-overlap", action="store_true", help="the step-by-step thread (no launch ahead)")
     a = p.parse_args(argv)
     if a.path == "loop":
         v = asyncio.run(loop_path(a.streams, a.tokens, max(a.rounds, 2)))
         print(f"loop path, {a.streams} streams x {a.tokens} tokens: {statistics.median(v):.1f} µs CPU per token "
               f"(median of {len(v)} rounds; min {min(v):.1f})")
     else:
-        v = gpu_path(a.rows, a.steps, a.rounds)
+        v = gpu_path(a.rows, a.steps, a.rounds, overlap=not a.no_overlap)
         print(f"GPU thread outside the forward, {a.rows} rows: {statistics.median(v):.0f} µs per step, "
               f"{statistics.median(v) / a.rows:.2f} µs per row (median of {len(v)} rounds; min {min(v):.0f} µs)")
     return 0

@@ -42,6 +42,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tools.benchkit import hardware  # noqa: E402
+from tools.benchkit.fake_device import FakeDevice  # noqa: E402
 from tools.benchkit.workload import parse_levels  # noqa: E402
 
 
@@ -68,6 +69,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fake-step-ms", type=float,
                    help="replace the model forward by a sleep of this long (the GIL released, as in a device "
                         "wait) and a made-up token per row: the host path at a GPU's step rate")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="serve with --disable-overlap-schedule (read each step before launching the next)")
     p.add_argument("--profile", choices=("loop", "gpu"), help="cProfile one thread over the measured levels")
     p.add_argument("--profile-top", type=int, default=30)
     p.add_argument("--profile-clock", choices=("cpu", "wall"), default="cpu",
@@ -98,48 +101,49 @@ def thread_sys(native_id: int) -> float:
 
 
 class StepProbe:
-    """Wraps the GPU thread's _step and the runner's forward calls (on their instances only) to sum
-    wall and thread-CPU time of every step and of the forward inside it."""
+    """Wraps the GPU thread's tick and the runner's forward calls (on their instances only) to sum
+    wall and thread-CPU time of every step and of the forward inside it (an overlapped step's launch
+    and its read-back both count as forward)."""
 
     def __init__(self, gpu, runner, profiler: cProfile.Profile | None = None):
         self.steps = self.rows = self.tokens = 0
         self.step_wall = self.step_cpu = self.fwd_wall = self.fwd_cpu = 0.0
         self.profiler = profiler
-        step, fwd_step, fwd_run = gpu._step, runner.step, runner.run
+        tick, fwd_step, fwd_run, launch, collect = gpu.tick, runner.step, runner.run, runner.launch, runner.collect
 
-        def timed_step() -> None:
+        def timed_tick() -> None:
             if self.profiler is not None:
                 self.profiler.enable()
             w, c = time.perf_counter(), time.thread_time()
-            step()
+            tick()
             self.step_wall += time.perf_counter() - w
             self.step_cpu += time.thread_time() - c
             self.steps += 1
             if self.profiler is not None:
                 self.profiler.disable()
 
-        def forward(fn, rows, *args):
+        def forward(fn, rows, *args, count_rows: bool = True, count_tokens: bool = True):
             w, c = time.perf_counter(), time.thread_time()
             out = fn(rows, *args)
             self.fwd_wall += time.perf_counter() - w
             self.fwd_cpu += time.thread_time() - c
-            self.rows += len(rows)
-            self.tokens += len(out) if isinstance(out, list) else len(out.tokens)
+            if count_rows:
+                self.rows += len(rows)
+            if count_tokens:
+                self.tokens += len(out) if isinstance(out, list) else len(out.tokens)
             return out
 
-        gpu._step = timed_step
+        gpu.tick = timed_tick
         runner.step = lambda rows: forward(fwd_step, rows)
         runner.run = lambda rows, *args: forward(fwd_run, rows, *args)
+        runner.launch = lambda rows, *args: forward(launch, rows, *args, count_tokens=False)
+        runner.collect = lambda launched: forward(lambda _, x: collect(x), [], launched, count_rows=False)
 
     @staticmethod
     def fake_forward(runner, step_s: float) -> None:
-        """The runner's greedy step becomes a sleep and a made-up token per row (ids 3..998: never the
-        tiny model's BOS/EOS). Only plain greedy requests (the argmax fast path) are served this way."""
-        def step(rows):
-            time.sleep(step_s)
-            return [(r.token_ids[-1] * 31 + r.start_pos) % 996 + 3 for r in rows]
-
-        runner.step = step
+        """The runner's greedy steps run on a FakeDevice: step_s of queued "device" time per step and a
+        made-up token per row. Only plain greedy requests (the argmax fast path) are served this way."""
+        FakeDevice(step_s).install(runner)
 
     def snapshot(self) -> dict:
         return {k: getattr(self, k) for k in ("steps", "rows", "tokens", "step_wall", "step_cpu", "fwd_wall",
@@ -335,7 +339,8 @@ async def _serve(a: argparse.Namespace, port: int) -> Bench:
     flags = argparse.Namespace(
         model=a.model, random_preset=a.random_preset, device=a.device, port=port, log_level="warning",
         max_active=a.max_active or max(a.levels), max_pending=max(max(a.levels), 64),
-        trace_file=None if trace_file == "none" else trace_file, step_trace_every=a.step_trace_every)
+        trace_file=None if trace_file == "none" else trace_file, step_trace_every=a.step_trace_every,
+        disable_overlap_schedule=a.no_overlap or None)
     settings = resolve(flags, environ={})
     rt = Runtime(settings, build_telemetry(settings))
     bench = Bench(a, rt, asyncio.get_running_loop(), port)
