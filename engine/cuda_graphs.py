@@ -90,27 +90,27 @@ class DecodeGraphs:
         dev = cache.data.device
         self.on_cuda = dev.type == "cuda"
         m = self.max_batch = max_batch
-        # [6, m] on the device: row 0 holds the last greedy step's tokens (every greedy graph writes
-        # them there), rows 1-5 the step's inputs: ids, positions, slots, cached lengths and the feed.
-        # A row's input id is flat[feed]: m + i is the host's id of row i, j < m is row j's token of
-        # the step before (an overlapped step learns its ids on the device)
-        self.dev = torch.zeros(6, m, dtype=torch.int64, device=dev)
-        self.flat = self.dev.view(-1)
-        self.static = self.dev[1:]  # [5, m]
-        self.tokens = self.dev[0]  # [m]
+        # On the device: the last greedy step's tokens [m] (every greedy graph writes them there), then
+        # the step's inputs as one contiguous [5, b] block for batch bucket b: ids, positions, slots,
+        # cached lengths and the feed. A row's input id is flat[feed]: m + i is the host's id of row i,
+        # j < m is row j's token of the step before (an overlapped step learns its ids on the device).
+        # Contiguous blocks keep every host->device copy a plain asynchronous one: a strided copy from
+        # the pinned buffer went through a pageable temporary, which waits for the stream to drain
+        self.flat = torch.zeros(6 * m, dtype=torch.int64, device=dev)
+        self.tokens = self.flat[:m]  # [m]
         self.own_feed = np.arange(m, 2 * m, dtype=np.int64)
         # two sets of pinned host buffers, used in turn: the next step's inputs are written while the
         # previous step's copies may still be queued on the stream
-        self.host = [_host((5, m), self.on_cuda) for _ in range(2)]
-        self.host_np = [h.numpy() for h in self.host]  # the same memory
+        self.host = [_host((5 * m,), self.on_cuda) for _ in range(2)]
         self.host_out = [_host((m,), self.on_cuda) for _ in range(2)]  # the step's tokens, read back
         self.host_out_np = [h.numpy() for h in self.host_out]
         self.done = [torch.cuda.Event() for _ in range(2)] if self.on_cuda else [None, None]
         self.turn = 0
         self.tokens_fresh = False  # the last step launched was greedy: a feed may read its tokens
-        # per (batch bucket, turn): the static, pinned input and pinned output views, made once: on
-        # the GPU machine's host each torch call (a slice included) costs microseconds on every step
-        self.views: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        # per (batch bucket, turn): the device input block, the pinned input block (and its numpy
+        # view), the tokens and the pinned tokens, made once: on the GPU machine's host each torch call
+        # (a slice included) costs microseconds on every step
+        self.views: dict[tuple[int, int], tuple] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.on_cuda else None
         self.graphs: dict[tuple[int, int, bool], tuple] = {}
         self.logits_out: torch.Tensor | None = None  # [max_batch, V], allocated with the first logits graph
@@ -142,9 +142,9 @@ class DecodeGraphs:
         length = bucket(max(pos) + 1, self.length_buckets)
         turn = self.turn
         self.turn ^= 1
+        static, host, h, tokens, host_out = self._views(b, turn)
         # the inputs go through a numpy view of the pinned buffer: the host of the GPU machine
         # spends ~70 µs on each torch op, so per-step torch ops here would cost milliseconds
-        h = self.host_np[turn]
         h[0, :n] = [r.token_ids[0] for r in rows]
         h[1, :n] = pos
         h[2, :n] = [r.slot for r in rows]
@@ -157,11 +157,6 @@ class DecodeGraphs:
             f = np.asarray(feed, dtype=np.int64)
             h[4, :n] = np.where(f >= 0, f, self.own_feed[:n])
         self._pad(h, n, b)
-        views = self.views.get((b, turn))
-        if views is None:
-            views = self.views[(b, turn)] = (self.static[:, :b], self.host[turn][:, :b], self.tokens[:b],
-                                             self.host_out[turn][:b])
-        static, host, tokens, host_out = views
         static.copy_(host, non_blocking=True)
         graph, out = self.graphs.get((b, length, logits)) or self._capture(b, length, logits)
         graph.replay()
@@ -174,6 +169,15 @@ class DecodeGraphs:
             done.record()
         return Launched(turn, n)
 
+    def _views(self, b: int, turn: int) -> tuple:
+        views = self.views.get((b, turn))
+        if views is None:
+            m = self.max_batch
+            host = self.host[turn][: 5 * b].view(5, b)
+            views = self.views[(b, turn)] = (self.flat[m: m + 5 * b].view(5, b), host, host.numpy(),
+                                             self.tokens[:b], self.host_out[turn][:b])
+        return views
+
     def _pad(self, h: np.ndarray, n: int, b: int) -> None:
         h[0, n:b] = 0
         h[1, n:b] = 0
@@ -183,9 +187,9 @@ class DecodeGraphs:
 
     def _inputs(self, b: int, length: int) -> DecodeInputs:
         """The step's inputs as graph-static tensors: the ids gathered through the feed (one kernel)."""
-        s = self.static
-        ids = self.flat.index_select(0, s[4, :b])
-        return DecodeInputs(ids, s[1, :b], s[2, :b], s[3, :b], length)
+        s = self._views(b, 0)[0]
+        ids = self.flat.index_select(0, s[4])
+        return DecodeInputs(ids, s[1], s[2], s[3], length)
 
     def _capture(self, b: int, length: int, logits: bool) -> tuple:
         if logits and self.logits_out is None:
@@ -203,12 +207,13 @@ class DecodeGraphs:
             self.graphs[(b, length, logits)] = (_EagerGraph(fn), out_buf)
             return self.graphs[(b, length, logits)]
         torch.cuda.current_stream().synchronize()  # the step's host->device copy must land first
-        saved = self.dev.clone()  # the inputs and the previous step's tokens (a feed may read them)
-        h = self.host_np[self.turn]
+        saved = self.flat.clone()  # the inputs and the previous step's tokens (a feed may read them)
+        static, host, h, _, _ = self._views(b, self.turn)
         self._pad(h, 0, b)  # warm up on the scratch slot only: real caches stay untouched
-        self.static[:, :b].copy_(self.host[self.turn][:, :b])
-        graph, out = capture(fn, self.pool)
-        self.dev.copy_(saved)
+        static.copy_(host)
+        with self.model.backend.uncounted():  # the warm-up step is no step of the engine's
+            graph, out = capture(fn, self.pool)
+        self.flat.copy_(saved)
         self.graphs[(b, length, logits)] = (graph, out)
         log_event("cuda_graph_captured", batch=b, length=length, logits=logits, graphs=len(self.graphs))
         return graph, out

@@ -82,7 +82,8 @@ class PrefillGraphs:
         s = self.static
         inp = PrefillInputs(s[0, :t], s[1, :t], s[2, :t], s[3, :t], self.static_last)
         fn = self._logits_fn() if logits else prefill_step
-        graph, out = capture(lambda: fn(self.model, inp, self.cache, one), self.pool)
+        with self.model.backend.uncounted():  # the warm-up step is no step of the engine's
+            graph, out = capture(lambda: fn(self.model, inp, self.cache, one), self.pool)
         self.static[:, :t].copy_(saved)
         self.static_last.copy_(saved_last)
         self.graphs[(t, logits, one)] = (graph, out)

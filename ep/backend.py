@@ -4,8 +4,9 @@ rows and the outputs move between the ranks that own the experts."""
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import ClassVar
 
 import torch
@@ -70,6 +71,11 @@ class ExpertBackend(abc.ABC):
     def take_counters(self) -> ExchangeCounters | None:
         """Counters since the last call (None when the backend keeps none)."""
         return None
+
+    @contextlib.contextmanager
+    def uncounted(self) -> Iterator[None]:
+        """Steps run inside (a CUDA graph's warm-up and capture) leave the counters as they were."""
+        yield
 
     def mark_counters(self) -> Callable[[], ExchangeCounters | None]:
         """Called right after a step is launched, before it is read back: a function that returns

@@ -2,6 +2,8 @@
 the expert step has no host synchronisation, so the decode step can be captured in a CUDA graph."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 
@@ -68,6 +70,14 @@ class LocalBackend(ExpertBackend):
             per_expert = (now - self._seen).tolist()
             self._seen = now.copy()
         return ExchangeCounters([sum(per_expert)], per_expert)
+
+    @contextlib.contextmanager
+    def uncounted(self):
+        saved = self._routes.clone()
+        try:
+            yield
+        finally:
+            self._routes.copy_(saved)  # in place: captured graphs hold this tensor
 
     def mark_counters(self):
         if not self._marks:

@@ -35,7 +35,7 @@ def fake_app() -> Starlette:
     async def models(_: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
             {"id": "flaky", "backend": "fake", "maturity": "candidate", "gpu": "Fake GPU 80GB"},
-            {"id": "steady"}, {"id": "slow"}, {"id": "nousage"}]})
+            {"id": "steady"}, {"id": "slow"}, {"id": "nousage"}, {"id": "unicode"}]})
 
     async def completions(http: Request) -> Response:
         body = await http.json()
@@ -53,14 +53,15 @@ def fake_app() -> Starlette:
             await asyncio.sleep(FAIL_DELAY_S)
             return JSONResponse({"error": {"message": "engine fell over"}}, status_code=500)
 
-        def event(obj) -> str:
-            return "data: " + json.dumps(obj) + "\n\n"
+        def event(obj) -> str:  # "unicode": raw U+2028, U+0085 and U+001C in the JSON, as orjson writes them
+            return "data: " + json.dumps(obj, ensure_ascii=model != "unicode") + "\n\n"
 
         async def stream():
             yield ": ping\n\n"
             for i in range(TOKENS):
                 await asyncio.sleep(CHUNK_GAP_S)
-                yield event({"id": rid, "choices": [{"index": 0, "text": f" t{i}",
+                text = f" t{i}\u2028\x85\x1c" if model == "unicode" else f" t{i}"
+                yield event({"id": rid, "choices": [{"index": 0, "text": text,
                                                      "finish_reason": "length" if i == TOKENS - 1 else None}]})
             if failing:
                 await asyncio.sleep(FAIL_DELAY_S)
@@ -155,6 +156,15 @@ def test_a_server_without_usage_counts_chunks_and_says_so(fake_server, tmp_path)
     m = r["levels"][0]["runs"][0]["metrics"]
     assert (m["completed"], m["total_output_tokens"], m["usage_reported"]) == (2, 2 * TOKENS, False)
     assert "sent no usage chunk" in (tmp_path / "report.md").read_text()
+
+
+def test_chunks_carrying_unicode_line_separators_parse(fake_server, tmp_path):
+    """SSE lines end at CR, LF or CRLF only; JSON may carry U+2028, U+0085 or U+001C raw (orjson does),
+    which str.splitlines (and httpx's aiter_lines) would take for line ends, cutting the chunk."""
+    r = bench(tmp_path, "--base-url", fake_server, "--profile", "short", "--model", "unicode", "--concurrency", "2",
+              "--num-requests", "4", "--warmup", "0")
+    m = r["levels"][0]["runs"][0]["metrics"]
+    assert (m["completed"], m["failed"], m["total_output_tokens"]) == (4, 0, 4 * TOKENS)
 
 
 def test_workload_is_fixed_by_the_seed():

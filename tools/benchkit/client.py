@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 
@@ -53,7 +54,7 @@ async def send(client: httpx.AsyncClient, url: str, body: dict, index: int, time
                     text = (await resp.aread()).decode(errors="replace")
                     rec.error = f"HTTP {resp.status_code}: {_error_message(text)}"
                     return rec
-                async for line in resp.aiter_lines():
+                async for line in sse_lines(resp):
                     now = time.perf_counter()
                     data = _sse_data(line)
                     if data is None:
@@ -76,6 +77,23 @@ async def send(client: httpx.AsyncClient, url: str, body: dict, index: int, time
         rec.output_tokens = len(rec.chunk_times)  # no usage chunk: one token per chunk, flagged in the report
     rec.ok = rec.error is None
     return rec
+
+
+_LINE_END = re.compile(r"\r\n|\n|\r")
+
+
+async def sse_lines(resp: httpx.Response) -> AsyncIterator[str]:
+    """The stream's lines as the SSE format ends them: CRLF, LF or CR. Not httpx's aiter_lines, which
+    splits like str.splitlines, also at U+2028, U+0085, U+001C and the like: JSON carries those raw
+    (orjson writes them unescaped), and a chunk cut there would not parse."""
+    pending = ""
+    async for text in resp.aiter_text():
+        pending += text
+        *lines, pending = _LINE_END.split(pending)
+        for line in lines:
+            yield line
+    if pending:
+        yield pending
 
 
 def _sse_data(line: str) -> str | None:

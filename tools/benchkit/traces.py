@@ -30,7 +30,7 @@ def request_spans(path: Path) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     if not path.is_file():
         return out
-    for raw in path.read_text(errors="replace").splitlines():
+    for raw in path.read_text(errors="replace").split("\n"):  # JSONL: not splitlines (U+2028 may sit in a line)
         try:
             data = json.loads(raw)
         except ValueError:

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from tools.benchkit.client import sse_lines
 from tools.reliakit import observation as o
 from tools.reliakit.observation import RequestObservation
 
@@ -56,7 +57,7 @@ async def stream(client: httpx.AsyncClient, obs: RequestObservation, now: Clock,
                     obs.error_body, obs.error = _error_of(await r.aread())
                     obs.outcome = o.HTTP_ERROR
                     return
-                async for line in r.aiter_lines():
+                async for line in sse_lines(r):  # CR/LF line ends only: JSON may carry U+2028 raw
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
