@@ -71,7 +71,8 @@ def build_app(rt: Runtime) -> Starlette:
             body["kv_slots_total"] = rt.engine.cache.num_slots
         if rt.gpu is not None:
             body["engine"] = {"steps": rt.gpu.steps, "decode_batch_max": rt.gpu.decode_batch_max,
-                              "running": len(rt.gpu.running), "waiting": len(rt.gpu.waiting)}
+                              "running": len(rt.gpu.running), "waiting": len(rt.gpu.waiting),
+                              "async_scheduling": rt.gpu.overlap, "overlapped_steps": rt.gpu.overlapped_steps}
         return JSONResponse(body, status_code=200 if ok else 503)
 
     async def metrics(http: HTTPRequest) -> Response:

@@ -131,7 +131,7 @@ class Runtime:
         self.engine, self.tokenizer = engine, tok
         self.bridge = EngineBridge(loop, self)
         self.gpu = GpuThread(engine, self.bridge.emit, max_prefill_tokens=s.max_prefill_tokens,
-                             overlap=not s.disable_overlap_schedule)
+                             overlap=s.async_scheduling)
         self.scheduler = Scheduler(self.bridge, max_active=engine.cache.num_slots, max_pending=s.max_pending,
                                    observer=self.telemetry)
         self.bridge.connect(self.gpu, self.scheduler)
@@ -143,7 +143,7 @@ class Runtime:
             self.move(Phase.READY)
         log_event("serving", host=s.host, port=s.port, model=self.model_name, backend=engine.backend_name,
                   maturity=engine.maturity, max_active=engine.cache.num_slots, max_pending=s.max_pending,
-                  max_model_len=engine.max_model_len)
+                  max_model_len=engine.max_model_len, async_scheduling=s.async_scheduling)
         self._notify(ready=True)
 
     # ---- StepObserver (from the bridge) -----------------------------------------------------------

@@ -10,10 +10,10 @@ Both apply the daemon's serving-time collector and GIL settings (daemon.runtime.
 where the code under test has them.
 - gpu: GpuThread.tick over N running sequences with the forward replaced by a made-up token per row
   (tools/benchkit/fake_device.py, zero device time); prints the thread's host µs per step and per row,
-  overlapped (the daemon's default) or step by step (--no-overlap).
+  step by step (the daemon's default) or overlapped (--overlap, the daemon's --async-scheduling).
 
     python tools/bench_host_micro.py loop [--streams 64] [--tokens 64] [--rounds 6]
-    python tools/bench_host_micro.py gpu [--rows 64] [--steps 200] [--rounds 7] [--no-overlap]
+    python tools/bench_host_micro.py gpu [--rows 64] [--steps 200] [--rounds 7] [--overlap]
 
 Both print the median and the minimum over rounds (the first round of `loop` warms up and is dropped)."""
 from __future__ import annotations
@@ -111,7 +111,7 @@ async def loop_path(streams: int, tokens: int, rounds: int) -> list[float]:
     return per_token
 
 
-def gpu_path(rows: int, steps: int, rounds: int, overlap: bool = True) -> list[float]:
+def gpu_path(rows: int, steps: int, rounds: int, overlap: bool = False) -> list[float]:
     from engine.default_model import ensure_default_model
     from engine.engine import EngineSpec, build_engine
     from engine.gpu_thread import GpuThread
@@ -150,14 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     gp.add_argument("--rows", type=int, default=64)
     gp.add_argument("--steps", type=int, default=200)
     gp.add_argument("--rounds", type=int, default=7)
-    gp.add_argument("--no-overlap", action="store_true", help="the step-by-step thread (no launch ahead)")
+    gp.add_argument("--overlap", action="store_true", help="launch each step before reading the one before")
     a = p.parse_args(argv)
     if a.path == "loop":
         v = asyncio.run(loop_path(a.streams, a.tokens, max(a.rounds, 2)))
         print(f"loop path, {a.streams} streams x {a.tokens} tokens: {statistics.median(v):.1f} µs CPU per token "
               f"(median of {len(v)} rounds; min {min(v):.1f})")
     else:
-        v = gpu_path(a.rows, a.steps, a.rounds, overlap=not a.no_overlap)
+        v = gpu_path(a.rows, a.steps, a.rounds, overlap=a.overlap)
         print(f"GPU thread outside the forward, {a.rows} rows: {statistics.median(v):.0f} µs per step, "
               f"{statistics.median(v) / a.rows:.2f} µs per row (median of {len(v)} rounds; min {min(v):.0f} µs)")
     return 0

@@ -20,9 +20,11 @@ PROMPTS = ["Hello", "The weather in the mountains is cold in winter and the snow
 MAX_TOKENS = [20, 7, 15, 30, 3, 20, 11, 25]
 
 
-@pytest.fixture(scope="module")
-def daemon(tiny_model_dir):
-    with DaemonProcess("--model", str(tiny_model_dir), "--served-model-name", "tiny", "--max-active", "8") as d:
+@pytest.fixture(scope="module", params=["step-by-step", "async-scheduling"])
+def daemon(request, tiny_model_dir):
+    extra = ["--async-scheduling"] if request.param == "async-scheduling" else []
+    with DaemonProcess("--model", str(tiny_model_dir), "--served-model-name", "tiny", "--max-active", "8",
+                       *extra) as d:
         yield d
 
 
@@ -62,6 +64,8 @@ def test_concurrent_mixed_requests_exact_and_batched(daemon, tiny_model_dir):
     assert after["engine"]["decode_batch_max"] >= 4
     assert after["engine"]["steps"] - before["steps"] < sum(MAX_TOKENS)
     assert after["scheduler"]["running"] == 0 and after["kv_slots_free"] == after["kv_slots_total"]
+    # --async-scheduling: decode steps were launched before the step ahead of them was read
+    assert after["engine"]["async_scheduling"] == (after["engine"]["overlapped_steps"] > before["overlapped_steps"])
 
 
 def test_disconnect_frees_slot_and_stops_generation(daemon):
