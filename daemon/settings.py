@@ -38,8 +38,9 @@ class Settings:
     max_pending: int = _f(64, "requests waiting for a slot before 429")
     max_prefill_tokens: int = _f(8192, "prompt tokens per engine step; longer prompts are prefilled in chunks "
                                        "while running requests keep decoding")
-    async_scheduling: bool = _f(False, "launch decode step N+1 before reading step N's tokens (as vLLM's "
-                                       "--async-scheduling); off by default: docs/perf-notes.md has why")
+    async_scheduling: bool = _f(True, "launch decode step N+1 before reading step N's tokens (vLLM's "
+                                      "--async-scheduling, SGLang's overlap scheduler); --no-async-scheduling "
+                                      "reads each step first")
     max_model_len: int | None = _f(None, "context limit in tokens (default: min(model limit, 4096))")
     max_tokens_default: int = _f(16, "max_tokens when a request gives none")
     drain_timeout: float = _f(30.0, "seconds in-flight requests get to finish on SIGTERM")

@@ -7,8 +7,8 @@ their first token from its logits (each with its own seed stream), then the n-1 
 of its KV cache rows and decode on their own slots. The request's Finished event comes once its
 last sequence has ended.
 
-Overlapped decode (opt-in, the daemon's --async-scheduling; as vLLM's async scheduling and SGLang's
-overlap scheduler): while every running sequence decodes greedily and nobody waits for a free slot,
+Overlapped decode (the daemon's --async-scheduling, on by default; as vLLM's async scheduling and
+SGLang's overlap scheduler): while every running sequence decodes greedily and nobody waits for a free slot,
 the thread launches step N+1 before it reads step N's tokens. Step N+1's input ids are step N's tokens, taken on the device; its rows are
 step N's minus those that reach max_tokens at N. A sequence that ends at N for another reason (EOS,
 a stop token, a stop string, a cancel) is learned one step late: its token from N+1 is dropped.
@@ -72,13 +72,11 @@ class InFlight:
 
 class GpuThread:
     def __init__(self, engine: Engine, emit: Callable[[Event], None], *, max_prefill_tokens: int = 8192,
-                 overlap: bool = False):
+                 overlap: bool = True):
         self.engine = engine
         self._emit = emit
         self.max_prefill_tokens = max_prefill_tokens
-        # launch decode step N+1 before reading step N's tokens. Off by default: on the H200 it cut the
-        # TPOT of one stream (2.8 -> 2.3 ms) but tripled TTFT at 64 streams (docs/perf-notes.md)
-        self.overlap = overlap
+        self.overlap = overlap  # launch decode step N+1 before reading step N's tokens
         self.in_flight: InFlight | None = None
         self.overlapped_steps = 0  # steps launched while the one before was still in flight
         self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()

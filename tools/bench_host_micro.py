@@ -10,7 +10,7 @@ Both apply the daemon's serving-time collector and GIL settings (daemon.runtime.
 where the code under test has them.
 - gpu: GpuThread.tick over N running sequences with the forward replaced by a made-up token per row
   (tools/benchkit/fake_device.py, zero device time); prints the thread's host µs per step and per row,
-  step by step (the daemon's default) or overlapped (--overlap, the daemon's --async-scheduling).
+  step by step or overlapped (--overlap, the daemon's default --async-scheduling).
 
     python tools/bench_host_micro.py loop [--streams 64] [--tokens 64] [--rounds 6]
     python tools/bench_host_micro.py gpu [--rows 64] [--steps 200] [--rounds 7] [--overlap]

@@ -69,8 +69,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fake-step-ms", type=float,
                    help="replace the model forward by a sleep of this long (the GIL released, as in a device "
                         "wait) and a made-up token per row: the host path at a GPU's step rate")
-    p.add_argument("--async-scheduling", action="store_true",
-                   help="serve with --async-scheduling (launch each decode step before reading the one before)")
+    p.add_argument("--no-async-scheduling", action="store_true",
+                   help="serve with --no-async-scheduling (read each decode step before launching the next)")
     p.add_argument("--profile", choices=("loop", "gpu"), help="cProfile one thread over the measured levels")
     p.add_argument("--profile-top", type=int, default=30)
     p.add_argument("--profile-clock", choices=("cpu", "wall"), default="cpu",
@@ -340,7 +340,7 @@ async def _serve(a: argparse.Namespace, port: int) -> Bench:
         model=a.model, random_preset=a.random_preset, device=a.device, port=port, log_level="warning",
         max_active=a.max_active or max(a.levels), max_pending=max(max(a.levels), 64),
         trace_file=None if trace_file == "none" else trace_file, step_trace_every=a.step_trace_every,
-        async_scheduling=a.async_scheduling or None)
+        async_scheduling=False if a.no_async_scheduling else None)
     settings = resolve(flags, environ={})
     rt = Runtime(settings, build_telemetry(settings))
     bench = Bench(a, rt, asyncio.get_running_loop(), port)

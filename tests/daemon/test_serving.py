@@ -22,7 +22,7 @@ MAX_TOKENS = [20, 7, 15, 30, 3, 20, 11, 25]
 
 @pytest.fixture(scope="module", params=["step-by-step", "async-scheduling"])
 def daemon(request, tiny_model_dir):
-    extra = ["--async-scheduling"] if request.param == "async-scheduling" else []
+    extra = ["--no-async-scheduling"] if request.param == "step-by-step" else []
     with DaemonProcess("--model", str(tiny_model_dir), "--served-model-name", "tiny", "--max-active", "8",
                        *extra) as d:
         yield d
