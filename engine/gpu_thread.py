@@ -8,16 +8,15 @@ of its KV cache rows and decode on their own slots. The request's Finished event
 last sequence has ended.
 
 Overlapped decode (the daemon's --async-scheduling, on by default; as vLLM's async scheduling and
-SGLang's overlap scheduler): while every running sequence decodes greedily and nobody waits for a free slot,
-the thread launches step N+1 before it reads step N's tokens. Step N+1's input ids are step N's tokens, taken on the device; its rows are
-step N's minus those that reach max_tokens at N. A sequence that ends at N for another reason (EOS,
+SGLang's overlap scheduler): while every running sequence decodes greedily and nobody waits for a
+free slot, the thread launches step N+1 before it reads step N's tokens. Step N+1's input ids are
+step N's tokens, taken on the device; its rows are step N's minus those that reach max_tokens at N. A sequence that ends at N for another reason (EOS,
 a stop token, a stop string, a cancel) is learned one step late: its token from N+1 is dropped.
 Admission, prefill, forks and sampling steps run one at a time, with nothing in flight, so a freed
 KV slot is never handed out while a launched step may still write to it."""
 from __future__ import annotations
 
 import collections
-import dataclasses
 import queue
 import random
 import threading
@@ -47,7 +46,7 @@ from engine.messages import (
     StopChoice,
     Token,
 )
-from engine.cuda_graphs import Launched
+from engine.in_flight import InFlight, plain_decode, seconds, successor
 from engine.runner import StepOutput
 from engine.sampler import Draw
 from engine.sequence import Group, Sequence
@@ -55,19 +54,6 @@ from engine.sequence import Group, Sequence
 _SEEDS = random.SystemRandom()  # seeds for requests that bring none
 
 IDLE_WAKE_S = 0.5  # an idle thread still refreshes its heartbeat this often
-
-
-@dataclasses.dataclass(slots=True)
-class InFlight:
-    """A launched greedy decode step whose tokens have not been read yet."""
-    launched: Launched | list[int]
-    seqs: list[Sequence]
-    rows: list[RowInput]
-    t0: float  # perf_counter at launch
-    started_ns: int
-    timer: tuple[torch.cuda.Event, torch.cuda.Event] | None
-    overlapped: bool  # launched while the step before it was still in flight
-    counters: Callable[[], object]  # the backend's counters of this step, once it has finished
 
 
 class GpuThread:
@@ -198,6 +184,17 @@ class GpuThread:
                 return True
         return found
 
+    def _take(self, seq: Sequence, tok: int, logprob, top, tokens: list[Token], finished: list[Finished]) -> None:
+        """Give a chosen token to its sequence: its Token event, and the request's Finished when that
+        ended the request's last sequence."""
+        seq.output_ids.append(tok)
+        reason = seq.finish_reason(self.engine.eos_id)
+        tokens.append(Token(seq.request_id, tok, len(seq.output_ids) == 1, seq.index, logprob, top, reason))
+        if reason is not None:
+            end = self._end(seq, reason)
+            if end is not None:
+                finished.append(Finished(seq.request_id, end))
+
     def _end(self, seq: Sequence, reason: str) -> str | None:
         """One sequence ended: free its slot; the request's reason if it was the last one."""
         del self.running[seq.key]
@@ -242,18 +239,16 @@ class GpuThread:
         if admitted:
             self._emit(PrefillStarted(admitted, started_ns))
         seqs, rows = self._rows()
-        if self.overlap and not admitted and self._plain_decode(seqs, rows):
+        if self.overlap and not admitted and plain_decode(seqs, rows):
             self.in_flight = self._launch(seqs, rows, None)
             return
         timer = self._device_timer()
         if timer is not None:
             timer[0].record()
         owners, out = self._choose(seqs, rows)
-        gpu_s = None
         if timer is not None:
             timer[1].record()
-            timer[1].synchronize()
-            gpu_s = timer[0].elapsed_time(timer[1]) / 1e3
+        gpu_s = seconds(timer)
         # one pass over the rows: the step's shape, and each sequence's cache length
         n_decode = prefill_tokens = positions_max = 0
         for seq, row in zip(seqs, rows):
@@ -274,15 +269,8 @@ class GpuThread:
                 seq.forks = []
         self.decode_batch_max = max(self.decode_batch_max, n_decode)
         tokens, finished = [], []
-        eos_id = self.engine.eos_id
         for seq, tok, lp, top in zip(owners, out.tokens, out.logprobs, out.top_logprobs):
-            seq.output_ids.append(tok)
-            reason = seq.finish_reason(eos_id)
-            tokens.append(Token(seq.request_id, tok, len(seq.output_ids) == 1, seq.index, lp, top, reason))
-            if reason is not None:
-                end = self._end(seq, reason)
-                if end is not None:
-                    finished.append(Finished(seq.request_id, end))
+            self._take(seq, tok, lp, top, tokens, finished)
         prompt = [PromptLogprobs(seqs[r].request_id, entries) for r, entries in out.prompt.items()]
         self.steps += 1
         record = self._record(seqs, rows, n_decode, prefill_tokens, positions_max, started_ns,
@@ -291,14 +279,6 @@ class GpuThread:
         self._emit(StepEvents(tokens, finished, [], [], record, prompt))
 
     # ---- overlapped decode ----------------------------------------------------------------------
-    @staticmethod
-    def _plain_decode(seqs: list[Sequence], rows: list[RowInput]) -> bool:
-        """Every row decodes one token by the argmax fast path, and no sibling waits for a fork."""
-        for seq, row in zip(seqs, rows):
-            if not seq.plain or seq.forks or len(row.token_ids) != 1 or row.start_pos < len(seq.prompt_ids):
-                return False
-        return bool(rows)
-
     def _launch(self, seqs: list[Sequence], rows: list[RowInput], feed: list[int] | None) -> InFlight:
         """Start a greedy decode step; feed: as ModelRunner.launch (None: the host knows every id)."""
         t0, started_ns = time.perf_counter(), time.time_ns()
@@ -320,13 +300,7 @@ class GpuThread:
         nxt = None
         cache = self.engine.cache
         if self.overlap and not (self.waiting and cache.free_slots > len(self.waiting[0].forks)):
-            seqs, rows, feed = [], [], []
-            for j, seq in enumerate(prev.seqs):
-                # still running, and wanting a token after the one in flight
-                if self.running.get(seq.key) is seq and len(seq.output_ids) + 1 < seq.max_tokens:
-                    seqs.append(seq)
-                    rows.append(RowInput(seq.slot, [0], seq.cached))  # the id comes from the feed
-                    feed.append(j)
+            seqs, rows, feed = successor(prev, self.running)
             if seqs:
                 nxt = self._launch(seqs, rows, feed)
                 self.overlapped_steps += 1
@@ -336,12 +310,7 @@ class GpuThread:
     def _finish(self, f: InFlight) -> None:
         """Read a launched step's tokens; sequences that ended while it ran drop theirs."""
         out = self.engine.runner.collect(f.launched)
-        gpu_s = None
-        if f.timer is not None:
-            f.timer[1].synchronize()
-            gpu_s = f.timer[0].elapsed_time(f.timer[1]) / 1e3
         tokens, finished, live = [], [], []
-        eos_id = self.engine.eos_id
         positions_max = 0
         for seq, row, tok in zip(f.seqs, f.rows, out):
             if row.start_pos > positions_max:
@@ -349,19 +318,13 @@ class GpuThread:
             if self.running.get(seq.key) is not seq:
                 continue  # it ended (or was cancelled) while this step was in flight
             live.append(seq)
-            seq.output_ids.append(tok)
-            reason = seq.finish_reason(eos_id)
-            tokens.append(Token(seq.request_id, tok, len(seq.output_ids) == 1, seq.index, None, (), reason))
-            if reason is not None:
-                end = self._end(seq, reason)
-                if end is not None:
-                    finished.append(Finished(seq.request_id, end))
+            self._take(seq, tok, None, (), tokens, finished)
         n = len(f.rows)
         self.decode_batch_max = max(self.decode_batch_max, n)
         self.steps += 1
         # the record names the requests the step served; rows counts the dropped ones too
         record = self._record(live, f.rows, n, 0, positions_max, f.started_ns, time.perf_counter() - f.t0,
-                              gpu_s, len(live), False, f.overlapped, f.counters(), n - len(live))
+                              seconds(f.timer), len(live), False, f.overlapped, f.counters(), n - len(live))
         self._emit(StepEvents(tokens, finished, [], [], record, []))
 
     def _device_timer(self) -> tuple[torch.cuda.Event, torch.cuda.Event] | None:

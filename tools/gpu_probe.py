@@ -292,48 +292,6 @@ def prefill_profile(cases: list[tuple[int, int]]) -> None:
             engine.cache.release(s)
 
 
-def thread_decode(engine, batches: list[int], prompt_len: int, new_tokens: int, overlap: bool) -> list[dict]:
-    """The GPU thread itself (what the daemon runs, without HTTP): b greedy requests admitted at once,
-    each token's arrival timed on the consuming side. Per batch: the median per-request TPOT (first
-    token to last) and the decode tokens per second over the span from the first request's first
-    token to the last token. A first pass captures the graphs; the second is reported."""
-    import queue
-
-    from engine.gpu_thread import GpuThread
-    from engine.messages import Admit, Shutdown, StepEvents
-    events: queue.SimpleQueue = queue.SimpleQueue()
-    gpu = GpuThread(engine, events.put, overlap=overlap)
-    gpu.start()
-    rows = []
-    try:
-        for b in batches:
-            g = torch.Generator().manual_seed(b)
-            prompts = torch.randint(0, engine.cfg.vocab_size - 2, (b, prompt_len), generator=g).tolist()
-            for rep in range(2):
-                first, last, done = {}, {}, 0
-                steps0, overlapped0 = gpu.steps, gpu.overlapped_steps
-                for i, p in enumerate(prompts):
-                    gpu.submit(Admit(f"b{b}-{rep}-{i}", p, new_tokens, ignore_eos=True))
-                while done < b:
-                    ev = events.get(timeout=600)
-                    now = time.perf_counter()
-                    if isinstance(ev, StepEvents):
-                        for t in ev.tokens:
-                            first.setdefault(t.request_id, now)
-                            last[t.request_id] = now
-                        done += len(ev.finished)
-            tpots = [(last[r] - first[r]) / (new_tokens - 1) * 1e3 for r in first]
-            span = max(last.values()) - min(first.values())
-            rows.append({"batch": b, "overlap": overlap, "tpot_ms_median": round(statistics.median(tpots), 3),
-                         "decode_tok_s": round(b * (new_tokens - 1) / span, 1), "steps": gpu.steps - steps0,
-                         "overlapped_steps": gpu.overlapped_steps - overlapped0})
-            print(json.dumps(rows[-1]), flush=True)
-    finally:
-        gpu.submit(Shutdown())
-        gpu.join(30)
-    return rows
-
-
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--batches", default="1,8,32")
@@ -361,6 +319,7 @@ def main() -> int:
         host_profile(batches, a.prompt_len)
         return 0
     if a.thread:
+        from tools.benchkit.thread_probe import thread_decode
         engine = build_engine(EngineSpec(random_preset="lite", device="cuda", dtype="bfloat16",
                                          num_slots=max(batches), max_model_len=1024))
         report = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "git": _git_sha(),
