@@ -64,11 +64,15 @@ class LocalBackend(ExpertBackend):
         if self._host is None:
             per_expert = self._routes.tolist()
             self._routes.zero_()
-        else:
-            self._host.copy_(self._routes)  # the step has finished: a short synchronous copy
-            now = self._host.numpy()
-            per_expert = (now - self._seen).tolist()
-            self._seen = now.copy()
+            return ExchangeCounters([sum(per_expert)], per_expert)
+        self._host.copy_(self._routes)  # the step has finished: a short synchronous copy
+        return self._since_seen(self._host)
+
+    def _since_seen(self, totals: torch.Tensor) -> ExchangeCounters:
+        """The routes added since the last read, from a pinned copy of the running totals."""
+        now = totals.numpy().copy()
+        per_expert = (now - self._seen).tolist()
+        self._seen = now
         return ExchangeCounters([sum(per_expert)], per_expert)
 
     @contextlib.contextmanager
@@ -89,8 +93,5 @@ class LocalBackend(ExpertBackend):
 
         def read() -> ExchangeCounters:
             done.synchronize()
-            now = buf.numpy().copy()
-            per_expert = (now - self._seen).tolist()
-            self._seen = now
-            return ExchangeCounters([sum(per_expert)], per_expert)
+            return self._since_seen(buf)
         return read
