@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.benchkit import hardware, report, traces  # noqa: E402
+from tools.benchkit import hardware, report, steps, traces  # noqa: E402
 from tools.benchkit.client import ServerError, list_models, run_level  # noqa: E402
 from tools.benchkit.metrics import across_repeats, summarise, worst_marker  # noqa: E402
 from tools.benchkit.progress import Progress  # noqa: E402
@@ -84,10 +85,12 @@ def run_sweep(a: argparse.Namespace, model: str, max_tokens: int) -> tuple[dict,
         prompts = make_prompts(profile, count, a.seed, a.prompt_words)
         runs = []
         for rep in range(a.repeats):
+            started_ns = time.time_ns()
             with Progress(count, f"concurrency {n} run {rep + 1}/{a.repeats}") as bar:
                 records, duration = asyncio.run(run_level(a.base_url, model, prompts, n, max_tokens, a.timeout,
                                                           a.api_key, on_done=lambda r: bar.advance()))
             runs.append({"repeat": rep, "metrics": summarise(records, duration),
+                         "window_ns": [started_ns, time.time_ns()],
                          "request_ids": [r.request_id for r in records],
                          "errors": [f"request {r.index}: {r.error}" for r in records if r.error][:ERRORS_KEPT]})
         summary = across_repeats([r["metrics"] for r in runs])
@@ -99,8 +102,12 @@ def run_sweep(a: argparse.Namespace, model: str, max_tokens: int) -> tuple[dict,
 def join_traces(path: Path, levels: list[dict]) -> None:
     ids = {i for lv in levels for run in lv["runs"] for i in run["request_ids"] if i}
     spans = traces.read_until_covered(path, ids, TRACE_WAIT_S)
+    engine_steps = steps.read_steps(path)
     for lv in levels:
         lv["trace"] = traces.join_level([i for run in lv["runs"] for i in run["request_ids"]], spans)
+        if engine_steps:  # pegainfer's step spans: where each run's time went on the server
+            for run in lv["runs"]:
+                run["server_steps"] = steps.summarise(engine_steps, *run["window_ns"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from tests.daemon_process import DaemonProcess, free_port
 from tools import bench_serving
-from tools.benchkit import traces
+from tools.benchkit import steps, traces
 from tools.benchkit.workload import PROFILES, make_prompts, parse_levels, requests_per_level
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -206,6 +206,44 @@ def test_trace_join_counts_coverage_and_missing(tmp_path):
     assert j["terminal_reasons"] == {"completed_length": 1, "failed": 1}
 
 
+def _step_span(index: int, phase: str, start_ns: int, gpu_s: float, rows: int, prefill: int = 0,
+               overlapped: bool = False, dropped: int = 0) -> dict:
+    attrs = {"pegainfer.step.index": {"intValue": str(index)}, "pegainfer.step.phase": {"stringValue": phase},
+             "pegainfer.step.gpu_s": {"doubleValue": gpu_s}, "pegainfer.step.decode_rows": {"intValue": str(rows)},
+             "pegainfer.step.prefill_tokens": {"intValue": str(prefill)},
+             "pegainfer.step.overlapped": {"boolValue": overlapped},
+             "pegainfer.step.dropped_rows": {"intValue": str(dropped)}}
+    return {"traceId": "2" * 32, "spanId": f"{index:016x}", "name": f"engine_step {phase}", "kind": 1,
+            "startTimeUnixNano": str(start_ns), "endTimeUnixNano": str(start_ns + 1),
+            "attributes": [{"key": k, "value": v} for k, v in attrs.items()]}
+
+
+def test_step_summary_sums_the_window_by_phase(tmp_path):
+    ms = 1_000_000
+    spans = [_step_span(1, "prefill", 0, 0.050, 0, prefill=900),  # before the window
+             _step_span(2, "mixed", 100 * ms, 0.030, 3, prefill=200),
+             _step_span(3, "decode", 140 * ms, 0.008, 4, overlapped=True),
+             _step_span(4, "decode", 150 * ms, 0.008, 4, overlapped=True, dropped=1),
+             _step_span(5, "decode", 162 * ms, 0.009, 3),
+             # step 6's span is missing: 5 -> 7 is no interval
+             _step_span(7, "decode", 190 * ms, 0.009, 3),
+             _step_span(8, "decode", 300 * ms, 0.009, 3)]  # after the window
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [s]}]}]}) for s in spans))
+    s = steps.summarise(steps.read_steps(path), 100 * ms, 200 * ms)
+    assert s["count"] == {"decode": 4, "mixed": 1, "prefill": 0} and s["steps"] == 5
+    assert s["steps_in_trace"] == 5 / 6  # indexes 2..7, step 6 missing
+    assert s["device_s"]["decode"] == pytest.approx(0.034) and s["device_s"]["mixed"] == pytest.approx(0.030)
+    assert s["device_busy"] == pytest.approx(0.064 / 0.1)
+    assert s["decode_rows_mean"] == pytest.approx(3.5) and s["prefill_tokens"] == 200
+    assert s["decode_wall_ms_median"] == pytest.approx(11.0)  # intervals 3->4 (10 ms) and 4->5 (12 ms)
+    assert s["decode_gpu_ms_median"] == pytest.approx(8.0)
+    assert (s["overlapped"], s["dropped_rows"]) == (2, 1)
+    assert "device busy 64.0 %" in steps.line(s)
+    assert steps.main([str(path)]) == 0
+    assert steps.main([str(tmp_path / "none.jsonl")]) == 2
+
+
 def test_unreachable_server_is_an_error(tmp_path):
     assert bench_serving.main(["--base-url", f"http://127.0.0.1:{free_port()}", "--profile", "short",
                                "--out", str(tmp_path / "r.json")]) == 2
@@ -237,9 +275,12 @@ def test_against_the_real_daemon(tiny_model_dir, tmp_path):
         assert t["coverage"] == 1.0 and t["missing"] == 0 and t["terminal_reasons"] == {"completed_length": 4}
         assert 1 <= t["decode_batch_size_max"] <= lv["concurrency"]
         assert t["backend"] == "local" and t["backend_maturity"] == "production"
+        st = lv["runs"][0]["server_steps"]  # the engine steps of the run's window, from the same trace
+        assert st["count"]["decode"] >= 7 and st["prefill_tokens"] > 4 * 64 and st["steps_in_trace"] == 1.0
     assert r["levels"][0]["trace"]["active_set_size_max"] == 1
     for name in ("output_throughput", "ttft", "tpot"):
         png = plots / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = out.with_suffix(".md").read_text()
+    assert "Engine steps inside each run's window" in md
     assert "CPU smoke test" in md and "`local` (maturity `production`)" in md and "| 2 | 4 | 4 / 0 / 0 |" in md

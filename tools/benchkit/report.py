@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+from tools.benchkit.steps import line as steps_line
+
 
 def write(report: dict, out: Path, markdown: str) -> tuple[Path, Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -85,6 +87,10 @@ def serving_markdown(r: dict) -> str:
             cells = [fmt(t.get("coverage"), 3), *(fmt(t.get(k)) for k in ("missing", "without_id",
                      "active_set_size_max", "decode_batch_size_max")), fmt(t.get("server_queue_s_median"), 4)]
             lines.append(f"| {lv['concurrency']} | " + " | ".join(cells) + " |")
+    stepped = [(lv["concurrency"], run) for lv in r["levels"] for run in lv["runs"] if run.get("server_steps")]
+    if stepped:
+        lines += ["", "Engine steps inside each run's window (server trace, `tools/benchkit/steps.py`):", ""]
+        lines += [f"- concurrency {n}, run {run['repeat'] + 1}: {steps_line(run['server_steps'])}" for n, run in stepped]
     if r.get("plots"):
         lines += ["", "Plots: " + ", ".join(f"[{Path(p).name}]({p})" for p in r["plots"])]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,108 @@
+"""Where a benchmark level's time went on the server: the engine-step spans of pegainfer's trace file
+that fall inside the level's wall-clock window, summed by phase. It answers "was the GPU busy, and
+with what": the device time of decode, prefill and mixed steps against the window, the decode batch,
+the wall time between consecutive decode steps against their device time (the gap is host time the
+device waited for), and how many steps of the window the trace holds (the span processor may drop
+some under load, and --step-trace-every samples them).
+
+    python -m tools.benchkit.steps TRACE.jsonl [--since-ns NS --until-ns NS]
+
+Timestamps are the server's wall clock: a window taken on the client compares only when client and
+server share a host (or a synchronised clock)."""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from telemetry.trace_reader import StepView, build, load  # noqa: E402
+
+PHASES = ("decode", "mixed", "prefill")
+
+
+def _num(step: StepView, key: str) -> float:
+    v = step.attributes.get(f"pegainfer.step.{key}")
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+
+
+def summarise(steps: list[StepView], since_ns: int, until_ns: int) -> dict:
+    """The steps that started inside [since_ns, until_ns], summed (see the module doc)."""
+    window = [s for s in steps if since_ns <= s.start_ns <= until_ns]
+    window.sort(key=lambda s: (s.start_ns, s.index))
+    window_s = (until_ns - since_ns) / 1e9
+    count = {p: 0 for p in PHASES}
+    device_s = {p: 0.0 for p in PHASES}
+    for s in window:
+        if s.phase in count:
+            count[s.phase] += 1
+            device_s[s.phase] += _num(s, "gpu_s")
+    decode = [s for s in window if s.phase == "decode"]
+    # wall time from one decode step's start to the next one's, where both are decode steps and
+    # adjacent in the engine's numbering (a dropped or sampled-out span would merge two intervals)
+    pairs = [(a, b) for a, b in zip(window, window[1:])
+             if a.phase == b.phase == "decode" and b.index == a.index + 1]
+    wall = [(b.start_ns - a.start_ns) / 1e6 for a, b in pairs]
+    gpu = [_num(a, "gpu_s") * 1e3 for a, _ in pairs]
+    indexes = [s.index for s in window]
+    busy = sum(device_s.values())
+    return {
+        "window_s": window_s,
+        "steps": len(window),
+        "steps_in_trace": len(window) / (max(indexes) - min(indexes) + 1) if indexes else None,
+        "count": count,
+        "device_s": device_s,
+        "device_busy": busy / window_s if window_s > 0 else None,
+        "decode_rows_mean": statistics.fmean(_num(s, "decode_rows") for s in decode) if decode else None,
+        "decode_wall_ms_median": statistics.median(wall) if wall else None,
+        "decode_gpu_ms_median": statistics.median(gpu) if gpu else None,
+        "prefill_tokens": int(sum(_num(s, "prefill_tokens") for s in window)),
+        "overlapped": sum(1 for s in decode if s.attributes.get("pegainfer.step.overlapped") is True),
+        "dropped_rows": int(sum(_num(s, "dropped_rows") for s in decode)),
+    }
+
+
+def read_steps(path: Path) -> list[StepView]:
+    return build(load(str(path)))[1]
+
+
+def line(summary: dict) -> str:
+    """One printable line of a summary."""
+    def f(v, d=1):
+        return "-" if v is None else f"{v:,.{d}f}"
+    c, d = summary["count"], summary["device_s"]
+    return (f"{f(summary['window_s'], 2)} s window, {summary['steps']} steps "
+            f"({f(summary['steps_in_trace'] and 100 * summary['steps_in_trace'])} % of them in the trace): "
+            f"device busy {f(summary['device_busy'] and 100 * summary['device_busy'])} %; "
+            f"decode {c['decode']} steps / {f(d['decode'], 3)} s, mixed {c['mixed']} / {f(d['mixed'], 3)} s, "
+            f"prefill {c['prefill']} / {f(d['prefill'], 3)} s; decode rows mean {f(summary['decode_rows_mean'])}, "
+            f"decode step wall / device median {f(summary['decode_wall_ms_median'], 2)} / "
+            f"{f(summary['decode_gpu_ms_median'], 2)} ms; prefill tokens {summary['prefill_tokens']:,}; "
+            f"overlapped {summary['overlapped']}, dropped rows {summary['dropped_rows']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("trace", type=Path, help="the server's JSONL trace file")
+    p.add_argument("--since-ns", type=int, help="window start, Unix ns (default: the first step)")
+    p.add_argument("--until-ns", type=int, help="window end, Unix ns (default: the last step)")
+    a = p.parse_args(argv)
+    if not a.trace.is_file():
+        print(f"steps: error: no trace file at {a.trace}", file=sys.stderr)
+        return 2
+    steps = read_steps(a.trace)
+    if not steps:
+        print(f"steps: error: {a.trace} holds no engine-step spans", file=sys.stderr)
+        return 2
+    since = a.since_ns if a.since_ns is not None else min(s.start_ns for s in steps)
+    until = a.until_ns if a.until_ns is not None else max(s.start_ns for s in steps)
+    print(line(summarise(steps, since, until)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
