@@ -4,7 +4,10 @@ decode tok/s per batch size, optionally beside HF transformers with the same wei
 
     python tools/bench_direct.py (--model DIR | --preset tiny|lite) [--device cuda] [--dtype bfloat16]
         [--backend local] [--ep-size 1] [--batches 1,4,8] [--prompt-len 128] [--new-tokens 64]
-        [--warmup 2] [--iters 3] [--compare-hf] [--attribution] --out FILE.json
+        [--warmup 2] [--iters 3] [--compare-hf] [--attribution] [--no-async-scheduling] --out FILE.json
+
+Decode runs as the daemon runs it by default (--async-scheduling: step N+1 launched before step N's
+tokens are read); --no-async-scheduling times each step between device synchronizes.
 
 Writes FILE.json (report_intent "direct_diagnostic") and a markdown summary FILE.md beside it."""
 from __future__ import annotations
@@ -48,6 +51,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=3, help="timed generations per batch size")
     p.add_argument("--compare-hf", action="store_true", help="time HF transformers with the same weights too")
     p.add_argument("--attribution", action="store_true", help="profile decode steps per pegainfer:: phase")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                   help="overlapped decode, as the daemon's default (off: each step between synchronizes)")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
     try:
@@ -93,7 +98,8 @@ def run_engine_side(a: argparse.Namespace, spec: EngineSpec) -> tuple[dict, obje
         sync, on_gpu = synchronizer(a.device), a.device.startswith("cuda")
         rows = []
         for b in a.batch_sizes:
-            row = measure(lambda n: run_ours(engine, row_prompts(a, cfg, n), a.new_tokens, sync), b, a.warmup, a.iters)
+            row = measure(lambda n: run_ours(engine, row_prompts(a, cfg, n), a.new_tokens, sync, a.async_scheduling),
+                          b, a.warmup, a.iters)
             if a.attribution:
                 row["attribution"] = attribution(engine, row_prompts(a, cfg, b), min(a.new_tokens - 1, ATTRIBUTION_STEPS),
                                                  sync, on_gpu)
@@ -152,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         "maturity": engine_info["maturity"],
         "workload": {"prompt_len": a.prompt_len, "new_tokens": a.new_tokens, "warmup": a.warmup, "iters": a.iters,
                      "batches": a.batch_sizes, "prompt_seed": a.seed,
-                     "prompts": "the same in every row" if a.same_prompt else "one per row", "greedy": True, "ignore_eos": True},
+                     "prompts": "the same in every row" if a.same_prompt else "one per row", "greedy": True, "ignore_eos": True,
+                     "async_scheduling": a.async_scheduling},
         "hf_setup": hf_setup,
         "batches": rows,
     }

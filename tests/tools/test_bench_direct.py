@@ -48,6 +48,7 @@ def test_report_with_hf_and_attribution(tiny_model_dir, tmp_path):
         assert att["phases"]["attention"]["device_ms_per_step"] is None  # CPU run: no device time claimed
     assert r["hf_setup"]["how"].startswith("from_pretrained")
     md = out.with_suffix(".md").read_text()
+    assert r["workload"]["async_scheduling"] is True and "overlapped as the daemon's --async-scheduling" in md
     assert "direct_diagnostic" in md and "| 2 |" in md and "Attribution, batch 2" in md and "shared_experts" in md
 
 
@@ -56,22 +57,25 @@ def test_preset_cli_builds_hf_with_our_random_weights(tmp_path):
     out = tmp_path / "preset.json"
     proc = subprocess.run([sys.executable, "tools/bench_direct.py", "--preset", "tiny", "--device", "cpu",
                            "--batches", "3", "--prompt-len", "6", "--new-tokens", "4", "--warmup", "0", "--iters", "1",
-                           "--compare-hf", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                           "--compare-hf", "--no-async-scheduling", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
     (b,) = r["batches"]
     assert b["hf"]["tokens_match"] and "attribution" not in b
     assert r["engine"]["model"] == "random preset tiny (seed 0)"
     assert "our random tensors copied in" in r["hf_setup"]["how"]
+    assert r["workload"]["async_scheduling"] is False
+    assert "each timed wall-clock with a device synchronize" in out.with_suffix(".md").read_text()
 
 
-def test_timed_loop_generates_what_generate_does(tiny_model_dir):
+@pytest.mark.parametrize("overlap", [False, True], ids=["step-by-step", "async-scheduling"])
+def test_timed_loop_generates_what_generate_does(tiny_model_dir, overlap):
     engine = build_engine(EngineSpec(model_dir=str(tiny_model_dir), num_slots=3))
     prompts = batch_prompts(engine.cfg.vocab_size, [engine.cfg.bos_token_id, engine.cfg.eos_token_id], 7, 1, 3,
                             distinct=True)
     assert max(max(p) for p in prompts) < engine.cfg.bos_token_id
     assert len({tuple(p) for p in prompts}) == 3  # a prompt per row
-    timed = run_ours(engine, prompts, 6, synchronizer("cpu"))
+    timed = run_ours(engine, prompts, 6, synchronizer("cpu"), overlap)
     ref = [g.token_ids for g in generate(engine, prompts, 6, ignore_eos=True)]
     engine.close()
     assert timed.tokens == ref and len(timed.step_s) == 5

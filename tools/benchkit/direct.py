@@ -1,6 +1,9 @@
 """The direct (in-process) measurement: one greedy generation over the engine, the prefill step and
-every decode step timed wall-clock between device synchronizes, and the summary of several such
-runs at one batch size. The HF side produces the same Timing, so both are summarised alike."""
+every decode step timed wall-clock, and the summary of several such runs at one batch size. Decode
+runs step by step (each step between device synchronizes) or overlapped as the daemon's
+--async-scheduling runs it (step N+1 launched before step N's tokens are read, its ids taken on the
+device; each step timed from one step's tokens in host memory to the next's). The HF side produces
+the same Timing, so both are summarised alike."""
 from __future__ import annotations
 
 import dataclasses
@@ -76,6 +79,27 @@ class DecodeRun:
         self.pos = len(self.prompts[0])  # every prompt has the same length
         return dt
 
+    def decode_overlapped(self, steps: int) -> list[float]:
+        """`steps` decode steps, each launched before the one before it is read (ModelRunner.launch
+        with a feed from that step's tokens); each timed from the previous tokens' arrival."""
+        runner = self.engine.runner
+        self.sync()
+        t = time.perf_counter()
+        launched = runner.launch([RowInput(s, [out[-1]], self.pos) for s, out in zip(self.slots, self.tokens)])
+        times = []
+        for i in range(steps):
+            nxt = None
+            if i + 1 < steps:  # the next step's ids are this step's tokens, still on the device
+                nxt = runner.launch([RowInput(s, [0], self.pos + 1) for s in self.slots], list(range(self.batch)))
+            for out, tok in zip(self.tokens, runner.collect(launched)):
+                out.append(tok)
+            now = time.perf_counter()
+            times.append(now - t)
+            t = now
+            self.pos += 1
+            launched = nxt
+        return times
+
     def decode(self) -> float:
         rows = [RowInput(s, [out[-1]], self.pos) for s, out in zip(self.slots, self.tokens)]
         self.sync()
@@ -89,10 +113,11 @@ class DecodeRun:
         return dt
 
 
-def run_ours(engine: Engine, prompts: list[list[int]], new_tokens: int, sync: Callable[[], None]) -> Timing:
+def run_ours(engine: Engine, prompts: list[list[int]], new_tokens: int, sync: Callable[[], None],
+             overlap: bool = False) -> Timing:
     with DecodeRun(engine, prompts, sync) as run:
         prefill = run.prefill()
-        steps = [run.decode() for _ in range(new_tokens - 1)]
+        steps = run.decode_overlapped(new_tokens - 1) if overlap else [run.decode() for _ in range(new_tokens - 1)]
         return Timing(prefill, steps, run.tokens)
 
 

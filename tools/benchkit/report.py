@@ -109,7 +109,9 @@ def direct_markdown(r: dict) -> str:
         f"{r['workload']['new_tokens']} new tokens, greedy; warmup {r['workload']['warmup']}, "
         f"iters {r['workload']['iters']}",
         "- In-process, no HTTP: one prefill step with every row's prompt, then one step per decode token, "
-        "each timed wall-clock with a device synchronize.",
+        + ("overlapped as the daemon's --async-scheduling (each step launched before the one before it is read; "
+           "timed from one step's tokens on the host to the next's)."
+           if r["workload"].get("async_scheduling") else "each timed wall-clock with a device synchronize."),
         "",
         "| batch | prefill ms | TPOT p50 ms | TPOT mean ms | decode tok/s | HF TPOT p50 ms | HF / ours | "
         "tokens = HF | token hash |",
