@@ -33,6 +33,7 @@ class MLAttention:
         self.scale = cfg.softmax_scale()
         self.rope = rope
         self.fused_decode = False  # the Triton MLA decode kernel (CUDA); set by the engine at start-up
+        self.fused_prefill = False  # the Triton packed-prompt attention kernel (CUDA); likewise
         if cfg.q_lora_rank is None:
             q_in = w.pop(f"{a}.q_proj.weight")  # [nh*192, H]
             self.q_a_norm = self.q_b = None
@@ -89,14 +90,21 @@ class MLAttention:
         return self._out(out)
 
     def prefill_packed(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | None,
-                       cache: MLACache) -> torch.Tensor:
+                       cache: MLACache, one_prompt: bool = False) -> torch.Tensor:
         """Fresh prompts packed into one sequence (no earlier cache): keys and values come from the
-        new tokens themselves; `mask` [1, 1, T, T] keeps each token to its own prompt, causally
-        (None: one prompt from index 0, plain causal attention).
+        new tokens themselves, each token seeing its own prompt causally. one_prompt: the pack holds
+        one prompt from index 0, so plain causal attention is exact. Otherwise the Triton kernel
+        (fused_prefill) or SDPA with `mask` [1, 1, T, T] (built once per step by the caller).
         x: [T, H]; positions, slots: [T]. Graph-safe (no host synchronisation)."""
         q_nope, q_pe, kv = self._project(x, positions, slots, cache)
-        q = torch.cat([q_nope, q_pe], dim=-1).unsqueeze(0)  # [1, T, nh, 192]
-        return self._out(self._attend(q, kv.unsqueeze(0), mask=mask, causal=mask is None)[0])
+        q = torch.cat([q_nope, q_pe], dim=-1)  # [T, nh, 192]
+        if self.fused_prefill and not one_prompt:
+            from engine.kernels.prefill_attention import packed_causal_attention
+            latent, k_pe = kv.split([self.rank, self.rope_dim], dim=-1)  # [T, 512], [T, 64]
+            k_nope, v = F.linear(latent, self.kv_b).view(x.shape[0], self.nh, self.nope + self.v_dim).split(
+                [self.nope, self.v_dim], dim=-1)  # [T, nh, 128] each, views
+            return self._out(packed_causal_attention(q, k_nope, k_pe, v, positions, self.scale))
+        return self._out(self._attend(q.unsqueeze(0), kv.unsqueeze(0), mask=mask, causal=one_prompt)[0])
 
     def decode_absorbed(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, ctx_lens: torch.Tensor,
                         length: int, cache: MLACache) -> torch.Tensor:

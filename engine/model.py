@@ -95,6 +95,7 @@ class DeepseekV2:
             self.side_stream = torch.cuda.Stream(device=self.embed.device)
         for layer in self.layers:
             layer.attn.fused_decode = on and layer.attn.nh <= FUSED_MAX_HEADS
+            layer.attn.fused_prefill = on
 
     @torch.inference_mode()
     def forward(self, batch: Batch, cache: MLACache) -> torch.Tensor:

@@ -18,9 +18,9 @@ from engine.sampler import argmax_rows
 @dataclasses.dataclass(slots=True)
 class PrefillInputs:
     token_ids: torch.Tensor  # [T] int64, prompts back to back (padding at the end)
-    positions: torch.Tensor  # [T] int64, position within its own prompt
+    positions: torch.Tensor  # [T] int64, position within its own prompt (padding: 0)
     slots: torch.Tensor  # [T] int64, KV slot of its prompt (padding: the scratch slot)
-    row_ids: torch.Tensor  # [T] int64, which prompt (padding tokens: a row of their own each)
+    row_ids: torch.Tensor  # [T] int64, which prompt (padding tokens: a prompt of their own each)
     last_index: torch.Tensor  # [R] int64, index in T of each prompt's last token
 
 
@@ -35,13 +35,14 @@ def prefill_step(model: DeepseekV2, inp: PrefillInputs, cache: MLACache, one_pro
 @torch.inference_mode()
 def prefill_logits(model: DeepseekV2, inp: PrefillInputs, cache: MLACache, one_prompt: bool = False) -> torch.Tensor:
     """[R, V] logits of every prompt's last token. one_prompt: the pack holds one prompt (from index
-    0, padding after it), so plain causal attention is exact and no T x T mask is built."""
+    0, padding after it), so plain causal attention is exact and no T x T mask is built; nor is it
+    where the Triton packed-prompt kernel runs (CUDA)."""
     mask = None
-    if not one_prompt:
+    if not one_prompt and not model.layers[0].attn.fused_prefill:
         same_row = inp.row_ids[:, None] == inp.row_ids[None, :]  # [T, T]
         causal = inp.positions[None, :] <= inp.positions[:, None]  # [T, T] key position <= query position
         mask = (same_row & causal)[None, None]  # [1, 1, T, T]
     x = F.embedding(inp.token_ids, model.embed)  # [T, H]
     for layer in model.layers:
-        x = layer.run(x, lambda h, a=layer.attn: a.prefill_packed(h, inp.positions, inp.slots, mask, cache))
+        x = layer.run(x, lambda h, a=layer.attn: a.prefill_packed(h, inp.positions, inp.slots, mask, cache, one_prompt))
     return model.head(x[inp.last_index])  # [R, V]

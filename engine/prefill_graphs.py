@@ -1,6 +1,6 @@
 """CUDA graphs for the prefill of fresh prompts: one graph per packed-token bucket, captured on first
 use into the decode graphs' memory pool. A step's prompts are packed back to back; the tail of the
-bucket is padding on the scratch KV slot, each padding token a prompt of its own. Like the decode
+bucket is padding on the scratch KV slot, each padding token a prompt of its own (position 0). Like the decode
 graphs, a bucket has a greedy-token graph and, captured only once a step samples, a logits graph
 writing into a buffer all logits graphs share."""
 from __future__ import annotations
@@ -69,7 +69,7 @@ class PrefillGraphs:
     def _pad(self, start: int, end: int) -> None:
         h = self.host_np
         h[0, start:end] = 0
-        h[1, start:end] = np.arange(end - start)
+        h[1, start:end] = 0  # position 0: a prompt of one token, which attends to itself only
         h[2, start:end] = self.cache.scratch_slot
         h[3, start:end] = np.arange(self.max_rows, self.max_rows + end - start)
 

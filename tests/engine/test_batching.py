@@ -85,3 +85,18 @@ def test_chunked_prefill_is_exact_and_keeps_streams_decoding(engine):
     assert len(chunked) >= 100 // 16  # the long prompt took several steps
     assert any(r.decode_rows > 0 for r in chunked)  # and others decoded beside its chunks
     assert engine.cache.free_slots == engine.cache.num_slots
+
+
+def test_a_prompt_is_cut_only_when_it_comes_first(engine):
+    """Beside earlier prompts a prompt that would not fit whole waits for the next step (a cut
+    prompt's later chunk would run eagerly, with the step's other prompts), and the prompts behind
+    it wait too (FCFS); a prompt longer than the whole budget is still fed in chunks."""
+    prompts = {"a": list(range(10, 20)), "b": list(range(30, 40)), "c": [50, 51], "long": list(range(60, 100))}
+    ref = {k: generate(engine, [p], 4, ignore_eos=True)[0].token_ids for k, p in prompts.items()}
+    cmds = [Admit(k, p, 4, ignore_eos=True) for k, p in prompts.items()]
+    tokens, _, records = _run_thread(engine, cmds, max_prefill_tokens=16)
+    assert tokens == ref
+    fed = [(r.prefill_tokens, sorted(r.request_ids)) for r in records if r.prefill_tokens]
+    assert fed[0] == (10, ["a"])  # b (10 tokens) would have been cut to 6: it waits, and c behind it
+    assert fed[1][0] == 12 and {"b", "c"} <= set(fed[1][1])  # b and c whole, beside a's decode
+    assert [n for n, _ in fed[2:]] == [16, 16, 8]  # the 40-token prompt, first in its steps: chunks

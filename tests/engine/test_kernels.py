@@ -1,4 +1,4 @@
-"""The Triton decode kernels compute the reference function (run by Triton's CPU interpreter here;
+"""The Triton decode and packed-prefill attention kernels compute the reference function (run by Triton's CPU interpreter here;
 the same code runs compiled on the GPU)."""
 from __future__ import annotations
 
@@ -51,6 +51,44 @@ want = torch.einsum("bhr,hrv->bhv", o_lat, w_uv).reshape(B, H * V)
 for merge in ("row", "block"):
     got = mla_decode(q, cache, slots, lens, length=80, scale=0.3, rank=RANK, split_len=32, w_uv_t=w_uv, merge=merge)
     assert torch.allclose(got, want, atol=1e-4), (merge, (got - want).abs().max())
+
+# packed prefill attention: prompts of 1, 70 and 5 tokens back to back, then 3 padding tokens (each
+# a prompt of its own at position 0), against SDPA per prompt; the 70-token prompt crosses key blocks
+import torch.nn.functional as F
+from engine.kernels.prefill_attention import packed_causal_attention
+lens, pads = [1, 70, 5], 3
+T, NH, NOPE, ROPE, V = sum(lens) + pads, 3, 16, 8, 12
+q = torch.randn(T, NH, NOPE + ROPE, generator=g)
+kvb = torch.randn(T, NH, NOPE + V, generator=g)  # the expanded [k_nope | v] of each head, as kv_b makes it
+k_nope, v = kvb.split([NOPE, V], dim=-1)
+kv = torch.randn(T, 20 + ROPE, generator=g)  # latent (20) then the roped key
+k_pe = kv[:, 20:]
+positions = torch.cat([torch.arange(n) for n in lens] + [torch.zeros(pads, dtype=torch.int64)])
+got = packed_causal_attention(q, k_nope, k_pe, v, positions, 0.25)
+start = 0
+for n in lens + [1] * pads:
+    sl = slice(start, start + n)
+    k = torch.cat([k_nope[sl], k_pe[sl, None, :].expand(n, NH, ROPE)], dim=-1)
+    want = F.scaled_dot_product_attention(q[sl].transpose(0, 1), k.transpose(0, 1), v[sl].transpose(0, 1),
+                                          is_causal=True, scale=0.25).transpose(0, 1)
+    assert torch.allclose(got[sl], want, atol=1e-5), (n, (got[sl] - want).abs().max())
+    start += n
+
+# the packed prefill step of the tiny model with that kernel equals the dense-mask path
+from engine.engine import EngineSpec, build_engine
+from engine.prefill import PrefillInputs, prefill_logits
+engine = build_engine(EngineSpec(random_preset="tiny", num_slots=4))
+model, cache = engine.model, engine.cache
+ids = torch.randint(0, 1000, (T,), generator=g)
+rows = torch.cat([torch.full((n,), i) for i, n in enumerate(lens)] + [torch.arange(10, 10 + pads)])
+slots = torch.cat([torch.full((n,), i) for i, n in enumerate(lens)] + [torch.full((pads,), cache.scratch_slot)])
+last = torch.tensor([0, 70, 75])
+inp = PrefillInputs(ids, positions, slots, rows, last)
+masked = prefill_logits(model, inp, cache)
+for layer in model.layers:
+    layer.attn.fused_prefill = True
+fused = prefill_logits(model, inp, cache)
+assert torch.allclose(fused, masked, rtol=1e-5, atol=1e-5), (fused - masked).abs().max()
 print("ok")
 """
 
