@@ -234,12 +234,13 @@ def test_step_summary_sums_the_window_by_phase(tmp_path):
     assert s["count"] == {"decode": 4, "mixed": 1, "prefill": 0} and s["steps"] == 5
     assert s["steps_in_trace"] == 5 / 6  # indexes 2..7, step 6 missing
     assert s["device_s"]["decode"] == pytest.approx(0.034) and s["device_s"]["mixed"] == pytest.approx(0.030)
-    assert s["device_busy"] == pytest.approx(0.064 / 0.1)
+    assert s["covered_s"] == pytest.approx(0.09)  # the last step in the window ends at 190 ms
+    assert s["device_busy"] == pytest.approx(0.064 / 0.09)
     assert s["decode_rows_mean"] == pytest.approx(3.5) and s["prefill_tokens"] == 200
     assert s["decode_wall_ms_median"] == pytest.approx(11.0)  # intervals 3->4 (10 ms) and 4->5 (12 ms)
     assert s["decode_gpu_ms_median"] == pytest.approx(8.0)
     assert (s["overlapped"], s["dropped_rows"]) == (2, 1)
-    assert "device busy 64.0 %" in steps.line(s)
+    assert "device busy 71.1 %" in steps.line(s) and "the trace covers 0.09 s" in steps.line(s)
     assert steps.main([str(path)]) == 0
     assert steps.main([str(tmp_path / "none.jsonl")]) == 2
 

@@ -2,8 +2,8 @@
 that fall inside the level's wall-clock window, summed by phase. It answers "was the GPU busy, and
 with what": the device time of decode, prefill and mixed steps against the window, the decode batch,
 the wall time between consecutive decode steps against their device time (the gap is host time the
-device waited for), and how many steps of the window the trace holds (the span processor may drop
-some under load, and --step-trace-every samples them).
+device waited for), and how much of the window the trace holds (the exporter may lag behind a loaded
+server, the span processor may drop spans under load, and --step-trace-every samples them).
 
     python -m tools.benchkit.steps TRACE.jsonl [--since-ns NS --until-ns NS]
 
@@ -50,13 +50,17 @@ def summarise(steps: list[StepView], since_ns: int, until_ns: int) -> dict:
     gpu = [_num(a, "gpu_s") * 1e3 for a, _ in pairs]
     indexes = [s.index for s in window]
     busy = sum(device_s.values())
+    # the span exporter may lag behind a loaded server: the steps after the last exported one are
+    # not in the file yet, so the sums are over the part of the window the trace covers
+    covered_s = (min(until_ns, max(s.end_ns for s in window)) - since_ns) / 1e9 if window else 0.0
     return {
         "window_s": window_s,
+        "covered_s": covered_s,
         "steps": len(window),
         "steps_in_trace": len(window) / (max(indexes) - min(indexes) + 1) if indexes else None,
         "count": count,
         "device_s": device_s,
-        "device_busy": busy / window_s if window_s > 0 else None,
+        "device_busy": busy / covered_s if covered_s > 0 else None,
         "decode_rows_mean": statistics.fmean(_num(s, "decode_rows") for s in decode) if decode else None,
         "decode_wall_ms_median": statistics.median(wall) if wall else None,
         "decode_gpu_ms_median": statistics.median(gpu) if gpu else None,
@@ -75,7 +79,8 @@ def line(summary: dict) -> str:
     def f(v, d=1):
         return "-" if v is None else f"{v:,.{d}f}"
     c, d = summary["count"], summary["device_s"]
-    return (f"{f(summary['window_s'], 2)} s window, {summary['steps']} steps "
+    return (f"{f(summary['window_s'], 2)} s window (the trace covers {f(summary.get('covered_s'), 2)} s), "
+            f"{summary['steps']} steps "
             f"({f(summary['steps_in_trace'] and 100 * summary['steps_in_trace'])} % of them in the trace): "
             f"device busy {f(summary['device_busy'] and 100 * summary['device_busy'])} %; "
             f"decode {c['decode']} steps / {f(d['decode'], 3)} s, mixed {c['mixed']} / {f(d['mixed'], 3)} s, "
