@@ -24,8 +24,9 @@ class PrefillGraphs:
         self.model = model
         self.cache = cache
         self.pool = pool
-        limit = min(max_tokens, cache.max_len)
-        self.buckets = [b for b in TOKEN_BUCKETS if b < limit] + [limit]
+        # a pack is bounded by the step's prefill budget, not by one prompt's length (max_len): many
+        # short prompts may fill a bucket longer than any one of them
+        self.buckets = [b for b in TOKEN_BUCKETS if b < max_tokens] + [max_tokens]
         self.max_rows = MAX_ROWS
         dev = cache.data.device
         n = self.buckets[-1]
