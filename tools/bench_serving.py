@@ -2,7 +2,7 @@
 vLLM, SGLang), with vllm bench serve's metric definitions (tools/benchkit/metrics.py).
 
     python tools/bench_serving.py --base-url URL --profile short|mixed|long [--concurrency N[,N...]]
-        [--num-requests N] [--repeats N] --out FILE.json [--trace-file PATH] [--plot-dir DIR]
+        [--num-requests N] [--repeats N] --out FILE.json [--trace-file PATH [--trace-wait S]] [--plot-dir DIR]
         [--claim TEXT] [--model NAME] [--max-tokens N] [--prompt-words N] [--seed S] [--timeout S]
         [--warmup N] [--api-key KEY]
 
@@ -27,7 +27,6 @@ from tools.benchkit.progress import Progress  # noqa: E402
 from tools.benchkit.workload import PROFILES, make_prompts, parse_levels, requests_per_level  # noqa: E402
 
 ERRORS_KEPT = 5  # per run, in the report
-TRACE_WAIT_S = 10.0
 HEADLINE = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_ms", "median_e2el_ms")
 
 
@@ -47,6 +46,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="requests sent (one at a time) before measuring")
     p.add_argument("--api-key", help="bearer token for the server")
     p.add_argument("--trace-file", type=Path, help="the server's JSONL trace file, to join request records")
+    p.add_argument("--trace-wait", type=float, default=120.0,
+                   help="seconds to wait for the trace file to hold every request (a loaded server's exporter lags)")
     p.add_argument("--plot-dir", type=Path, help="write throughput/TTFT/TPOT PNGs here")
     p.add_argument("--claim", default="", help="claim boundary, e.g. 'HTTP pressure on one GPU'")
     a = p.parse_args(argv)
@@ -99,9 +100,9 @@ def run_sweep(a: argparse.Namespace, model: str, max_tokens: int) -> tuple[dict,
     return warmup, levels
 
 
-def join_traces(path: Path, levels: list[dict]) -> None:
+def join_traces(path: Path, levels: list[dict], wait_s: float) -> None:
     ids = {i for lv in levels for run in lv["runs"] for i in run["request_ids"] if i}
-    spans = traces.read_until_covered(path, ids, TRACE_WAIT_S)
+    spans = traces.read_until_covered(path, ids, wait_s)
     engine_steps = steps.read_steps(path)
     for lv in levels:
         lv["trace"] = traces.join_level([i for run in lv["runs"] for i in run["request_ids"]], spans)
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     max_tokens = a.max_tokens or profile.max_tokens
     warmup, levels = run_sweep(a, server["model"], max_tokens)
     if a.trace_file:
-        join_traces(a.trace_file, levels)
+        join_traces(a.trace_file, levels, a.trace_wait)
     words = f"{a.prompt_words}-word prompts" if a.prompt_words else profile.summary.split(",")[0]
     rep = {
         "report_intent": "serving_benchmark",

@@ -241,6 +241,8 @@ def test_step_summary_sums_the_window_by_phase(tmp_path):
     assert s["decode_gpu_ms_median"] == pytest.approx(8.0)
     assert (s["overlapped"], s["dropped_rows"]) == (2, 1)
     assert "device busy 71.1 %" in steps.line(s) and "the trace covers 0.09 s" in steps.line(s)
+    assert steps.line(s).startswith("PARTIAL")  # 0.09 of a 0.1 s window: the file may still be behind
+    assert not steps.line(steps.summarise(steps.read_steps(path), 100 * ms, 190 * ms)).startswith("PARTIAL")
     assert steps.main([str(path)]) == 0
     assert steps.main([str(tmp_path / "none.jsonl")]) == 2
 

@@ -79,7 +79,9 @@ def line(summary: dict) -> str:
     def f(v, d=1):
         return "-" if v is None else f"{v:,.{d}f}"
     c, d = summary["count"], summary["device_s"]
-    return (f"{f(summary['window_s'], 2)} s window (the trace covers {f(summary.get('covered_s'), 2)} s), "
+    covered, window = summary.get("covered_s") or 0.0, summary["window_s"]
+    partial = "PARTIAL (the trace file did not cover the window yet): " if covered < 0.95 * window else ""
+    return (f"{partial}{f(summary['window_s'], 2)} s window (the trace covers {f(summary.get('covered_s'), 2)} s), "
             f"{summary['steps']} steps "
             f"({f(summary['steps_in_trace'] and 100 * summary['steps_in_trace'])} % of them in the trace): "
             f"device busy {f(summary['device_busy'] and 100 * summary['device_busy'])} %; "
