@@ -216,21 +216,19 @@ class GpuThread:
 
     def _rows(self) -> tuple[list[Sequence], list[RowInput]]:
         """Every decoding sequence gets its token; prompts share the step's prefill budget in
-        arrival order, so a long prompt is fed in chunks while the others keep decoding. A prompt
-        is cut only when it is the step's first: one that would not fit whole beside earlier prompts
-        waits for the next step, and the prompts behind it too (FCFS). A fresh whole prompt runs in
-        a prefill graph; a chunk after a prompt's first runs eagerly, and takes the step's other
-        prompts with it, so a cut in every step would run every prefill eagerly."""
+        arrival order, so a long prompt is fed in chunks while the others keep decoding. Only the
+        step's first prompt is cut (a later chunk runs eagerly and takes the step's other prompts
+        with it); one that would not fit whole waits for the next step, with those behind it (FCFS)."""
         budget = self.max_prefill_tokens
         seqs, rows = [], []
-        held = False  # a prompt was held back this step: the later ones wait behind it
+        held = False  # a prompt was held back: the later ones wait behind it
         for s in self.running.values():
             if s.cached >= len(s.prompt_ids):  # decoding: its last token (Sequence.next_row, inlined)
                 ids = [s.output_ids[-1]]
             elif held or budget <= 0:
                 continue  # its next prompt chunk waits for a later step
             elif len(s.prompt_ids) - s.cached > budget and budget < self.max_prefill_tokens:
-                held = True  # it would be cut beside other prompts: it goes first next step
+                held = True  # it would be cut beside other prompts
                 continue
             else:
                 ids = s.next_row(budget)
