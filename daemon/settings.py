@@ -54,6 +54,8 @@ class Settings:
     ep_master_port: int = _f(29500, "rendezvous port for expert ranks on other hosts")
     ep_chunk_bytes: int | None = _f(None, "nccl backend: largest single collective in bytes (default 64 MiB)")
     trace_file: str | None = _f(None, "JSONL trace-record file (OTLP/JSON lines)")
+    trace_file_max_mb: int = _f(64, "rotate the trace file (FILE -> FILE.1 -> ...) once it would pass this many MiB")
+    trace_file_backups: int = _f(4, "rotated trace files kept beside the live one (0: none)")
     otlp_endpoint: str | None = _f(None, "OTLP/HTTP collector endpoint (also OTEL_EXPORTER_OTLP_ENDPOINT)")
     step_trace_every: int = _f(1, "record every Nth engine step as a span (0: none)")
     debug_traces: bool = _f(False, "serve recent spans at /debug/traces")
@@ -133,6 +135,10 @@ def _validate(s: Settings) -> None:
     for name in ("ep_size", "max_prefill_tokens", "max_tokens_default", "max_body_bytes", "sink_max_buffered"):
         if getattr(s, name) < 1:
             raise SettingsError(f"{name} must be at least 1, got {getattr(s, name)}")
+    if s.trace_file_max_mb < 1:
+        raise SettingsError(f"trace_file_max_mb must be at least 1, got {s.trace_file_max_mb}")
+    if s.trace_file_backups < 0:
+        raise SettingsError(f"trace_file_backups must be >= 0, got {s.trace_file_backups}")
     if s.max_pending < 0:
         raise SettingsError(f"max_pending must be >= 0, got {s.max_pending}")
     if not 0 < s.port < 65536:

@@ -1,6 +1,9 @@
 """The trace-record file: a SpanExporter that appends one OTLP/JSON `TracesData` line per export
 batch to a JSONL file, and rotates it by size (FILE -> FILE.1 -> ... -> FILE.N, the oldest
-dropped), so a daemon that runs for weeks keeps a bounded amount of history on disk.
+dropped), so a daemon that runs for weeks keeps a bounded amount of history on disk. At 256
+streams the engine-step spans alone (a link and a request id per row) write about 2.6 MB/s, so the
+default 64 MiB x 5 files hold a few minutes of peak load; --trace-file-max-mb and
+--trace-file-backups size it.
 
 It runs on the batch processor's worker thread, never on the event loop or the GPU thread."""
 from __future__ import annotations
@@ -57,6 +60,8 @@ class JsonlSpanExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
     def _rotate(self) -> None:
+        """FILE -> FILE.1 -> ... -> FILE.N; readers (telemetry/trace_reader.py) read the whole chain."""
+        log.info("trace records: %s reached %d MiB; rotating (%d kept)", self.path, self.max_bytes >> 20, self.backups)
         self._file.close()
         if self.backups == 0:
             self.path.unlink(missing_ok=True)

@@ -25,7 +25,8 @@ def build_telemetry(settings) -> Telemetry:
     exporters: dict[str, SpanExporter] = {}
     if settings.trace_file:
         try:
-            exporters["file"] = JsonlSpanExporter(settings.trace_file)
+            exporters["file"] = JsonlSpanExporter(settings.trace_file, max_bytes=settings.trace_file_max_mb << 20,
+                                                  backups=settings.trace_file_backups)
         except OSError as e:  # a misconfigured path stops start-up with one line, not a traceback
             raise SettingsError(f"trace_file {settings.trace_file}: cannot open for writing: {e.strerror}") from None
     if settings.otlp_endpoint:

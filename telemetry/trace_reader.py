@@ -4,9 +4,10 @@ per engine step span. Standard library only, so the viewer runs wherever the tra
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,7 @@ def attributes(kvs: Iterable[dict]) -> dict[str, Any]:
 def parse_lines(text: str) -> list[SpanRecord]:
     """Every span in a text of OTLP/JSON TracesData lines (blank lines skipped)."""
     out = []
-    for number, raw in enumerate(text.splitlines(), 1):
+    for number, raw in enumerate(text.split("\n"), 1):  # JSONL: not splitlines (U+2028 may sit in a line)
         if not raw.strip():
             continue
         try:
@@ -104,12 +105,40 @@ def _span(s: dict) -> SpanRecord:
         status_code=int(s.get("status", {}).get("code", 0)), status_message=s.get("status", {}).get("message", ""))
 
 
+def record_files(path: str | Path) -> list[Path]:
+    """The trace-record file and the files it was rotated into, newest first: FILE, FILE.1, FILE.2, ...
+    (telemetry/records.py renames FILE to FILE.1 once it is full). Only the files that exist."""
+    path = Path(path)
+    rotated = [Path(q) for q in glob.glob(glob.escape(str(path)) + ".*")]
+    rotated = sorted((q for q in rotated if q.suffix[1:].isdigit()), key=lambda q: int(q.suffix[1:]))
+    return ([path] if path.is_file() else []) + rotated
+
+
+def whole_lines(path: str | Path) -> Iterator[str]:
+    """Every complete line of the trace-record file and its rotated files, newest file first. A line
+    the daemon is still writing (no newline yet) is left out, as is a file rotated away between
+    the listing and the read (a reader that polls sees its spans on the next read)."""
+    for f in record_files(path):
+        try:
+            text = f.read_text(errors="replace")
+        except FileNotFoundError:
+            continue
+        yield from text.split("\n")[:-1]
+
+
 def load(source: str) -> list[SpanRecord]:
-    """Spans from a JSONL file, or from a URL (a daemon's /debug/traces)."""
+    """Spans from a JSONL trace-record file and its rotated files, or from a URL (a daemon's
+    /debug/traces). A span read twice (its file was rotated while we read) is kept once."""
     if source.startswith(("http://", "https://")):
         with urllib.request.urlopen(source, timeout=30) as response:  # noqa: S310 - the user's own URL
             return parse_lines(response.read().decode())
-    return parse_lines(Path(source).read_text())
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError("no such trace file")
+    spans: dict[tuple[str, str], SpanRecord] = {}
+    for s in parse_lines("\n".join(whole_lines(path))):
+        spans.setdefault((s.trace_id, s.span_id), s)
+    return list(spans.values())
 
 
 def build(spans: list[SpanRecord]) -> tuple[list[RequestView], list[StepView]]:

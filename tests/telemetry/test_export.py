@@ -16,6 +16,7 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from daemon.settings import Settings, SettingsError
+from telemetry import trace_reader
 from telemetry.export import GatedBatchProcessor
 from telemetry.recent import RecentSpans
 from telemetry.records import JsonlSpanExporter
@@ -23,8 +24,9 @@ from telemetry.setup import build_telemetry, otlp_traces_url
 from tests.telemetry.otlp_check import check_line
 
 
-def finished_spans(n: int, name: str = "s"):
-    """n ended SDK spans (through a throwaway provider that keeps them)."""
+def finished_spans(n: int, name: str = "s", root_of: str | None = None):
+    """n ended SDK spans (through a throwaway provider that keeps them); with `root_of`, request root
+    spans of that model as the daemon writes them (response ids r0, r1, ..., terminal reason)."""
     kept = []
 
     class Keep(SpanExporter):
@@ -36,7 +38,12 @@ def finished_spans(n: int, name: str = "s"):
     provider.add_span_processor(SimpleSpanProcessor(Keep()))
     tracer = provider.get_tracer("pegainfer")
     for i in range(n):
-        with tracer.start_as_current_span(f"{name}{i}", attributes={"i": i, "tags": ["a", "b"]}) as span:
+        attributes = {"i": i, "tags": ["a", "b"]}
+        if root_of:
+            name = f"text_completion {root_of}"
+            attributes.update({"gen_ai.operation.name": "text_completion", "gen_ai.response.id": f"r{i}",
+                               "pegainfer.terminal_reason": "completed_length"})
+        with tracer.start_as_current_span(name if root_of else f"{name}{i}", attributes=attributes) as span:
             span.add_event("e", {"x": 1.5})
     provider.shutdown()
     return kept
@@ -55,6 +62,44 @@ def test_jsonl_lines_are_otlp_json_and_rotate_by_size(tmp_path: Path):
         for line in f.read_text().splitlines():
             assert check_line(json.loads(line)) == 2
     assert exporter.export(finished_spans(1)) == SpanExportResult.FAILURE  # closed
+
+
+def test_every_reader_reads_the_rotated_files_once(tmp_path: Path):
+    """Under load the file rotates every few seconds (2026-12-03 on the H200: a c=256 benchmark found
+    25 % of its requests in FILE because the rest were in FILE.1): the viewer's loader, the benchmark's
+    join and the reliability runner's join read FILE.N ... FILE, each span once."""
+    from tools.benchkit import traces
+    from tools.reliakit import server_spans
+
+    path = tmp_path / "trace.jsonl"
+    exporter = JsonlSpanExporter(path, max_bytes=3000, backups=50)
+    batches = [finished_spans(2, name=f"b{i}-") for i in range(12)]
+    for batch in batches:
+        assert exporter.export(batch) == SpanExportResult.SUCCESS
+    exporter.shutdown()
+    files = trace_reader.record_files(path)
+    assert [f.name for f in files[:3]] == ["trace.jsonl", "trace.jsonl.1", "trace.jsonl.2"] and len(files) > 3
+    want = sorted(s.name for batch in batches for s in batch)
+    assert sorted(s.name for s in trace_reader.load(str(path))) == want
+    # a reader that lists the files while they rotate can read one file's lines twice; a line still
+    # being written (no newline yet) is not read
+    (path.parent / f"trace.jsonl.{len(files)}").write_bytes(files[1].read_bytes())
+    with path.open("a") as f:
+        f.write('{"resourceSpans": [')
+    assert sorted(s.name for s in trace_reader.load(str(path))) == want
+    assert trace_reader.load(str(path.with_name("trace.jsonl.1")))  # a rotated file alone loads too
+    with pytest.raises(FileNotFoundError):
+        trace_reader.load(str(tmp_path / "none.jsonl"))
+
+    roots = finished_spans(4, root_of="m")
+    exporter = JsonlSpanExporter(tmp_path / "roots.jsonl", max_bytes=1500, backups=8)
+    for span in roots:
+        exporter.export([span])
+    exporter.shutdown()
+    assert len(trace_reader.record_files(tmp_path / "roots.jsonl")) == 4
+    assert set(traces.request_spans(tmp_path / "roots.jsonl")) == {"r0", "r1", "r2", "r3"}
+    found = server_spans.read([tmp_path / "roots.jsonl"])
+    assert sorted(r.attributes["gen_ai.response.id"] for spans in found.values() for r in spans) == ["r0", "r1", "r2", "r3"]
 
 
 class BlockingExporter(SpanExporter):
@@ -174,3 +219,19 @@ def test_an_unwritable_trace_file_is_a_settings_error(tmp_path: Path):
     blocker.write_text("")
     with pytest.raises(SettingsError, match="trace_file .*cannot open for writing"):
         build_telemetry(Settings(trace_file=str(blocker / "trace.jsonl")))
+
+
+def test_trace_file_rotation_is_a_setting(tmp_path: Path):
+    import argparse
+
+    from daemon.settings import resolve
+
+    settings = resolve(argparse.Namespace(trace_file=str(tmp_path / "t.jsonl"), trace_file_max_mb="2",
+                                          trace_file_backups="0"), environ={})
+    telemetry = build_telemetry(settings)
+    (gate,) = telemetry.tracing.gated
+    assert (gate.exporter.max_bytes, gate.exporter.backups) == (2 << 20, 0)
+    telemetry.shutdown()
+    for flag, value, message in (("trace_file_max_mb", "0", "at least 1"), ("trace_file_backups", "-1", ">= 0")):
+        with pytest.raises(SettingsError, match=f"{flag} must be {message}"):
+            resolve(argparse.Namespace(**{flag: value}), environ={})

@@ -229,7 +229,7 @@ def test_step_summary_sums_the_window_by_phase(tmp_path):
              _step_span(7, "decode", 190 * ms, 0.009, 3),
              _step_span(8, "decode", 300 * ms, 0.009, 3)]  # after the window
     path = tmp_path / "trace.jsonl"
-    path.write_text("\n".join(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [s]}]}]}) for s in spans))
+    path.write_text("".join(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [s]}]}]}) + "\n" for s in spans))
     s = steps.summarise(steps.read_steps(path), 100 * ms, 200 * ms)
     assert s["count"] == {"decode": 4, "mixed": 1, "prefill": 0} and s["steps"] == 5
     assert s["steps_in_trace"] == 5 / 6  # indexes 2..7, step 6 missing

@@ -1,7 +1,8 @@
 """Joins a benchmark's requests with the server's trace records (pegainfer's --trace-file: JSONL,
 one OTLP/JSON TracesData object per line): per concurrency level, how many of the client's
 request ids have a terminal request span, which are missing, and what the server saw (largest
-active set and decode batch). Reads the file with the standard library only."""
+active set and decode batch). Reads the file, and the files the daemon rotated it into, with the
+standard library only."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,8 @@ import statistics
 import time
 from pathlib import Path
 from typing import Any
+
+from telemetry.trace_reader import whole_lines
 
 ROOT_PREFIX = "text_completion"  # request root spans: `text_completion {model}`
 MISSING_LISTED = 10
@@ -28,13 +31,11 @@ def _value(v: dict) -> Any:
 def request_spans(path: Path) -> dict[str, dict[str, Any]]:
     """gen_ai.response.id -> attributes of its terminal request root span (one with a terminal reason)."""
     out: dict[str, dict[str, Any]] = {}
-    if not path.is_file():
-        return out
-    for raw in path.read_text(errors="replace").split("\n"):  # JSONL: not splitlines (U+2028 may sit in a line)
+    for raw in whole_lines(path):  # the file and the files it was rotated into under load
         try:
             data = json.loads(raw)
         except ValueError:
-            continue  # a line being written as we read
+            continue
         for rs in data.get("resourceSpans", []):
             for ss in rs.get("scopeSpans", []):
                 for s in ss.get("spans", []):

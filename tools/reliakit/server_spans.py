@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from telemetry.trace_reader import ROOT_PREFIX, SpanRecord, parse_lines
+from telemetry.trace_reader import ROOT_PREFIX, SpanRecord, parse_lines, whole_lines
 
 # The attributes joined into each request's entry in the artifact.
 JOINED = {
@@ -58,18 +58,17 @@ def index(spans: Iterable[SpanRecord]) -> SpanIndex:
 
 
 def read(paths: Iterable[Path]) -> SpanIndex:
-    """Every request root span in these files. A line still being written is skipped, as is a
-    file that does not exist (yet)."""
-    spans: list[SpanRecord] = []
+    """Every request root span in these files and the files the daemon rotated them into (each span
+    once). A line still being written is skipped, as is a file that does not exist (yet)."""
+    spans: dict[tuple[str, str], SpanRecord] = {}
     for path in paths:
-        if not path.is_file():
-            continue
-        for line in path.read_text(errors="replace").split("\n"):  # JSONL: not splitlines (U+2028 may sit in a line)
+        for line in whole_lines(path):
             try:
-                spans += parse_lines(line)
+                for s in parse_lines(line):
+                    spans.setdefault((s.trace_id, s.span_id), s)
             except (ValueError, KeyError, TypeError):
                 continue
-    return index(spans)
+    return index(spans.values())
 
 
 def read_until_covered(paths: list[Path], trace_ids: set[str], wait_s: float) -> SpanIndex:
