@@ -2,8 +2,6 @@
 plus shared RoPE key written to the cache, and keys/values expanded from the cached latent."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 
@@ -11,9 +9,6 @@ from engine.batch import Batch
 from engine.config import ModelConfig
 from engine.kv_cache import MLACache
 from engine.rope import Rope
-
-if TYPE_CHECKING:
-    from engine.kernels.gemv import Partials
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -112,19 +107,15 @@ class MLAttention:
         return self._out(self._attend(q.unsqueeze(0), kv.unsqueeze(0), mask=mask, causal=one_prompt)[0])
 
     def decode_absorbed(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, ctx_lens: torch.Tensor,
-                        length: int, cache: MLACache, *, split_out: bool = False) -> torch.Tensor | Partials:
+                        length: int, cache: MLACache) -> torch.Tensor:
         """One new token per row over the latent cache, with no host synchronisation (graph-safe).
         x: [B, H]; positions, slots, ctx_lens: [B] int64; length: static bound >= every ctx_len.
-        Fused (Triton, CUDA): the q/kv_a GEMV, prep, split, merge with W_UV and o_proj launches;
-        with split_out and a few rows, o_proj's split-K partial sums for the next norm to add up."""
+        Fused (Triton, CUDA): the q/kv_a GEMV, prep, split, merge with W_UV and o_proj launches."""
         q_full = self.absorbed_query(x, positions, slots, cache)  # [B, nh, 576]
         if self.fused_decode:
-            from engine.kernels import gemv
             from engine.kernels.mla_decode import mla_decode
             o = mla_decode(q_full, cache.data[self.layer], slots, ctx_lens, length, self.scale, self.rank,
                            w_uv_t=self.w_uv_t)  # [B, nh*128]
-            if split_out and o.shape[0] <= gemv.MAX_ROWS:
-                return gemv.Partials(gemv.splitk_parts(o, self.o_proj, gemv.O_PROJ))  # [split, B, H] float32
             return F.linear(o, self.o_proj)  # [B, H]
         kv = cache.read_rows(self.layer, slots, length)  # [B, L, 576]
         scores = torch.bmm(q_full, kv.transpose(1, 2)).float() * self.scale  # [B, nh, L]

@@ -36,8 +36,8 @@ def decode_step(model: DeepseekV2, inp: DecodeInputs, cache: MLACache, out: torc
 @torch.inference_mode()
 def decode_logits(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torch.Tensor:
     """[B, V] logits of every row's new token."""
-    def attend(attn, h: torch.Tensor, split_out: bool = False):
-        return attn.decode_absorbed(h, inp.positions, inp.slots, inp.ctx_lens, inp.length, cache, split_out=split_out)
+    def attend(attn, h: torch.Tensor) -> torch.Tensor:
+        return attn.decode_absorbed(h, inp.positions, inp.slots, inp.ctx_lens, inp.length, cache)
 
     x = F.embedding(inp.token_ids, model.embed)  # [B, H]
     if model.fused_kernels:
@@ -49,8 +49,7 @@ def decode_logits(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torc
 
 def _decode_fused(model: DeepseekV2, x: torch.Tensor, attend) -> torch.Tensor:
     """The same layers as Triton-fused steps: each residual add folds into the next RMSNorm, and a
-    MoE layer's combine (routes in order, then the shared experts) folds in with it, as does the
-    reduction of o_proj's split-K partial sums at a few rows."""
+    MoE layer's combine (routes in order, then the shared experts) folds in with it."""
     from engine.kernels.rmsnorm import moe_rmsnorm, rmsnorm
     eps = model.cfg.rms_norm_eps
 
@@ -65,7 +64,7 @@ def _decode_fused(model: DeepseekV2, x: torch.Tensor, attend) -> torch.Tensor:
     for layer in model.layers:
         with phase("attention"):
             h, x = norm(delta, layer.input_norm, x)
-            delta = attend(layer.attn, h, split_out=True)  # o_proj's partial sums at a few rows
+            delta = attend(layer.attn, h)
         h, x = norm(delta, layer.post_attn_norm, x)
         delta = layer.mlp.parts(h, model.side_stream) if isinstance(layer.mlp, MoE) else layer.mlp.fused(h)
     with phase("lm_head"):

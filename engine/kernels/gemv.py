@@ -4,7 +4,12 @@ of W at column block j and K-split s once and writes float32 partial sums, part[
 caller's next kernel adds the SPLIT partials in order (a fixed order: the result does not depend
 on timing) and rounds them to the model dtype, as F.linear's output is. Many small programs keep
 more of the weight in flight than a GEMV tile per output block, and the reduction costs no launch
-of its own (cuBLAS picks split-K for these shapes too, with a separate reduce kernel)."""
+of its own (cuBLAS picks split-K for some of these shapes too, with a separate reduce kernel).
+
+Not in the decode step: on the H200 (2026-12-03, docs/perf-notes.md row 21) o_proj through it at one
+row took 5.4 µs against cuBLAS's 6.8 in the step's timeline, but the norm that added the partials
+grew by 0.5 µs and the step's span did not move (2,283 -> 2,289 µs); at 4 rows it took 13.5 µs
+(the float32 accumulator spills). tools/gemv_bench.py keeps the comparison runnable."""
 from __future__ import annotations
 
 import dataclasses
@@ -26,15 +31,7 @@ class Tiling:
 
 
 TILING = Tiling()
-# o_proj at one row on the H200 (tools/gemv_bench.py: 5.6 µs against cuBLAS's 6.3, its split-K included)
-O_PROJ = Tiling(block_n=16, block_k=512, split=2)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Partials:
-    """A projection's output as split-K partial sums, parts: [split, M, N] float32, for the next
-    kernel to add up in order (engine/kernels/rmsnorm.py)."""
-    parts: torch.Tensor
+O_PROJ = Tiling(block_n=16, block_k=512, split=2)  # the best of gemv_bench's sweep for o_proj at one row
 
 
 @triton.jit

@@ -6,20 +6,14 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.gemv import Partials
-
 
 @triton.jit
-def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_rows, n_cols, eps,
-                    HAS_RES: tl.constexpr, PARTS: tl.constexpr, BLOCK: tl.constexpr):
+def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
+                    HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
-    if PARTS > 0:  # x: float32 split-K partial sums [PARTS, T, N], added in order, rounded as F.linear's output
-        for p in tl.static_range(1, PARTS):
-            x += tl.load(x_ptr + (p * n_rows + row) * n_cols + cols, mask=mask, other=0.0)
-        x = x.to(out_ptr.dtype.element_ty)
     if HAS_RES:
         # the residual sum is rounded to the model dtype first, as `residual + delta` is
         x = (x.to(tl.float32) + tl.load(res_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32))
@@ -67,22 +61,14 @@ def moe_rmsnorm(routed: torch.Tensor, shared: torch.Tensor, weight: torch.Tensor
     return out, res_out
 
 
-def rmsnorm(x: torch.Tensor | Partials, weight: torch.Tensor, eps: float,
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """x: [T, N], or a projection's split-K partial sums (engine/kernels/gemv.py) that the kernel adds
-    up and rounds to residual's dtype. Returns (norm(x + residual) * weight, x + residual); without
-    a residual the second value is x itself."""
-    parts = 0
-    if isinstance(x, Partials):
-        if residual is None:
-            raise ValueError("split-K partial sums are added to a residual")
-        parts, x = x.parts.shape[0], x.parts
-        like = residual
-    else:
-        x = like = x.contiguous()
-    t, n = like.shape
-    out = torch.empty_like(like)
-    res_out = torch.empty_like(like) if residual is not None else x
-    _rmsnorm_kernel[(t,)](x, residual if residual is not None else x, weight, out, res_out, t, n, eps,
-                          HAS_RES=residual is not None, PARTS=parts, BLOCK=triton.next_power_of_2(n))
+    """x: [T, N]. Returns (norm(x + residual) * weight, x + residual); without a residual the
+    second value is x itself."""
+    x = x.contiguous()
+    t, n = x.shape
+    out = torch.empty_like(x)
+    res_out = torch.empty_like(x) if residual is not None else x
+    _rmsnorm_kernel[(t,)](x, residual if residual is not None else x, weight, out, res_out, n, eps,
+                          HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n))
     return out, res_out

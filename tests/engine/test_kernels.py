@@ -30,17 +30,13 @@ out, same = rmsnorm(x, w, 1e-6)
 assert same is x or torch.equal(same, x)
 assert torch.allclose(out, rms_norm(x, w, 1e-6), atol=1e-5)
 
-# split-K partial sums (o_proj at a few rows), added up inside the next norm
+# split-K partial sums (tools/gemv_bench.py's kernel): their sum in order is the product
 from engine.kernels import gemv
 xs = torch.randn(3, 300, generator=g)
 wo = torch.randn(96, 300, generator=g)
-for tiling in (gemv.Tiling(16, 128, 2), gemv.Tiling(32, 64, 4)):  # 4 splits of 75 padded to 128: some run empty
+for tiling in (gemv.Tiling(16, 128, 2), gemv.Tiling(32, 64, 4)):  # 4 splits of 75 padded to 128: one runs empty
     parts = gemv.splitk_parts(xs, wo, tiling)
     assert parts.shape == (tiling.split, 3, 96) and torch.allclose(parts.sum(0), xs @ wo.T, atol=1e-4)
-    out, res = rmsnorm(gemv.Partials(parts), w, 1e-6, residual=r[:3])
-    delta = parts[0] + parts[1] if tiling.split == 2 else parts[0] + parts[1] + parts[2] + parts[3]
-    assert torch.equal(res, delta + r[:3]), (res - delta - r[:3]).abs().max()
-    assert torch.allclose(out, rms_norm(delta + r[:3], w, 1e-6), atol=1e-5)
 try:
     gemv.splitk_parts(torch.randn(5, 300), wo)
     raise AssertionError("5 rows accepted")
