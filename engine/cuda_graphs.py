@@ -17,6 +17,10 @@ from engine.model import DeepseekV2
 from engine.startup_log import log_event
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+# The stream priority a graph is captured at (lower is higher; the model's side stream for the
+# shared experts has the default, 0): the step's main branch (the router's small, latency-bound
+# kernels, then the routed experts) is scheduled ahead of the shared experts' GEMVs beside it.
+CAPTURE_PRIORITY = -1
 MIN_LENGTH_BUCKET = 256
 
 
@@ -45,7 +49,7 @@ def capture(fn: Callable[[], torch.Tensor], pool) -> tuple[torch.cuda.CUDAGraph,
         fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    with torch.cuda.graph(graph, pool=pool, stream=torch.cuda.Stream(priority=CAPTURE_PRIORITY)):
         out = fn()
     return graph, out
 

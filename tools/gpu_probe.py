@@ -304,9 +304,14 @@ def main() -> int:
     p.add_argument("--prefill-profile", help="rows x tokens cases of the packed prefill, e.g. 32x86,1x4620")
     p.add_argument("--host-profile", action="store_true", help="cProfile of the host side of decode steps")
     p.add_argument("--timeline", action="store_true", help="kernel timeline of the decode graph at each batch")
+    p.add_argument("--capture-priority", type=int, help="stream priority graphs are captured at "
+                   "(default engine.cuda_graphs.CAPTURE_PRIORITY; 0 is the side stream's)")
     p.add_argument("--thread", action="store_true",
                    help="decode through the GPU thread (as the daemon), overlapped scheduling on and off")
     a = p.parse_args()
+    if a.capture_priority is not None:
+        from engine import cuda_graphs
+        cuda_graphs.CAPTURE_PRIORITY = a.capture_priority
     if a.diag:
         for preset in a.diag.split(","):
             diagnose(preset, a.prompt_len, a.profile_batch)
