@@ -41,13 +41,6 @@ class MLP:
         from engine.kernels.swiglu import swiglu
         return F.linear(swiglu(F.linear(x, self.gate_up)), self.down)
 
-    def fused_split(self, x: torch.Tensor):
-        """The same as `fused` for a few rows, the down projection's split-K partial sums (with SiLU *
-        up computed as it reads its input: one launch fewer) left for the next norm to add up:
-        a gemv.Partials."""
-        from engine.kernels import gemv
-        return gemv.Partials(gemv.splitk_parts(F.linear(x, self.gate_up), self.down, gemv.SHARED_DOWN, swiglu=True))
-
 
 class DecoderLayer:
     def __init__(self, cfg: ModelConfig, layer: int, w: dict[str, torch.Tensor], rope: Rope,

@@ -16,12 +16,6 @@ if TYPE_CHECKING:
     from engine.model import MLP
 
 
-# Rows up to which the shared experts' down projection runs as split-K partial sums that the next
-# norm adds up (engine/kernels/gemv.py; tools/gemv_bench.py: 6.6 µs against cuBLAS's split-K GEMV
-# 8.2 and its reduce kernel at one row), which shortens their branch beside the routed experts.
-SHARED_SPLIT_ROWS = 1
-
-
 class MoE:
     def __init__(self, layer: int, cfg: ModelConfig, gate_weight: torch.Tensor,
                  shared: MLP, backend: ExpertBackend):
@@ -33,8 +27,7 @@ class MoE:
 
     def parts(self, x: torch.Tensor, side: torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The decode step's fused form (CUDA, Triton): x [T, H] -> (routed [T, k, H] float32, one
-        weighted output per route, and shared [T, H], or up to SHARED_SPLIT_ROWS rows its split-K
-        partial sums). The caller adds them in the next norm's
+        weighted output per route, and shared [T, H]). The caller adds them in the next norm's
         kernel (engine/kernels/rmsnorm.py moe_rmsnorm), in the same route order as `combine`.
         side: a second stream for the shared experts, which then run beside the gate and the routed
         experts (a CUDA graph captures the two branches; SGLang overlaps DeepSeek's shared experts
@@ -43,22 +36,21 @@ class MoE:
         routed expert kernels for bandwidth, where forked first they overlap the latency-bound gate."""
         from engine.kernels.moe_route import fused_route
         aligned = self.backend.alignment(x.shape[0], self.cfg.num_experts_per_tok)  # None unless its kernels take it
-        shared_mlp = self.shared.fused_split if x.shape[0] <= SHARED_SPLIT_ROWS else self.shared.fused
         if side is None:
             with phase("routing"):
                 weights, ids = self._gate(fused_route, x, aligned=aligned)  # [T, k] each
             routed = self._experts(x, weights, ids, aligned)
             with phase("shared_experts"):
-                return routed, shared_mlp(x)
+                return routed, self.shared.fused(x)
         main = torch.cuda.current_stream()
         side.wait_stream(main)
         with torch.cuda.stream(side), phase("shared_experts"):
-            shared = shared_mlp(x)
+            shared = self.shared.fused(x)
         with phase("routing"):
             weights, ids = self._gate(fused_route, x, aligned=aligned)  # [T, k] each
         routed = self._experts(x, weights, ids, aligned)
         main.wait_stream(side)
-        getattr(shared, "parts", shared).record_stream(main)  # made on the side stream, read on the main one
+        shared.record_stream(main)  # made on the side stream, read on the main one
         return routed, shared
 
     def _experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, aligned) -> torch.Tensor:

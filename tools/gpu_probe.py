@@ -306,17 +306,12 @@ def main() -> int:
     p.add_argument("--timeline", action="store_true", help="kernel timeline of the decode graph at each batch")
     p.add_argument("--capture-priority", type=int, help="stream priority graphs are captured at "
                    "(default engine.cuda_graphs.CAPTURE_PRIORITY; 0 is the side stream's)")
-    p.add_argument("--shared-split-rows", type=int, help="rows up to which the shared experts' down projection "
-                   "is split-K partial sums (default ep.moe.SHARED_SPLIT_ROWS; 0: cuBLAS always)")
     p.add_argument("--thread", action="store_true",
                    help="decode through the GPU thread (as the daemon), overlapped scheduling on and off")
     a = p.parse_args()
     if a.capture_priority is not None:
         from engine import cuda_graphs
         cuda_graphs.CAPTURE_PRIORITY = a.capture_priority
-    if a.shared_split_rows is not None:
-        from ep import moe
-        moe.SHARED_SPLIT_ROWS = a.shared_split_rows
     if a.diag:
         for preset in a.diag.split(","):
             diagnose(preset, a.prompt_len, a.profile_batch)

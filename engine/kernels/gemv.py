@@ -32,19 +32,11 @@ class Tiling:
 
 TILING = Tiling()
 O_PROJ = Tiling(block_n=16, block_k=512, split=2)  # the best of gemv_bench's sweep for o_proj at one row
-SHARED_DOWN = Tiling(block_n=16, block_k=256, split=4)  # likewise for the shared experts' down projection
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Partials:
-    """A projection's output as split-K partial sums, parts: [split, M, N] float32, for the next
-    kernel to add up in order (engine/kernels/rmsnorm.py moe_rmsnorm)."""
-    parts: torch.Tensor
 
 
 @triton.jit
 def _splitk_kernel(x_ptr, w_ptr, part_ptr, M, N, K, K_PER,
-                   ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr):
+                   ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # ROWS: M padded to a power of two (<= MAX_ROWS); acc [ROWS, BLOCK_N, BLOCK_K] in float32, summed
     # over K once at the end (the K order inside a program is fixed by BLOCK_K)
     j = tl.program_id(0)
@@ -59,27 +51,18 @@ def _splitk_kernel(x_ptr, w_ptr, part_ptr, M, N, K, K_PER,
         k_ok = (ks < K) & (k0 + tl.arange(0, BLOCK_K) < K_PER)
         w = tl.load(w_ptr + n[:, None].to(tl.int64) * K + ks[None, :], mask=n_ok[:, None] & k_ok[None, :],
                     other=0.0).to(tl.float32)  # [BLOCK_N, BLOCK_K]
-        xm = r_ok[:, None] & k_ok[None, :]
-        if SWIGLU:  # x: [M, 2K], gate then up: the input is SiLU(gate) * up, rounded as engine/kernels/swiglu.py
-            g = tl.load(x_ptr + rows[:, None] * 2 * K + ks[None, :], mask=xm, other=0.0).to(tl.float32)
-            u = tl.load(x_ptr + rows[:, None] * 2 * K + K + ks[None, :], mask=xm, other=0.0).to(tl.float32)
-            act = (g * tl.sigmoid(g)).to(w_ptr.dtype.element_ty).to(tl.float32)
-            x = (act * u).to(w_ptr.dtype.element_ty).to(tl.float32)  # [ROWS, BLOCK_K]
-        else:
-            x = tl.load(x_ptr + rows[:, None] * K + ks[None, :], mask=xm, other=0.0).to(tl.float32)  # [ROWS, BLOCK_K]
+        x = tl.load(x_ptr + rows[:, None] * K + ks[None, :], mask=r_ok[:, None] & k_ok[None, :],
+                    other=0.0).to(tl.float32)  # [ROWS, BLOCK_K]
         acc += x[:, None, :] * w[None, :, :]
     out = tl.sum(acc, axis=2)  # [ROWS, BLOCK_N]
     tl.store(part_ptr + (s * M + rows[:, None]) * N + n[None, :], out, mask=r_ok[:, None] & n_ok[None, :])
 
 
 def splitk_parts(x: torch.Tensor, w: torch.Tensor, tiling: Tiling = TILING,
-                 out: torch.Tensor | None = None, swiglu: bool = False) -> torch.Tensor:
-    """x: [M, K] (M <= MAX_ROWS), or with swiglu a gate-and-up output [M, 2K] whose SiLU(gate) * up
-    is the input; w: [N, K]. Returns the partial sums [split, M, N] float32; their sum over dim 0,
-    in order, is x @ w^T."""
-    m, k = x.shape[0], w.shape[1]
-    if x.shape[1] != (2 * k if swiglu else k):
-        raise ValueError(f"x has {x.shape[1]} columns for a weight of {k}{' (gate and up)' if swiglu else ''}")
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [M, K] (M <= MAX_ROWS); w: [N, K]. Returns the partial sums [split, M, N] float32; their sum
+    over dim 0, in order, is x @ w^T."""
+    m, k = x.shape
     n = w.shape[0]
     if m > MAX_ROWS:
         raise ValueError(f"splitk_parts takes up to {MAX_ROWS} rows, got {m}")
@@ -88,7 +71,7 @@ def splitk_parts(x: torch.Tensor, w: torch.Tensor, tiling: Tiling = TILING,
     parts = out if out is not None else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     _splitk_kernel[(triton.cdiv(n, tiling.block_n), split)](
         x.contiguous(), w, parts, m, n, k, k_per, ROWS=triton.next_power_of_2(m), BLOCK_N=tiling.block_n,
-        BLOCK_K=tiling.block_k, SWIGLU=swiglu, num_warps=tiling.num_warps, num_stages=tiling.num_stages)
+        BLOCK_K=tiling.block_k, num_warps=tiling.num_warps, num_stages=tiling.num_stages)
     return parts
 
 

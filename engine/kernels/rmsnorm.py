@@ -6,8 +6,6 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.gemv import Partials
-
 
 @triton.jit
 def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
@@ -30,8 +28,8 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
 
 
 @triton.jit
-def _moe_rmsnorm_kernel(routed_ptr, shared_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_rows, n_cols, eps,
-                        TOP_K: tl.constexpr, SHARED_PARTS: tl.constexpr, BLOCK: tl.constexpr):
+def _moe_rmsnorm_kernel(routed_ptr, shared_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
+                        TOP_K: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -40,10 +38,6 @@ def _moe_rmsnorm_kernel(routed_ptr, shared_ptr, res_ptr, w_ptr, out_ptr, res_out
     for j in tl.static_range(1, TOP_K):  # the fixed-order combine: route 0, then 1, ...
         acc += tl.load(routed_ptr + (row * TOP_K + j) * n_cols + cols, mask=mask, other=0.0)
     shared = tl.load(shared_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-    if SHARED_PARTS > 0:  # float32 split-K partial sums [PARTS, T, N], added in order, rounded as F.linear's output
-        for p in tl.static_range(1, SHARED_PARTS):
-            shared += tl.load(shared_ptr + (p * n_rows + row) * n_cols + cols, mask=mask, other=0.0)
-        shared = shared.to(dtype).to(tl.float32)
     delta = (acc.to(dtype).to(tl.float32) + shared).to(dtype)  # routed (rounded) + shared experts
     x = (delta.to(tl.float32) + tl.load(res_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)).to(dtype)
     tl.store(res_out_ptr + row * n_cols + cols, x, mask=mask)
@@ -54,18 +48,16 @@ def _moe_rmsnorm_kernel(routed_ptr, shared_ptr, res_ptr, w_ptr, out_ptr, res_out
     tl.store(out_ptr + row * n_cols + cols, (w.to(tl.float32) * h.to(tl.float32)).to(dtype), mask=mask)
 
 
-def moe_rmsnorm(routed: torch.Tensor, shared: torch.Tensor | Partials, weight: torch.Tensor, eps: float,
+def moe_rmsnorm(routed: torch.Tensor, shared: torch.Tensor, weight: torch.Tensor, eps: float,
                 residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The MoE layer's combine folded into the next norm: routed [T, k, N] float32 per route (summed
-    in route order, rounded), shared [T, N] or its down projection's split-K partial sums
-    (engine/kernels/gemv.py), added up and rounded here; delta = routed + shared. Returns
-    (norm(residual + delta) * weight, residual + delta)."""
+    in route order, rounded), shared [T, N]; delta = routed + shared. Returns (norm(residual + delta)
+    * weight, residual + delta)."""
     t, k, n = routed.shape
-    parts, shared = (shared.parts.shape[0], shared.parts) if isinstance(shared, Partials) else (0, shared.contiguous())
     out = torch.empty_like(residual)
     res_out = torch.empty_like(residual)
-    _moe_rmsnorm_kernel[(t,)](routed.contiguous(), shared, residual.contiguous(), weight, out, res_out,
-                              t, n, eps, TOP_K=k, SHARED_PARTS=parts, BLOCK=triton.next_power_of_2(n))
+    _moe_rmsnorm_kernel[(t,)](routed.contiguous(), shared.contiguous(), residual.contiguous(), weight, out, res_out,
+                              n, eps, TOP_K=k, BLOCK=triton.next_power_of_2(n))
     return out, res_out
 
 

@@ -19,7 +19,6 @@ import torch
 from engine.batch import Batch, RowInput
 from engine.decode import DecodeInputs, decode_logits
 from engine.engine import EngineSpec, build_engine
-from ep import moe
 engine = build_engine(EngineSpec(model_dir=sys.argv[1], num_slots=4))
 model, cache = engine.model, engine.cache
 prompts = [[5, 9, 200, 31], list(range(40, 70)), [7]]
@@ -28,8 +27,7 @@ first = engine.runner.step([RowInput(s, p, 0) for s, p in zip(slots, prompts)])
 pos = [len(p) for p in prompts]
 model.backend.kernel = "triton"  # the fused expert kernels (chosen on CUDA bf16 at start-up)
 t = torch.tensor
-for step in range(4):
-    moe.SHARED_SPLIT_ROWS = 4 if step % 2 else 0  # the shared experts' down projection as split-K partials, or not
+for step in range(3):
     saved = cache.data.clone()
     rows = [RowInput(s, [tok], p) for s, tok, p in zip(slots, first, pos)]
     ref = model.forward(Batch.build(rows, "cpu"), cache)  # [R, V]
