@@ -9,7 +9,9 @@ of its own (cuBLAS picks split-K for some of these shapes too, with a separate r
 Not in the decode step: on the H200 (2026-12-03, docs/perf-notes.md row 21) o_proj through it at one
 row took 5.4 µs against cuBLAS's 6.8 in the step's timeline, but the norm that added the partials
 grew by 0.5 µs and the step's span did not move (2,283 -> 2,289 µs); at 4 rows it took 13.5 µs
-(the float32 accumulator spills). tools/gemv_bench.py keeps the comparison runnable."""
+(the float32 accumulator spills). As the shared experts' down projection at one row (SwiGLU folded
+into its input, the partials added in the MoE combine's norm) the step got 185 µs slower (row 23).
+tools/gemv_bench.py keeps the comparison runnable."""
 from __future__ import annotations
 
 import dataclasses
