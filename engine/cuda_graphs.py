@@ -190,14 +190,6 @@ class DecodeGraphs:
         h[3, n:b] = 1
         h[4, n:b] = self.own_feed[n:b]
 
-    def park(self, b: int) -> None:
-        """Point batch bucket b's graph inputs at the scratch slot (token 0, position 0), so that a
-        replay outside a step (capture, a profiler's timeline) reads valid ids and writes no real
-        cache. The buckets share one input region, laid out per bucket."""
-        static, host, h, _, _ = self._views(b, self.turn)
-        self._pad(h, 0, b)
-        static.copy_(host)
-
     def _inputs(self, b: int, length: int) -> DecodeInputs:
         """The step's inputs as graph-static tensors: the ids gathered through the feed (one kernel)."""
         s = self._views(b, 0)[0]
@@ -221,7 +213,9 @@ class DecodeGraphs:
             return self.graphs[(b, length, logits)]
         torch.cuda.current_stream().synchronize()  # the step's host->device copy must land first
         saved = self.flat.clone()  # the inputs and the previous step's tokens (a feed may read them)
-        self.park(b)  # warm up on the scratch slot only: real caches stay untouched
+        static, host, h, _, _ = self._views(b, self.turn)
+        self._pad(h, 0, b)  # warm up on the scratch slot only: real caches stay untouched
+        static.copy_(host)
         with self.model.backend.uncounted():  # the warm-up step is no step of the engine's
             graph, out = capture(fn, self.pool)
         self.flat.copy_(saved)

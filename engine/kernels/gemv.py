@@ -76,8 +76,3 @@ def splitk_parts(x: torch.Tensor, w: torch.Tensor, tiling: Tiling = TILING,
         BLOCK_K=tiling.block_k, num_warps=tiling.num_warps, num_stages=tiling.num_stages)
     return parts
 
-
-def splitk_linear(x: torch.Tensor, w: torch.Tensor, tiling: Tiling = TILING) -> torch.Tensor:
-    """x @ w^T in x's dtype through the partials (for tests and the benchmark; the decode step
-    reduces inside its next kernel)."""
-    return splitk_parts(x, w, tiling).sum(0).to(x.dtype)
