@@ -114,16 +114,20 @@ def record_files(path: str | Path) -> list[Path]:
     return ([path] if path.is_file() else []) + rotated
 
 
+def _complete(f: Path) -> str:
+    """f's text up to its last newline: a line the daemon is still writing is left out, as is a file
+    rotated away between the listing and the read (a reader that polls sees it on the next read)."""
+    try:
+        text = f.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return text[: text.rfind("\n") + 1]
+
+
 def whole_lines(path: str | Path) -> Iterator[str]:
-    """Every complete line of the trace-record file and its rotated files, newest file first. A line
-    the daemon is still writing (no newline yet) is left out, as is a file rotated away between
-    the listing and the read (a reader that polls sees its spans on the next read)."""
+    """Every complete line of the trace-record file and its rotated files, newest file first."""
     for f in record_files(path):
-        try:
-            text = f.read_text(errors="replace")
-        except FileNotFoundError:
-            continue
-        yield from text.split("\n")[:-1]
+        yield from _complete(f).split("\n")[:-1]
 
 
 def load(source: str) -> list[SpanRecord]:
@@ -136,8 +140,13 @@ def load(source: str) -> list[SpanRecord]:
     if not path.is_file():
         raise FileNotFoundError("no such trace file")
     spans: dict[tuple[str, str], SpanRecord] = {}
-    for s in parse_lines("\n".join(whole_lines(path))):
-        spans.setdefault((s.trace_id, s.span_id), s)
+    for f in record_files(path):
+        try:
+            records = parse_lines(_complete(f))
+        except ValueError as e:
+            raise ValueError(f"{f.name}: {e}") from None
+        for s in records:
+            spans.setdefault((s.trace_id, s.span_id), s)
     return list(spans.values())
 
 

@@ -90,6 +90,9 @@ def test_every_reader_reads_the_rotated_files_once(tmp_path: Path):
     assert trace_reader.load(str(path.with_name("trace.jsonl.1")))  # a rotated file alone loads too
     with pytest.raises(FileNotFoundError):
         trace_reader.load(str(tmp_path / "none.jsonl"))
+    (path.parent / "trace.jsonl.2").write_text("{not json\n")  # a corrupt line names its file and line
+    with pytest.raises(ValueError, match=r"trace\.jsonl\.2: line 1: not JSON"):
+        trace_reader.load(str(path))
 
     roots = finished_spans(4, root_of="m")
     exporter = JsonlSpanExporter(tmp_path / "roots.jsonl", max_bytes=1500, backups=8)
