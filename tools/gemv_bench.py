@@ -21,8 +21,8 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from engine.cuda_graphs import capture  # noqa: E402
 from engine.kernels import gemv  # noqa: E402
+from tools.kernel_bench import graph_time_us  # noqa: E402
 
 SHAPES = {"q_kv_a": (3072 + 576, 2048), "o_proj": (2048, 2048), "shared_gate_up": (2 * 2816, 2048),
           "shared_down": (2048, 2816)}  # [N, K]
@@ -32,16 +32,7 @@ COPY_TBPS = 4.2
 
 def graph_us(calls, reps: int = 10) -> float:
     """µs per call: every call of `calls` captured once into one graph, replayed `reps` times."""
-    g, _ = capture(lambda: [c() for c in calls], None)
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return round(start.elapsed_time(end) * 1e3 / (reps * len(calls)), 2)
+    return round(graph_time_us(lambda: [c() for c in calls], inner=1, reps=reps) / len(calls), 2)
 
 
 def tilings() -> list[gemv.Tiling]:
