@@ -32,8 +32,9 @@ class MLAttention:
         self.rank = cfg.kv_lora_rank
         self.scale = cfg.softmax_scale()
         self.rope = rope
-        self.fused_decode = False  # the Triton MLA decode kernel (CUDA); set by the engine at start-up
+        self.fused_decode = False  # the Triton MLA decode kernel (CUDA); set by the engine at start-up (use_kernels)
         self.fused_prefill = False  # the Triton packed-prompt attention kernel (CUDA); likewise
+        self.out_count = None  # the fused output kernel's tickets (engine/kernels/mla_output.py), with fused_decode
         if cfg.q_lora_rank is None:
             q_in = w.pop(f"{a}.q_proj.weight")  # [nh*192, H]
             self.q_a_norm = self.q_b = None
@@ -54,6 +55,14 @@ class MLAttention:
         kv_b = self.kv_b.view(self.nh, self.nope + self.v_dim, self.rank)  # [nh, 256, 512]
         self.w_uk = kv_b[:, :self.nope].contiguous()  # [nh, 128, 512]
         self.w_uv_t = kv_b[:, self.nope:].transpose(1, 2).contiguous()  # [nh, 512, 128]
+
+    def use_kernels(self, decode: bool, prefill: bool) -> None:
+        """Select the Triton decode and prompt attention (start-up: CUDA, or the interpreter in tests)."""
+        self.fused_decode = decode and self.nh <= FUSED_MAX_HEADS
+        self.fused_prefill = prefill
+        if self.fused_decode and self.out_count is None:
+            from engine.kernels.mla_output import counters
+            self.out_count = counters(self.o_proj.shape[0], self.o_proj.device)
 
     def _project(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                  cache: MLACache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -123,6 +132,26 @@ class MLAttention:
         probs = scores.masked_fill(~valid[:, None, :], float("-inf")).softmax(dim=-1).to(kv.dtype)
         o_lat = torch.bmm(probs, kv[..., :self.rank])  # [B, nh, 512]
         return self._out(torch.bmm(o_lat.transpose(0, 1), self.w_uv_t).transpose(0, 1))  # [B, nh, 128] -> [B, H]
+
+    def decode_norm(self, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                    positions: torch.Tensor, slots: torch.Tensor, ctx_lens: torch.Tensor, length: int,
+                    cache: MLACache) -> tuple[torch.Tensor, torch.Tensor]:
+        """decode_absorbed, then its residual add and the post-attention RMSNorm: x [B, H] (normed),
+        residual [B, H] -> (norm(residual + attention) * norm_weight, residual + attention). Fused at up
+        to mla_output.MAX_ROWS rows: the merge, W_UV, o_proj, the add and the norm in one launch."""
+        from engine.kernels import mla_output
+        from engine.kernels.rmsnorm import rmsnorm
+        b = x.shape[0]
+        if not (self.fused_decode and b <= mla_output.MAX_ROWS):
+            return rmsnorm(self.decode_absorbed(x, positions, slots, ctx_lens, length, cache), norm_weight, eps,
+                           residual=residual)
+        from engine.kernels.mla_decode import auto_split, mla_split
+        q_full = self.absorbed_query(x, positions, slots, cache)  # [B, nh, 576]
+        split_len = auto_split(b, length, programs=mla_output.MAX_SPLITS * b)
+        part_o, part_ml = mla_split(q_full, cache.data[self.layer], slots, ctx_lens, length, self.scale, self.rank,
+                                    split_len)
+        return mla_output.mla_output(part_o, part_ml, self.w_uv_t, self.o_proj, residual, norm_weight, eps,
+                                     self.out_count)
 
     def absorbed_query(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                        cache: MLACache) -> torch.Tensor:

@@ -41,15 +41,16 @@ def decode_logits(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torc
 
     x = F.embedding(inp.token_ids, model.embed)  # [B, H]
     if model.fused_kernels:
-        return _decode_fused(model, x, attend)
+        return _decode_fused(model, x, inp, cache)
     for layer in model.layers:
         x = layer.run(x, lambda h, a=layer.attn: attend(a, h))
     return model.head(x)  # [B, V]
 
 
-def _decode_fused(model: DeepseekV2, x: torch.Tensor, attend) -> torch.Tensor:
-    """The same layers as Triton-fused steps: each residual add folds into the next RMSNorm, and a
-    MoE layer's combine (routes in order, then the shared experts) folds in with it."""
+def _decode_fused(model: DeepseekV2, x: torch.Tensor, inp: DecodeInputs, cache: MLACache) -> torch.Tensor:
+    """The same layers as Triton-fused steps: each residual add folds into the next RMSNorm, a MoE
+    layer's combine (routes in order, then the shared experts) folds in with it, and attention's
+    own output kernel adds and normalises at a few rows (MLAttention.decode_norm)."""
     from engine.kernels.rmsnorm import moe_rmsnorm, rmsnorm
     eps = model.cfg.rms_norm_eps
 
@@ -64,8 +65,8 @@ def _decode_fused(model: DeepseekV2, x: torch.Tensor, attend) -> torch.Tensor:
     for layer in model.layers:
         with phase("attention"):
             h, x = norm(delta, layer.input_norm, x)
-            delta = attend(layer.attn, h)
-        h, x = norm(delta, layer.post_attn_norm, x)
+            h, x = layer.attn.decode_norm(h, x, layer.post_attn_norm, eps, inp.positions, inp.slots, inp.ctx_lens,
+                                          inp.length, cache)
         delta = layer.mlp.parts(h, model.side_stream) if isinstance(layer.mlp, MoE) else layer.mlp.fused(h)
     with phase("lm_head"):
         h, _ = norm(delta, model.norm, x)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from engine.attention import FUSED_MAX_HEADS, MLAttention
+from engine.attention import MLAttention
 from engine.batch import Batch
 from engine.config import ModelConfig
 from engine.kv_cache import MLACache
@@ -94,8 +94,7 @@ class DeepseekV2:
         if on and self.embed.is_cuda and self.side_stream is None:
             self.side_stream = torch.cuda.Stream(device=self.embed.device)
         for layer in self.layers:
-            layer.attn.fused_decode = on and layer.attn.nh <= FUSED_MAX_HEADS
-            layer.attn.fused_prefill = on
+            layer.attn.use_kernels(decode=on, prefill=on)
 
     @torch.inference_mode()
     def forward(self, batch: Batch, cache: MLACache) -> torch.Tensor:

@@ -306,12 +306,17 @@ def main() -> int:
     p.add_argument("--timeline", action="store_true", help="kernel timeline of the decode graph at each batch")
     p.add_argument("--capture-priority", type=int, help="stream priority graphs are captured at "
                    "(default engine.cuda_graphs.CAPTURE_PRIORITY; 0 is the side stream's)")
+    p.add_argument("--mla-output-rows", type=int, help="up to how many rows the fused MLA output kernel runs "
+                   "(default engine.kernels.mla_output.MAX_ROWS; 0: merge, o_proj and norm apart)")
     p.add_argument("--thread", action="store_true",
                    help="decode through the GPU thread (as the daemon), overlapped scheduling on and off")
     a = p.parse_args()
     if a.capture_priority is not None:
         from engine import cuda_graphs
         cuda_graphs.CAPTURE_PRIORITY = a.capture_priority
+    if a.mla_output_rows is not None:
+        from engine.kernels import mla_output
+        mla_output.MAX_ROWS = a.mla_output_rows
     if a.diag:
         for preset in a.diag.split(","):
             diagnose(preset, a.prompt_len, a.profile_batch)

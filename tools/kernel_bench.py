@@ -23,7 +23,7 @@ import torch  # noqa: E402
 
 from engine.config import ModelConfig  # noqa: E402
 from engine.cuda_graphs import capture  # noqa: E402
-from engine.kernels import moe_experts  # noqa: E402
+from engine.kernels import mla_output, moe_experts  # noqa: E402
 from engine.kernels.moe_route import fused_route  # noqa: E402
 from engine.kernels.rmsnorm import moe_rmsnorm, rmsnorm  # noqa: E402
 from engine.presets import PRESETS  # noqa: E402
@@ -62,7 +62,8 @@ def kernel_table(fn, reps: int = 10) -> str:
 
 def mla_rows(batches: list[int], length: int = 256, ctx: int = 150) -> list[dict]:
     """MLA decode attention of one layer at lite's shapes (16 heads, latent 512 + 64, value 128):
-    the split kernel and each merge kernel with W_UV applied, µs per layer."""
+    the split kernel and each merge kernel with W_UV applied, µs per layer; at a few rows also the
+    fused output kernel against the separate kernels it replaces (output_rows)."""
     from engine.kernels.mla_decode import mla_decode
     dev, dt = torch.device("cuda"), torch.bfloat16
     h, rank, rope, v = 16, 512, 64, 128
@@ -82,9 +83,44 @@ def mla_rows(batches: list[int], length: int = 256, ctx: int = 150) -> list[dict
             row[f"{merge}_max_abs_diff"] = float((got - ref).abs().max())
         row["split_only_us"] = round(graph_time_us(
             lambda: mla_decode(q, cache, slots, lens, length, 0.1, rank, merge="row")), 1)
+        if b <= mla_output.MAX_ROWS:
+            row |= output_rows(q, cache, slots, lens, length, w_uv_t)
         print(json.dumps(row), flush=True)
         out.append(row)
     return out
+
+
+def output_rows(q, cache, slots, lens, length: int, w_uv_t) -> dict:
+    """The end of the layer at a few rows: split, merge with W_UV, cuBLAS o_proj and the norm
+    kernel ("apart"), against split and the fused output kernel at several output blocks (µs).
+    Each o_proj read comes from HBM: one weight copy per call of the 20 in a graph, as in the step."""
+    import torch.nn.functional as F
+    from engine.kernels.mla_decode import auto_split, mla_decode, mla_split
+    from engine.kernels.rmsnorm import rmsnorm
+    b, hid, rank = q.shape[0], 2048, w_uv_t.shape[1]
+    dev, dt = q.device, q.dtype
+    w_o = [torch.randn(hid, hid, device=dev, dtype=dt) * 0.02 for _ in range(20)]
+    res = torch.randn(b, hid, device=dev, dtype=dt)
+    norm_w = torch.ones(hid, device=dev, dtype=dt)
+    turn = iter(range(10 ** 9))
+
+    def apart(w):
+        o = mla_decode(q, cache, slots, lens, length, 0.1, rank, w_uv_t=w_uv_t, merge="row")
+        return rmsnorm(F.linear(o, w), norm_w, 1e-6, residual=res)
+
+    def fused(w, block_j: int, count: torch.Tensor):
+        split = auto_split(b, length, programs=mla_output.MAX_SPLITS * b)
+        parts = mla_split(q, cache, slots, lens, length, 0.1, rank, split)
+        return mla_output.mla_output(*parts, w_uv_t, w, res, norm_w, 1e-6, count, block_j)
+
+    row = {"apart_us": round(graph_time_us(lambda: apart(w_o[next(turn) % 20])), 1)}
+    ref = apart(w_o[0])[0].float()
+    for block_j in (64, 128, 256, 512):
+        count = mla_output.counters(hid, dev, block_j)
+        row[f"fused_j{block_j}_us"] = round(graph_time_us(lambda: fused(w_o[next(turn) % 20], block_j, count)), 1)
+        got = fused(w_o[0], block_j, count)[0].float()
+        row[f"fused_j{block_j}_rel"] = round(float((got - ref).norm() / ref.norm()), 5)
+    return row
 
 
 def sweep_tilings(kind: str) -> list:
