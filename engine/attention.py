@@ -145,8 +145,12 @@ class MLAttention:
         if not (self.fused_decode and b <= mla_output.MAX_ROWS):
             return rmsnorm(self.decode_absorbed(x, positions, slots, ctx_lens, length, cache), norm_weight, eps,
                            residual=residual)
-        from engine.kernels.mla_decode import auto_split, mla_split
+        from engine.kernels.mla_decode import auto_split, mla_decode, mla_split
         q_full = self.absorbed_query(x, positions, slots, cache)  # [B, nh, 576]
+        if mla_output.MODE == "gemv":
+            v = mla_decode(q_full, cache.data[self.layer], slots, ctx_lens, length, self.scale, self.rank,
+                           w_uv_t=self.w_uv_t)  # [B, nh*128]
+            return mla_output.proj_norm(v, self.o_proj, residual, norm_weight, eps, self.out_count)
         split_len = auto_split(b, length, programs=mla_output.MAX_SPLITS * b)
         part_o, part_ml = mla_split(q_full, cache.data[self.layer], slots, ctx_lens, length, self.scale, self.rank,
                                     split_len)

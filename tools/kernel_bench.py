@@ -108,18 +108,28 @@ def output_rows(q, cache, slots, lens, length: int, w_uv_t) -> dict:
         o = mla_decode(q, cache, slots, lens, length, 0.1, rank, w_uv_t=w_uv_t, merge="row")
         return rmsnorm(F.linear(o, w), norm_w, 1e-6, residual=res)
 
-    def fused(w, block_j: int, count: torch.Tensor):
+    def fused(w, block_j: int, early: bool, warps: int, count: torch.Tensor):
         split = auto_split(b, length, programs=mla_output.MAX_SPLITS * b)
         parts = mla_split(q, cache, slots, lens, length, 0.1, rank, split)
-        return mla_output.mla_output(*parts, w_uv_t, w, res, norm_w, 1e-6, count, block_j)
+        return mla_output.mla_output(*parts, w_uv_t, w, res, norm_w, 1e-6, count, block_j, early, warps)
+
+    def gemv(w, cfg: tuple, count: torch.Tensor):
+        o = mla_decode(q, cache, slots, lens, length, 0.1, rank, w_uv_t=w_uv_t, merge="row")
+        return mla_output.proj_norm(o, w, res, norm_w, 1e-6, count, *cfg)
 
     row = {"apart_us": round(graph_time_us(lambda: apart(w_o[next(turn) % 20])), 1)}
     ref = apart(w_o[0])[0].float()
-    for block_j in (64, 128, 256, 512):
-        count = mla_output.counters(hid, dev, block_j)
-        row[f"fused_j{block_j}_us"] = round(graph_time_us(lambda: fused(w_o[next(turn) % 20], block_j, count)), 1)
-        got = fused(w_o[0], block_j, count)[0].float()
-        row[f"fused_j{block_j}_rel"] = round(float((got - ref).norm() / ref.norm()), 5)
+    count = mla_output.counters(hid, dev, 16)
+    forms = {f"fused_j{j}_{'early' if e else 'late'}_w{nw}": (lambda w, j=j, e=e, nw=nw: fused(w, j, e, nw, count))
+             for j in (128, 256, 512) for e in (True, False) for nw in (4, 8)}
+    forms |= {f"gemv_j{c[0]}_k{c[1]}_w{c[2]}": (lambda w, c=c: gemv(w, c, count))
+              for c in ((16, 512, 4), (8, 1024, 4), (32, 256, 4), (16, 512, 8), (8, 512, 2), (4, 2048, 4))}
+    for name, fn in forms.items():
+        try:
+            row[f"{name}_us"] = round(graph_time_us(lambda: fn(w_o[next(turn) % 20])), 1)
+            row[f"{name}_rel"] = round(float((fn(w_o[0])[0].float() - ref).norm() / ref.norm()), 5)
+        except Exception as err:  # a form that does not compile is reported, not fatal
+            row[f"{name}_us"] = f"{type(err).__name__}: {str(err)[:80]}"
     return row
 
 

@@ -29,9 +29,12 @@ def lite_attention():
     return cfg, attn
 
 
-def test_output_kernel_matches_the_separate_kernels_and_replays_the_same_bits():
+@pytest.mark.parametrize("mode", ["fused", "gemv"])
+def test_output_kernel_matches_the_separate_kernels_and_replays_the_same_bits(mode, monkeypatch):
     from engine.cuda_graphs import capture
+    from engine.kernels import mla_output
     from engine.kv_cache import MLACache
+    monkeypatch.setattr(mla_output, "MODE", mode)
     cfg, attn = lite_attention()
     g = torch.Generator(device="cuda").manual_seed(0)
     cache = MLACache(LAYER + 1, SLOTS, MAX_LEN, cfg.cache_width, "cuda", torch.bfloat16)

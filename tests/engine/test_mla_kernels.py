@@ -18,7 +18,7 @@ SCRIPT = r"""
 import torch
 from engine.attention import MLAttention
 from engine.config import ModelConfig
-from engine.kernels.mla_output import MAX_ROWS
+from engine.kernels import mla_output
 from engine.kv_cache import MLACache
 from engine.presets import preset_config, random_tensor
 from engine.rope import Rope
@@ -107,7 +107,8 @@ def check(overrides: dict, dtype: torch.dtype, positions: list[int], seed: int) 
     # then the norm kernel); its tickets are back at zero after every launch
     res = torch.randn(b, cfg.hidden_size, generator=g).to(dtype)  # [B, H]
     norm_w = (1 + 0.1 * torch.randn(cfg.hidden_size, generator=g)).to(dtype)
-    for rows in sorted({1, min(b, MAX_ROWS)}):
+    for mode, rows in [(m, r) for m in ("fused", "gemv") for r in sorted({1, min(b, mla_output.MAX_ROWS)})]:
+        mla_output.MODE = mode
         args = (norm_w, 1e-6, pos[:rows], slots[:rows], ctx[:rows], length)
         (h_ref, x_ref), (h_got, x_got), _, _ = both(attn, lambda c: attn.decode_norm(x[:rows], res[:rows], *args, c),
                                                     cache)
@@ -118,7 +119,8 @@ def check(overrides: dict, dtype: torch.dtype, positions: list[int], seed: int) 
             torch.testing.assert_close(h_got, h_ref, rtol=1e-4, atol=1e-4)
         else:  # o_proj's float32 sums in another order: a rounding step apart where they differ
             assert rel(x_got, x_ref) < 1e-2 and rel(h_got, h_ref) < 1e-2, (rel(x_got, x_ref), rel(h_got, h_ref))
-        print(dtype, "rows", rows, "norm", rel(h_got, h_ref))
+        print(dtype, mode, "rows", rows, "norm", rel(h_got, h_ref))
+    mla_output.MODE = "fused"
 
 
 def interpreter_bf16_as_gpu() -> None:
