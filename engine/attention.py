@@ -34,7 +34,7 @@ class MLAttention:
         self.rope = rope
         self.fused_decode = False  # the Triton MLA decode kernel (CUDA); set by the engine at start-up (use_kernels)
         self.fused_prefill = False  # the Triton packed-prompt attention kernel (CUDA); likewise
-        self.out_count = None  # the fused output kernel's tickets (engine/kernels/mla_output.py), with fused_decode
+        self.out_count = None  # the output kernel's tickets (engine/kernels/mla_output.py), with fused_decode
         if cfg.q_lora_rank is None:
             q_in = w.pop(f"{a}.q_proj.weight")  # [nh*192, H]
             self.q_a_norm = self.q_b = None
@@ -62,7 +62,7 @@ class MLAttention:
         self.fused_prefill = prefill
         if self.fused_decode and self.out_count is None:
             from engine.kernels.mla_output import counters
-            self.out_count = counters(self.o_proj.shape[0], self.o_proj.device)
+            self.out_count = counters(self.o_proj.device)
 
     def _project(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                  cache: MLACache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -138,24 +138,17 @@ class MLAttention:
                     cache: MLACache) -> tuple[torch.Tensor, torch.Tensor]:
         """decode_absorbed, then its residual add and the post-attention RMSNorm: x [B, H] (normed),
         residual [B, H] -> (norm(residual + attention) * norm_weight, residual + attention). Fused at up
-        to mla_output.MAX_ROWS rows: the merge, W_UV, o_proj, the add and the norm in one launch."""
+        to mla_output.MAX_ROWS rows: o_proj, the add and the norm in one launch."""
         from engine.kernels import mla_output
         from engine.kernels.rmsnorm import rmsnorm
-        b = x.shape[0]
-        if not (self.fused_decode and b <= mla_output.MAX_ROWS):
+        if not (self.fused_decode and x.shape[0] <= mla_output.MAX_ROWS):
             return rmsnorm(self.decode_absorbed(x, positions, slots, ctx_lens, length, cache), norm_weight, eps,
                            residual=residual)
-        from engine.kernels.mla_decode import auto_split, mla_decode, mla_split
+        from engine.kernels.mla_decode import mla_decode
         q_full = self.absorbed_query(x, positions, slots, cache)  # [B, nh, 576]
-        if mla_output.MODE == "gemv":
-            v = mla_decode(q_full, cache.data[self.layer], slots, ctx_lens, length, self.scale, self.rank,
-                           w_uv_t=self.w_uv_t)  # [B, nh*128]
-            return mla_output.proj_norm(v, self.o_proj, residual, norm_weight, eps, self.out_count)
-        split_len = auto_split(b, length, programs=mla_output.MAX_SPLITS * b)
-        part_o, part_ml = mla_split(q_full, cache.data[self.layer], slots, ctx_lens, length, self.scale, self.rank,
-                                    split_len)
-        return mla_output.mla_output(part_o, part_ml, self.w_uv_t, self.o_proj, residual, norm_weight, eps,
-                                     self.out_count)
+        v = mla_decode(q_full, cache.data[self.layer], slots, ctx_lens, length, self.scale, self.rank,
+                       w_uv_t=self.w_uv_t)  # [B, nh*128]
+        return mla_output.proj_norm(v, self.o_proj, residual, norm_weight, eps, self.out_count)
 
     def absorbed_query(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                        cache: MLACache) -> torch.Tensor:

@@ -307,9 +307,7 @@ def main() -> int:
     p.add_argument("--capture-priority", type=int, help="stream priority graphs are captured at "
                    "(default engine.cuda_graphs.CAPTURE_PRIORITY; 0 is the side stream's)")
     p.add_argument("--mla-output-rows", type=int, help="up to how many rows the fused MLA output kernel runs "
-                   "(default engine.kernels.mla_output.MAX_ROWS; 0: merge, o_proj and norm apart)")
-    p.add_argument("--mla-output-mode", choices=["fused", "gemv"], help="the MLA output kernel's form "
-                   "(default engine.kernels.mla_output.MODE)")
+                   "(default engine.kernels.mla_output.MAX_ROWS; 0: o_proj and the norm apart)")
     p.add_argument("--thread", action="store_true",
                    help="decode through the GPU thread (as the daemon), overlapped scheduling on and off")
     a = p.parse_args()
@@ -319,9 +317,6 @@ def main() -> int:
     if a.mla_output_rows is not None:
         from engine.kernels import mla_output
         mla_output.MAX_ROWS = a.mla_output_rows
-    if a.mla_output_mode:
-        from engine.kernels import mla_output
-        mla_output.MODE = a.mla_output_mode
     if a.diag:
         for preset in a.diag.split(","):
             diagnose(preset, a.prompt_len, a.profile_batch)

@@ -150,10 +150,14 @@ def auto_split(batch: int, length: int, programs: int = 264, block: int = 32) ->
     return triton.cdiv(triton.cdiv(length, n), block) * block
 
 
-def mla_split(q: torch.Tensor, cache_layer: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor, length: int,
-              scale: float, rank: int, split_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The split launch alone (arguments as mla_decode's). Returns each split's unnormalised latent
-    output part_o [B, S, H, rank] float32 and its (running max, sum) part_ml [B, S, H, 2]."""
+def mla_decode(q: torch.Tensor, cache_layer: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
+               length: int, scale: float, rank: int, split_len: int | None = None,
+               w_uv_t: torch.Tensor | None = None, merge: str | None = None) -> torch.Tensor:
+    """q: [B, H, rank+rope] (absorbed query: latent part then RoPE part); cache_layer: [S, N, rank+rope];
+    slots, lens: [B]; length: static bound >= every len; split_len: keys per split program (default
+    auto_split); merge: "row" or "block" (both compute the same; default by batch size). Returns o_lat [B, H, rank]; or, given
+    w_uv_t [H, rank, V], the value heads o_lat (rounded to q's dtype) @ w_uv_t[h] with float32
+    accumulation, rounded: [B, H*V], ready for o_proj. Two launches, graph-safe."""
     b, h, width = q.shape
     split_len = split_len or auto_split(b, length)
     n_splits = triton.cdiv(length, split_len)
@@ -164,20 +168,6 @@ def mla_split(q: torch.Tensor, cache_layer: torch.Tensor, slots: torch.Tensor, l
                                  H=h, RANK=rank, ROPE=width - rank, BLOCK_N=32, SPLIT=split_len,
                                  H_P=max(16, triton.next_power_of_2(h)), RANK_P=triton.next_power_of_2(rank),
                                  ROPE_P=max(16, triton.next_power_of_2(width - rank)), num_warps=8)
-    return part_o, part_ml
-
-
-def mla_decode(q: torch.Tensor, cache_layer: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
-               length: int, scale: float, rank: int, split_len: int | None = None,
-               w_uv_t: torch.Tensor | None = None, merge: str | None = None) -> torch.Tensor:
-    """q: [B, H, rank+rope] (absorbed query: latent part then RoPE part); cache_layer: [S, N, rank+rope];
-    slots, lens: [B]; length: static bound >= every len; split_len: keys per split program (default
-    auto_split); merge: "row" or "block" (both compute the same; default by batch size). Returns o_lat [B, H, rank]; or, given
-    w_uv_t [H, rank, V], the value heads o_lat (rounded to q's dtype) @ w_uv_t[h] with float32
-    accumulation, rounded: [B, H*V], ready for o_proj. Two launches, graph-safe."""
-    b, h, _ = q.shape
-    part_o, part_ml = mla_split(q, cache_layer, slots, lens, length, scale, rank, split_len)
-    n_splits = part_o.shape[1]
     if w_uv_t is None:
         v, out = 1, torch.empty(b, h, rank, dtype=q.dtype, device=q.device)  # [B, H, rank]
     else:

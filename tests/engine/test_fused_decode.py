@@ -1,5 +1,5 @@
-"""The whole Triton-fused decode step (fused norms, MLA decode kernels, the fused router, expert MLP
-and combine) computes the reference forward's logits on the tiny model, in float32 under Triton's
+"""The whole Triton-fused decode step (fused norms, MLA decode kernels with the one-row output
+kernel, the fused router, expert MLP and combine) computes the reference forward's logits on the tiny model, in float32 under Triton's
 CPU interpreter; on the GPU the same code runs compiled (in bfloat16)."""
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ first = engine.runner.step([RowInput(s, p, 0) for s, p in zip(slots, prompts)])
 pos = [len(p) for p in prompts]
 model.backend.kernel = "triton"  # the fused expert kernels (chosen on CUDA bf16 at start-up)
 t = torch.tensor
-for step in range(3):
+# three rows, then the first row alone (one row takes the attention output kernel, mla_output)
+for step, n in enumerate([3, 3, 3, 1, 1]):
+    slots, first, pos = slots[:n], first[:n], pos[:n]
     saved = cache.data.clone()
     rows = [RowInput(s, [tok], p) for s, tok, p in zip(slots, first, pos)]
     ref = model.forward(Batch.build(rows, "cpu"), cache)  # [R, V]

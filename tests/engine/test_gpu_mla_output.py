@@ -1,8 +1,7 @@
-"""The fused MLA output kernel (engine/kernels/mla_output.py) on CUDA at lite's attention shapes,
-skipped without a GPU: the merge, W_UV, o_proj, residual add and norm of one launch against the
-separate kernels (merge, cuBLAS o_proj, norm kernel), in bf16; the tickets back at zero after
-every launch; and, replayed 300 times in a CUDA graph, the same bits every time (the last program
-of a block adds the heads in a fixed order, whoever it is).
+"""The MLA output kernel (engine/kernels/mla_output.py) on CUDA at lite's attention shapes, skipped
+without a GPU: o_proj, the residual add and the norm of one launch against cuBLAS's o_proj and the
+norm kernel, in bf16; the ticket back at zero after every launch; and, replayed 300 times in a
+CUDA graph, the same bits every time (whichever block finishes last normalises the same row).
 Run on a GPU machine: pytest tests/engine/test_gpu_mla_output.py"""
 from __future__ import annotations
 
@@ -29,19 +28,16 @@ def lite_attention():
     return cfg, attn
 
 
-@pytest.mark.parametrize("mode", ["fused", "gemv"])
-def test_output_kernel_matches_the_separate_kernels_and_replays_the_same_bits(mode, monkeypatch):
+def test_output_kernel_matches_the_separate_kernels_and_replays_the_same_bits():
     from engine.cuda_graphs import capture
-    from engine.kernels import mla_output
     from engine.kv_cache import MLACache
-    monkeypatch.setattr(mla_output, "MODE", mode)
     cfg, attn = lite_attention()
     g = torch.Generator(device="cuda").manual_seed(0)
     cache = MLACache(LAYER + 1, SLOTS, MAX_LEN, cfg.cache_width, "cuda", torch.bfloat16)
     cache.data.copy_(torch.randn(cache.data.shape, generator=g, device="cuda"))
     h = cfg.hidden_size
     norm_w = (1 + 0.1 * torch.randn(h, generator=g, device="cuda")).to(torch.bfloat16)
-    for rows, positions in ((1, [150]), (2, [3, 900]), (4, [0, 37, 255, 600])):
+    for rows, positions in ((1, [150]), (1, [0]), (1, [900])):
         pos = torch.tensor(positions, device="cuda")
         slots = torch.arange(rows, device="cuda")
         x = torch.randn(rows, h, generator=g, device="cuda").to(torch.bfloat16)

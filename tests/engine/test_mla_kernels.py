@@ -102,25 +102,22 @@ def check(overrides: dict, dtype: torch.dtype, positions: list[int], seed: int) 
         assert rel(o_got, o_ref) < 1e-2, rel(o_got, o_ref)
     print(dtype, overrides, "q", float((q_got.float() - q_ref.float()).abs().max()), "out", rel(o_got, o_ref))
 
-    # the output kernel (engine/kernels/mla_output.py): merge, W_UV, o_proj, residual add and the
-    # post-attention norm in one launch, at up to MAX_ROWS rows (the torch form: decode_absorbed,
-    # then the norm kernel); its tickets are back at zero after every launch
+    # the output kernel (engine/kernels/mla_output.py): o_proj, residual add and the post-attention
+    # norm in one launch at up to MAX_ROWS rows (the torch form: decode_absorbed, then the norm
+    # kernel); its ticket is back at zero after every launch
     res = torch.randn(b, cfg.hidden_size, generator=g).to(dtype)  # [B, H]
     norm_w = (1 + 0.1 * torch.randn(cfg.hidden_size, generator=g)).to(dtype)
-    for mode, rows in [(m, r) for m in ("fused", "gemv") for r in sorted({1, min(b, mla_output.MAX_ROWS)})]:
-        mla_output.MODE = mode
-        args = (norm_w, 1e-6, pos[:rows], slots[:rows], ctx[:rows], length)
-        (h_ref, x_ref), (h_got, x_got), _, _ = both(attn, lambda c: attn.decode_norm(x[:rows], res[:rows], *args, c),
-                                                    cache)
-        assert h_got.shape == x_got.shape == (rows, cfg.hidden_size) and h_got.dtype == dtype
-        assert not attn.out_count.any()
-        if dtype == torch.float32:
-            torch.testing.assert_close(x_got, x_ref, rtol=1e-4, atol=1e-4)
-            torch.testing.assert_close(h_got, h_ref, rtol=1e-4, atol=1e-4)
-        else:  # o_proj's float32 sums in another order: a rounding step apart where they differ
-            assert rel(x_got, x_ref) < 1e-2 and rel(h_got, h_ref) < 1e-2, (rel(x_got, x_ref), rel(h_got, h_ref))
-        print(dtype, mode, "rows", rows, "norm", rel(h_got, h_ref))
-    mla_output.MODE = "fused"
+    rows = mla_output.MAX_ROWS
+    args = (norm_w, 1e-6, pos[:rows], slots[:rows], ctx[:rows], length)
+    (h_ref, x_ref), (h_got, x_got), _, _ = both(attn, lambda c: attn.decode_norm(x[:rows], res[:rows], *args, c), cache)
+    assert h_got.shape == x_got.shape == (rows, cfg.hidden_size) and h_got.dtype == dtype
+    assert not attn.out_count.any()
+    if dtype == torch.float32:
+        torch.testing.assert_close(x_got, x_ref, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(h_got, h_ref, rtol=1e-4, atol=1e-4)
+    else:  # o_proj's float32 sums in another order: a rounding step apart where they differ
+        assert rel(x_got, x_ref) < 1e-2 and rel(h_got, h_ref) < 1e-2, (rel(x_got, x_ref), rel(h_got, h_ref))
+    print(dtype, "rows", rows, "norm", rel(h_got, h_ref))
 
 
 def interpreter_bf16_as_gpu() -> None:
