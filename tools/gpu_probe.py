@@ -308,12 +308,17 @@ def main() -> int:
                    "(default engine.cuda_graphs.CAPTURE_PRIORITY; 0 is the side stream's)")
     p.add_argument("--mla-output-rows", type=int, help="up to how many rows the fused MLA output kernel runs "
                    "(default engine.kernels.mla_output.MAX_ROWS; 0: o_proj and the norm apart)")
+    p.add_argument("--router-launches", type=int, choices=[1, 2], help="the decode router at up to 16 tokens: "
+                   "logits and selection in one launch (default, engine.kernels.moe_route.ONE_LAUNCH) or two")
     p.add_argument("--thread", action="store_true",
                    help="decode through the GPU thread (as the daemon), overlapped scheduling on and off")
     a = p.parse_args()
     if a.capture_priority is not None:
         from engine import cuda_graphs
         cuda_graphs.CAPTURE_PRIORITY = a.capture_priority
+    if a.router_launches is not None:
+        from engine.kernels import moe_route
+        moe_route.ONE_LAUNCH = a.router_launches == 1
     if a.mla_output_rows is not None:
         from engine.kernels import mla_output
         mla_output.MAX_ROWS = a.mla_output_rows

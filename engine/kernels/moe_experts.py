@@ -59,13 +59,16 @@ class Alignment:
     per expert accumulated across calls (the backend's counters); slots: how many program slots the
     expert kernels launch. Up to COMPACT_MAX_TOKENS tokens the router puts the experts with routes
     first, ascending, then -1, and the kernels launch one slot per possible active expert
-    (min(E, T * k)); above it every expert has its own slot (nearly all have routes)."""
+    (min(E, T * k)); above it every expert has its own slot (nearly all have routes). ticket: [1]
+    int32, zero at rest, held by the backend like totals: given, the router makes its logits and
+    the selection in one launch at up to COMPACT_MAX_TOKENS tokens (engine/kernels/moe_route.py)."""
     order: torch.Tensor
     starts: torch.Tensor
     counts: torch.Tensor
     active: torch.Tensor
     totals: torch.Tensor
     slots: int
+    ticket: torch.Tensor | None = None
 
     @property
     def compact(self) -> bool:
@@ -73,12 +76,12 @@ class Alignment:
         return self.order.shape[0] <= COMPACT_MAX_TOKENS * self.totals.shape[0]
 
     @classmethod
-    def empty(cls, tokens: int, top_k: int, totals: torch.Tensor) -> Alignment:
+    def empty(cls, tokens: int, top_k: int, totals: torch.Tensor, ticket: torch.Tensor | None = None) -> Alignment:
         n, dev = totals.shape[0], totals.device
         slots = min(n, tokens * top_k) if tokens <= COMPACT_MAX_TOKENS else n
         return cls(torch.empty(n * tokens, dtype=torch.int32, device=dev), torch.empty(n, dtype=torch.int32, device=dev),
                    torch.empty(n, dtype=torch.int32, device=dev), torch.empty(n, dtype=torch.int32, device=dev), totals,
-                   slots)
+                   slots, ticket)
 
 
 @triton.jit

@@ -41,7 +41,8 @@ def _choose(logits_ptr, t, T, E, scaling, E_PAD: tl.constexpr, TOP_K: tl.constex
     (chosen [BLOCK_T, E_PAD] bool, weight [BLOCK_T, E_PAD] float32 where chosen)."""
     lane = tl.arange(0, E_PAD)
     live = (t[:, None] < T) & (lane[None, :] < E)  # [BLOCK_T, E_PAD]
-    logits = tl.load(logits_ptr + t[:, None] * E + lane[None, :], mask=live, other=float("-inf"))
+    logits = tl.load(logits_ptr + t[:, None] * E + lane[None, :], mask=live, other=float("-inf"),
+                     cache_modifier=".cg")  # other programs of the launch may have written them (one-launch form)
     logits = tl.where(live, logits, float("-inf"))
     p = tl.exp(logits - tl.max(logits, axis=1)[:, None])
     scores = p / tl.sum(p, axis=1)[:, None]  # 0 on padding lanes (NaN on padding rows: never chosen)
@@ -121,6 +122,48 @@ def _select_kernel(logits_ptr, weights_ptr, ids_ptr, order_ptr, starts_ptr, coun
 
 
 @triton.jit
+def _route_small_kernel(x_ptr, w_ptr, logits_ptr, weights_ptr, ids_ptr, order_ptr, starts_ptr, counts_ptr,
+                        active_ptr, totals_ptr, ticket_ptr, T, E, H, scaling, BLOCK_T: tl.constexpr,
+                        E_PAD: tl.constexpr, BLOCK_H: tl.constexpr, TOP_K: tl.constexpr, N_GROUP: tl.constexpr,
+                        TOPK_GROUP: tl.constexpr, NORM: tl.constexpr):
+    """Up to SMALL tokens in one launch: program (t, e) writes token t's logit against expert e, as
+    _logits_kernel does; the last program to finish (an atomic ticket: it decides who selects, not
+    what) makes every token's selection and lists every expert's routes, as _select_kernel's
+    programs do between them."""
+    t0 = tl.program_id(0)
+    e0 = tl.program_id(1)
+    hs = tl.arange(0, BLOCK_H)
+    acc = tl.zeros([1, BLOCK_H], tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        hm = (h0 + hs) < H
+        x = tl.load(x_ptr + t0 * H + h0 + hs, mask=hm, other=0.0).to(tl.float32)
+        acc += tl.load(w_ptr + e0 * H + h0 + hs[None, :], mask=hm[None, :], other=0.0) * x[None, :]
+    tl.store(logits_ptr + t0 * E + e0 + tl.arange(0, 1), tl.sum(acc, axis=1))
+    tl.debug_barrier()  # the logit is written before the ticket is taken
+    if tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu") == T * E - 1:
+        lane = tl.arange(0, E_PAD)
+        t = tl.arange(0, BLOCK_T)
+        chosen, w = _choose(logits_ptr, t, T, E, scaling, E_PAD, TOP_K, N_GROUP, TOPK_GROUP, NORM)
+        route = _route_ids(chosen, t, TOP_K)  # [BLOCK_T, E_PAD]
+        tl.store(ids_ptr + route, lane[None, :] + 0 * route, mask=chosen)
+        tl.store(weights_ptr + route, w, mask=chosen)
+        # every expert's routes token-major at order[e*T...], its count, its slot among the active
+        col = chosen.to(tl.int32)
+        tl.store(order_ptr + lane[None, :] * T + tl.cumsum(col, axis=0) - 1, route, mask=chosen)
+        n = tl.sum(col, axis=0)  # [E_PAD]
+        e_ok = lane < E
+        tl.store(starts_ptr + lane, lane * T, mask=e_ok)
+        tl.store(counts_ptr + lane, n, mask=e_ok)
+        tl.store(totals_ptr + lane, tl.load(totals_ptr + lane, mask=e_ok, other=0) + n, mask=e_ok)
+        present = (n > 0) & e_ok
+        absent = (n == 0) & e_ok
+        slot = tl.where(present, tl.cumsum(present.to(tl.int32), axis=0) - 1,
+                        tl.sum(present.to(tl.int32), axis=0) + tl.cumsum(absent.to(tl.int32), axis=0) - 1)
+        tl.store(active_ptr + slot, tl.where(present, lane, -1), mask=e_ok)
+        tl.store(ticket_ptr, 0)  # every program has taken its ticket: ready for the next launch
+
+
+@triton.jit
 def _align_kernel(ids_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, totals_ptr, T,
                   T_PAD: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr):
     """Program e lists expert e's routes from every token's selected ids (read at once). Every
@@ -137,6 +180,7 @@ def _align_kernel(ids_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, totals
 
 SMALL = COMPACT_MAX_TOKENS  # up to this many tokens: one expert per logits program, the one-launch selection
 MAX_TOKENS = 1024  # the listing reads every token's ids at once: decode batches, not prompts
+ONE_LAUNCH = True  # up to SMALL tokens with a ticket: logits and selection in _route_small_kernel
 
 
 def fused_route(hidden: torch.Tensor, gate_weight: torch.Tensor, *, top_k: int, method: str = "greedy",
@@ -154,17 +198,25 @@ def fused_route(hidden: torch.Tensor, gate_weight: torch.Tensor, *, top_k: int, 
     logits = torch.empty(t, e, dtype=torch.float32, device=dev)  # [T, E]
     weights = torch.empty(t, top_k, dtype=torch.float32, device=dev)  # [T, k]
     ids = torch.empty(t, top_k, dtype=torch.int32, device=dev)  # [T, k]
+    grouped = method == "group_limited_greedy"
+    al = aligned or Alignment(ids, ids, ids, ids, ids, 0)  # not touched without an alignment to fill
+    if aligned is not None and aligned.order.shape[0] != e * t:
+        raise ValueError(f"the alignment was made for {aligned.order.shape[0] // e} tokens, not {t}")
+    one_launch = aligned is not None and aligned.compact  # t <= SMALL
+    if one_launch and aligned.ticket is not None and ONE_LAUNCH:  # logits and selection in one launch
+        _route_small_kernel[(t, e)](
+            hidden.contiguous(), gate_weight.contiguous(), logits, weights, ids, al.order, al.starts, al.counts,
+            al.active, al.totals, aligned.ticket, t, e, h, float(scaling), BLOCK_T=triton.next_power_of_2(t),
+            E_PAD=triton.next_power_of_2(e), BLOCK_H=min(triton.next_power_of_2(h), 2048), TOP_K=top_k,
+            N_GROUP=n_group if grouped else 1, TOPK_GROUP=topk_group if grouped else 1,
+            NORM=bool(norm_topk_prob and top_k > 1), num_warps=2)
+        return weights, ids
     if t <= SMALL:  # one expert per program, the row in one load: many programs, one round trip each
         block_e, block_h, warps = 1, min(triton.next_power_of_2(h), 2048), 2
     else:
         block_e, block_h, warps = 2, 512, 4
     _logits_kernel[(t, triton.cdiv(e, block_e))](hidden.contiguous(), gate_weight.contiguous(), logits, h, e,
                                                  BLOCK_E=block_e, BLOCK_H=block_h, num_warps=warps)
-    grouped = method == "group_limited_greedy"
-    al = aligned or Alignment(ids, ids, ids, ids, ids, 0)  # not touched without an alignment to fill
-    if aligned is not None and aligned.order.shape[0] != e * t:
-        raise ValueError(f"the alignment was made for {aligned.order.shape[0] // e} tokens, not {t}")
-    one_launch = aligned is not None and aligned.compact  # t <= SMALL
     block_t = triton.next_power_of_2(t) if one_launch else min(SMALL, triton.next_power_of_2(t))
     _select_kernel[(e,) if one_launch else (triton.cdiv(t, block_t),)](
         logits, weights, ids, al.order, al.starts, al.counts, al.active, al.totals, t, e, float(scaling),

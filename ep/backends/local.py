@@ -24,6 +24,7 @@ class LocalBackend(ExpertBackend):
         self.kernel = shard.kernel_for(device, allow_triton)
         self.graph_safe = self.kernel != "loop"  # the fused paths never read the counts on the host
         self._routes = torch.zeros(n_experts, dtype=torch.int64, device=device)  # accumulated on device
+        self._ticket = torch.zeros(1, dtype=torch.int32, device=device)  # the one-launch router's (zero at rest)
         # on CUDA the counters are read into a pinned buffer and differenced on the host: one copy per
         # step, no zeroing kernel (each torch call costs the GPU machine's host tens of µs per step)
         self._host = torch.zeros(n_experts, dtype=torch.int64).pin_memory() if device.type == "cuda" else None
@@ -52,7 +53,7 @@ class LocalBackend(ExpertBackend):
         from engine.kernels.moe_experts import Alignment
         # the router kernel adds the routes to _routes in place (captured graphs hold this tensor:
         # it is never reassigned)
-        return Alignment.empty(tokens, top_k, self._routes)
+        return Alignment.empty(tokens, top_k, self._routes, self._ticket)
 
     def expert_slots(self, layer: int, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                      n_experts: int, aligned=None) -> torch.Tensor:

@@ -75,11 +75,14 @@ cases = [(20, K, gate, shard, dict()), (20, K, gate, shard, dict(method="group_l
          (1, K, gate, shard, dict()), (17, 1, gate64, shard64, dict()), (3, 1, gate64, shard64, dict()),
          (5, K, gate, shard, dict(method="group_limited_greedy", n_group=4, topk_group=2)),
          (6, 3, gate10, shard10, dict()), (18, 3, gate10, shard10, dict(norm_topk_prob=True, scaling=2.5))]
-for tokens, k, gw, sh, kw in cases:
+# each case twice: without a ticket (logits, then the selection kernel) and with one (up to 16
+# tokens the one-launch router: its last program selects and lists; the ticket is back at zero)
+for (tokens, k, gw, sh, kw), ticket in [(c, t) for c in cases for t in (None, torch.zeros(1, dtype=torch.int32))]:
     n_exp = gw.shape[0]
     xb = torch.randn(tokens, H, generator=g)
-    al = Alignment.empty(tokens, k, torch.zeros(n_exp, dtype=torch.int64))
+    al = Alignment.empty(tokens, k, torch.zeros(n_exp, dtype=torch.int64), ticket)
     wb, eb = fused_route(xb, gw, top_k=k, aligned=al, **kw)
+    assert ticket is None or ticket.item() == 0
     w_ref, e_ref = route(xb, gw, top_k=k, **kw)
     e_ref, idx = e_ref.sort(dim=-1)
     assert torch.equal(eb.long(), e_ref) and torch.allclose(wb, w_ref.gather(1, idx), atol=1e-6)
