@@ -30,6 +30,10 @@ def decode_step(model: DeepseekV2, inp: DecodeInputs, cache: MLACache, out: torc
     when given: the graphs keep every step's tokens in one place)."""
     logits = decode_logits(model, inp, cache)
     with phase("sampling"):
+        if model.fused_kernels:  # one launch (engine/kernels/argmax.py) where its tickets reach
+            from engine.kernels import argmax
+            if logits.shape[0] <= argmax.MAX_ROWS:
+                return argmax.argmax(logits, model.argmax_ticket, out=out)
         return argmax_rows(logits, out=out)
 
 

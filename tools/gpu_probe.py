@@ -310,12 +310,17 @@ def main() -> int:
                    "(default engine.kernels.mla_output.MAX_ROWS; 0: o_proj and the norm apart)")
     p.add_argument("--router-launches", type=int, choices=[1, 2], help="the decode router at up to 16 tokens: "
                    "logits and selection in one launch (default, engine.kernels.moe_route.ONE_LAUNCH) or two")
+    p.add_argument("--argmax-launches", type=int, choices=[1, 4], help="the decode step's greedy choice: the "
+                   "one-launch kernel (default) or the torch form (engine.kernels.argmax.MAX_ROWS = 0)")
     p.add_argument("--thread", action="store_true",
                    help="decode through the GPU thread (as the daemon), overlapped scheduling on and off")
     a = p.parse_args()
     if a.capture_priority is not None:
         from engine import cuda_graphs
         cuda_graphs.CAPTURE_PRIORITY = a.capture_priority
+    if a.argmax_launches == 4:
+        from engine.kernels import argmax
+        argmax.MAX_ROWS = 0
     if a.router_launches is not None:
         from engine.kernels import moe_route
         moe_route.ONE_LAUNCH = a.router_launches == 1

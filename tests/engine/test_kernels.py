@@ -102,6 +102,21 @@ for layer in model.layers:
     layer.attn.fused_prefill = True
 fused = prefill_logits(model, inp, cache)
 assert torch.allclose(fused, masked, rtol=1e-5, atol=1e-5), (fused - masked).abs().max()
+# the one-launch greedy choice: torch.argmax, ties (the first of equal maxima, across and inside
+# chunks), -inf rows, NaN (the first NaN wins, as in torch), strided rows; the tickets back at zero
+from engine.kernels.argmax import argmax, tickets
+ticket = tickets("cpu")
+x = torch.randn(6, 1000, generator=g)
+x[1, 10] = x[1, 990] = x[1].max() + 1  # equal maxima in different chunks
+x[2, 500] = x[2, 501] = x[2].max() + 1  # in one chunk
+x[3] = float("-inf")
+x[4, 700] = float("nan"); x[4, 900] = float("nan"); x[4, 5] = float("inf")
+wide = torch.randn(3, 1100, generator=g)[:, :1000]  # strided rows
+for logits in (x, x.to(torch.bfloat16), wide, x[:1]):
+    assert torch.equal(argmax(logits, ticket), torch.argmax(logits, dim=-1)), logits.shape
+    assert not ticket.any()
+out = torch.full((6,), -1, dtype=torch.int64)
+assert argmax(x, ticket, out=out) is out and torch.equal(out, torch.argmax(x, dim=-1))
 print("ok")
 """
 
