@@ -115,12 +115,13 @@ class MLAttention:
             return self._out(packed_causal_attention(q, k_nope, k_pe, v, positions, self.scale))
         return self._out(self._attend(q.unsqueeze(0), kv.unsqueeze(0), mask=mask, causal=one_prompt)[0])
 
-    def decode_absorbed(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, ctx_lens: torch.Tensor,
-                        length: int, cache: MLACache) -> torch.Tensor:
+    def decode_absorbed(self, x: torch.Tensor | None, positions: torch.Tensor, slots: torch.Tensor,
+                        ctx_lens: torch.Tensor, length: int, cache: MLACache,
+                        qkv: torch.Tensor | None = None) -> torch.Tensor:
         """One new token per row over the latent cache, with no host synchronisation (graph-safe).
         x: [B, H]; positions, slots, ctx_lens: [B] int64; length: static bound >= every ctx_len.
         Fused (Triton, CUDA): the q/kv_a GEMV, prep, split, merge with W_UV and o_proj launches."""
-        q_full = self.absorbed_query(x, positions, slots, cache)  # [B, nh, 576]
+        q_full = self.absorbed_query(x, positions, slots, cache, qkv)  # [B, nh, 576]
         if self.fused_decode:
             from engine.kernels.mla_decode import mla_decode
             o = mla_decode(q_full, cache.data[self.layer], slots, ctx_lens, length, self.scale, self.rank,
@@ -128,37 +129,39 @@ class MLAttention:
             return F.linear(o, self.o_proj)  # [B, H]
         kv = cache.read_rows(self.layer, slots, length)  # [B, L, 576]
         scores = torch.bmm(q_full, kv.transpose(1, 2)).float() * self.scale  # [B, nh, L]
-        valid = torch.arange(length, device=x.device)[None, :] < ctx_lens[:, None]  # [B, L]
+        valid = torch.arange(length, device=positions.device)[None, :] < ctx_lens[:, None]  # [B, L]
         probs = scores.masked_fill(~valid[:, None, :], float("-inf")).softmax(dim=-1).to(kv.dtype)
         o_lat = torch.bmm(probs, kv[..., :self.rank])  # [B, nh, 512]
         return self._out(torch.bmm(o_lat.transpose(0, 1), self.w_uv_t).transpose(0, 1))  # [B, nh, 128] -> [B, H]
 
-    def decode_norm(self, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+    def decode_norm(self, x: torch.Tensor | None, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                     positions: torch.Tensor, slots: torch.Tensor, ctx_lens: torch.Tensor, length: int,
-                    cache: MLACache) -> tuple[torch.Tensor, torch.Tensor]:
+                    cache: MLACache, qkv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """decode_absorbed, then its residual add and the post-attention RMSNorm: x [B, H] (normed),
         residual [B, H] -> (norm(residual + attention) * norm_weight, residual + attention). Fused at up
-        to mla_output.MAX_ROWS rows: o_proj, the add and the norm in one launch."""
+        to mla_output.MAX_ROWS rows: o_proj, the add and the norm in one launch. qkv: x's q_kv_a
+        projection, already made (engine/kernels/norm_proj.py; x is then not read)."""
         from engine.kernels import mla_output
         from engine.kernels.rmsnorm import rmsnorm
-        if not (self.fused_decode and x.shape[0] <= mla_output.MAX_ROWS):
-            return rmsnorm(self.decode_absorbed(x, positions, slots, ctx_lens, length, cache), norm_weight, eps,
+        if not (self.fused_decode and residual.shape[0] <= mla_output.MAX_ROWS):
+            return rmsnorm(self.decode_absorbed(x, positions, slots, ctx_lens, length, cache, qkv), norm_weight, eps,
                            residual=residual)
         from engine.kernels.mla_decode import mla_decode
-        q_full = self.absorbed_query(x, positions, slots, cache)  # [B, nh, 576]
+        q_full = self.absorbed_query(x, positions, slots, cache, qkv)  # [B, nh, 576]
         v = mla_decode(q_full, cache.data[self.layer], slots, ctx_lens, length, self.scale, self.rank,
                        w_uv_t=self.w_uv_t)  # [B, nh*128]
         return mla_output.proj_norm(v, self.o_proj, residual, norm_weight, eps, self.out_count)
 
-    def absorbed_query(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                       cache: MLACache) -> torch.Tensor:
+    def absorbed_query(self, x: torch.Tensor | None, positions: torch.Tensor, slots: torch.Tensor,
+                       cache: MLACache, qkv: torch.Tensor | None = None) -> torch.Tensor:
         """The new tokens' latent and roped key written to the cache, and the decode query with W_UK
         folded in: x: [B, H] -> [B, nh, 576] (latent part, then the roped q_pe). Graph-safe.
         Fused: one GEMV for q (or the q LoRA input) and kv_a together, then one prep launch."""
         if self.fused_decode:
             from engine.kernels.mla_prep import mla_prep
             width = self.kv_a.shape[0]
-            q, kv = F.linear(x, self.q_kv_a).split([self.q_kv_a.shape[0] - width, width], dim=-1)  # [B, nq], [B, 576]
+            qkv = F.linear(x, self.q_kv_a) if qkv is None else qkv  # [B, nq + 576]
+            q, kv = qkv.split([self.q_kv_a.shape[0] - width, width], dim=-1)  # [B, nq], [B, 576]
             if self.q_b is not None:
                 q = F.linear(_rms(q, self.q_a_norm), self.q_b)  # [B, nh*192]
             return mla_prep(q, kv, self.kv_a_norm, self.w_uk, self.rope.table, positions, slots,

@@ -65,12 +65,19 @@ def _decode_fused(model: DeepseekV2, x: torch.Tensor, inp: DecodeInputs, cache: 
             return moe_rmsnorm(*delta, weight, eps, residual=x)
         return rmsnorm(delta, weight, eps, residual=x)
 
+    from engine.kernels import norm_proj
+    one_row = x.shape[0] <= norm_proj.MAX_ROWS  # the norm in the q/kv_a projection's launch
     delta = None  # what the next norm adds to the residual stream
     for layer in model.layers:
         with phase("attention"):
-            h, x = norm(delta, layer.input_norm, x)
+            qkv = None
+            if one_row and layer.attn.fused_decode:
+                qkv, x = norm_proj.norm_proj(delta, x, layer.input_norm, eps, layer.attn.q_kv_a)
+                h = None
+            else:
+                h, x = norm(delta, layer.input_norm, x)
             h, x = layer.attn.decode_norm(h, x, layer.post_attn_norm, eps, inp.positions, inp.slots, inp.ctx_lens,
-                                          inp.length, cache)
+                                          inp.length, cache, qkv=qkv)
         delta = layer.mlp.parts(h, model.side_stream) if isinstance(layer.mlp, MoE) else layer.mlp.fused(h)
     with phase("lm_head"):
         h, _ = norm(delta, model.norm, x)

@@ -312,6 +312,8 @@ def main() -> int:
                    "logits and selection in one launch (default, engine.kernels.moe_route.ONE_LAUNCH) or two")
     p.add_argument("--argmax-launches", type=int, choices=[1, 4], help="the decode step's greedy choice: the "
                    "one-launch kernel (default) or the torch form (engine.kernels.argmax.MAX_ROWS = 0)")
+    p.add_argument("--norm-proj-rows", type=int, help="up to how many rows the layer's input norm runs inside the "
+                   "q/kv_a projection (default engine.kernels.norm_proj.MAX_ROWS; 0: apart)")
     p.add_argument("--thread", action="store_true",
                    help="decode through the GPU thread (as the daemon), overlapped scheduling on and off")
     a = p.parse_args()
@@ -321,6 +323,9 @@ def main() -> int:
     if a.argmax_launches == 4:
         from engine.kernels import argmax
         argmax.MAX_ROWS = 0
+    if a.norm_proj_rows is not None:
+        from engine.kernels import norm_proj
+        norm_proj.MAX_ROWS = a.norm_proj_rows
     if a.router_launches is not None:
         from engine.kernels import moe_route
         moe_route.ONE_LAUNCH = a.router_launches == 1

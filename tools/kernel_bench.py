@@ -7,6 +7,7 @@ are apart. With --sweep it also times the expert kernels under several tilings.
 
     python tools/kernel_bench.py [--batches 1,8,64,256] [--sweep] [--profile] [--out report.json]
     python tools/kernel_bench.py --mla [--batches 1,8,64,256]
+    python tools/kernel_bench.py --norm-proj
 """
 from __future__ import annotations
 
@@ -123,6 +124,33 @@ def output_rows(q, cache, slots, lens, length: int, w_uv_t) -> dict:
     return row
 
 
+def norm_proj_rows() -> dict:
+    """The start of a MoE-fed layer at one row: the combine folded into the norm kernel, then
+    cuBLAS's q/kv_a GEMV ("apart"), against engine/kernels/norm_proj.py under a few tilings (block j,
+    block k, warps), µs. One weight copy per call of the 20 in a graph, as in the step."""
+    import torch.nn.functional as F
+    from engine.kernels.norm_proj import norm_proj
+    dev, dt, hid, n = torch.device("cuda"), torch.bfloat16, 2048, 3072 + 576
+    ws = [torch.randn(n, hid, device=dev, dtype=dt) * 0.02 for _ in range(20)]
+    routed, shared = torch.randn(1, 6, hid, device=dev), torch.randn(1, hid, device=dev, dtype=dt)
+    res = torch.randn(1, hid, device=dev, dtype=dt)
+    nw = torch.ones(hid, device=dev, dtype=dt)
+    turn = iter(range(10 ** 9))
+
+    def apart(w):
+        h, x = moe_rmsnorm(routed, shared, nw, 1e-6, residual=res)
+        return F.linear(h, w), x
+
+    row = {"norm_proj_apart_us": round(graph_time_us(lambda: apart(ws[next(turn) % 20])), 1)}
+    ref = apart(ws[0])[0].float()
+    for tiling in ((16, 512, 4), (32, 256, 4), (32, 512, 8), (8, 1024, 4), (16, 256, 4), (64, 256, 8)):
+        name = "norm_proj_j{}_k{}_w{}".format(*tiling)
+        fn = lambda w, t=tiling: norm_proj((routed, shared), res, nw, 1e-6, w, *t)  # noqa: E731
+        row[f"{name}_us"] = round(graph_time_us(lambda: fn(ws[next(turn) % 20])), 1)
+        row[f"{name}_rel"] = round(float((fn(ws[0])[0].float() - ref).norm() / ref.norm()), 5)
+    return row
+
+
 def sweep_tilings(kind: str) -> list:
     T = moe_experts.Tiling
     if kind == "grid":
@@ -139,8 +167,15 @@ def main() -> int:
                         "(the few-rows-per-expert shapes: n per kernel, warps, k up to 256)")
     p.add_argument("--profile", action="store_true", help="per-kernel device times of both paths")
     p.add_argument("--mla", action="store_true", help="only MLA decode attention: split and the merge kernels")
+    p.add_argument("--norm-proj", action="store_true", help="only the layer's input: combine, norm and q/kv_a")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
+    if a.norm_proj:
+        row = norm_proj_rows()
+        print(json.dumps(row), flush=True)
+        if a.out:
+            a.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": [row]}))
+        return 0
     if a.mla:
         rows = mla_rows([int(x) for x in a.batches.split(",")])
         if a.out:

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
 import torch
+import torch.nn.functional as F
 from engine.kernels.mla_decode import mla_decode
 from engine.kernels.rmsnorm import rmsnorm
 from engine.model import rms_norm
@@ -102,6 +103,32 @@ for layer in model.layers:
     layer.attn.fused_prefill = True
 fused = prefill_logits(model, inp, cache)
 assert torch.allclose(fused, masked, rtol=1e-5, atol=1e-5), (fused - masked).abs().max()
+# the layer's input in one launch (norm_proj): the residual add (none, a delta, or a MoE layer's
+# routes in order plus its shared experts), the norm, and the q/kv_a projection, against the norm
+# kernels and F.linear; a width that is not a multiple of the block
+from engine.kernels.norm_proj import norm_proj
+from engine.kernels.rmsnorm import moe_rmsnorm
+for dt in (torch.float32, torch.bfloat16):
+    hid, n = 200, 37
+    w = (torch.randn(n, hid, generator=g) / 8).to(dt)
+    nw = (1 + 0.1 * torch.randn(hid, generator=g)).to(dt)
+    res = torch.randn(1, hid, generator=g).to(dt)
+    dense = torch.randn(1, hid, generator=g).to(dt)
+    moe = (torch.randn(1, 3, hid, generator=g), torch.randn(1, hid, generator=g).to(dt))
+    for delta in (None, dense, moe):
+        if delta is None:
+            h_ref, x_ref = rmsnorm(res, nw, 1e-6)
+        elif isinstance(delta, tuple):
+            h_ref, x_ref = moe_rmsnorm(*delta, nw, 1e-6, residual=res)
+        else:
+            h_ref, x_ref = rmsnorm(delta, nw, 1e-6, residual=res)
+        got, x_got = norm_proj(delta, res, nw, 1e-6, w, block_j=16, block_k=64)
+        want = F.linear(h_ref.float(), w.float())
+        assert torch.equal(x_got, x_ref), (dt, type(delta))
+        tol = 1e-5 if dt == torch.float32 else 2e-2
+        assert got.shape == (1, n) and got.dtype == dt and torch.allclose(got.float(), want, rtol=tol, atol=tol), (
+            dt, type(delta), (got.float() - want).abs().max())
+
 # the one-launch greedy choice: torch.argmax, ties (the first of equal maxima, across and inside
 # chunks), -inf rows, NaN (the first NaN wins, as in torch), strided rows; the tickets back at zero
 from engine.kernels.argmax import argmax, tickets

@@ -1,0 +1,96 @@
+"""The start of a decode layer at one row, in one launch: the previous layer's output added to the
+residual stream (a MoE layer's routes in order plus its shared experts, or a dense delta), the
+input RMSNorm, and the fused q/kv_a projection of MLA (MLAttention.q_kv_a). At one row the norm
+kernel and cuBLAS's GEMV cost a few µs each above their bytes; here every program recomputes the
+row's norm from the inputs (L2-resident, ~57 KB at lite's shapes) and multiplies it into its block
+of the projection's rows, so the norm has no launch of its own.
+
+Rounding is engine/kernels/rmsnorm.py's: the routes summed in route order in float32 and rounded,
+plus the shared experts, rounded; plus the residual, rounded; normalised in float32, rounded, times
+the weight, rounded; then the projection accumulated in float32 (cuBLAS's order differs) and
+rounded. Every program sums the squares in the same order, so all use the same normalised row."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_ROWS = 1  # the decode step uses it at one row (0: the norm kernel and cuBLAS's GEMV)
+BLOCK_J = 16  # projection rows per program: 228 programs for lite's 3,648
+BLOCK_K = 512  # input columns per step
+NUM_WARPS = 4
+
+
+@triton.jit
+def _stream_row(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K: tl.constexpr, TOP_K: tl.constexpr,
+                MODE: tl.constexpr, dtype: tl.constexpr):
+    """The residual stream's new values at columns ks, rounded to the model dtype. MODE 0: the
+    residual itself; 1: + delta; 2: + (the routes in order, rounded) + the shared experts (delta)."""
+    res = tl.load(res_ptr + ks, mask=k_ok, other=0.0)
+    if MODE == 0:
+        return res
+    d = tl.load(delta_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+    if MODE == 2:
+        acc = tl.load(routed_ptr + ks, mask=k_ok, other=0.0)
+        for j in tl.static_range(1, TOP_K):  # the fixed-order combine: route 0, then 1, ...
+            acc += tl.load(routed_ptr + j * K + ks, mask=k_ok, other=0.0)
+        d = (acc.to(dtype).to(tl.float32) + d).to(dtype).to(tl.float32)
+    return (d + res.to(tl.float32)).to(dtype)
+
+
+@triton.jit
+def _norm_proj_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr, x_out_ptr, N, eps,
+                      K: tl.constexpr, TOP_K: tl.constexpr, MODE: tl.constexpr, BLOCK_J: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+    j = tl.program_id(0)
+    dtype = x_out_ptr.dtype.element_ty
+    # pass 1: the new residual row (program 0 stores it) and its sum of squares
+    sq = tl.zeros([BLOCK_K], tl.float32)
+    for k0 in tl.static_range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        x = _stream_row(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K, MODE, dtype)
+        if MODE != 0 and j == 0:
+            tl.store(x_out_ptr + ks, x, mask=k_ok)
+        xf = x.to(tl.float32)
+        sq += xf * xf
+    scale = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
+    # pass 2: the normalised row (inputs again, from L1/L2) into this block of the projection
+    r = j * BLOCK_J + tl.arange(0, BLOCK_J)
+    r_ok = r < N
+    acc = tl.zeros([BLOCK_J, BLOCK_K], tl.float32)
+    for k0 in tl.static_range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        w = tl.load(w_ptr + r[:, None] * K + ks[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
+        x = _stream_row(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K, MODE, dtype)
+        h = (x.to(tl.float32) * scale).to(dtype)
+        nw = tl.load(norm_w_ptr + ks, mask=k_ok, other=0.0)
+        h = (nw.to(tl.float32) * h.to(tl.float32)).to(dtype)
+        acc += w.to(tl.float32) * h.to(tl.float32)[None, :]
+    tl.store(out_ptr + r, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=r_ok)
+
+
+def norm_proj(delta, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+              block_j: int = BLOCK_J, block_k: int = BLOCK_K, num_warps: int = NUM_WARPS
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """delta: None, a [1, K] tensor, or a MoE layer's (routed [1, k, K] float32, shared [1, K]);
+    residual [1, K]; norm_weight [K]; weight [N, K]. With x = residual + delta, returns
+    (F.linear(norm(x) * norm_weight, weight) [1, N], x [1, K]). One launch, graph-safe."""
+    t, k = residual.shape
+    n = weight.shape[0]
+    assert t == 1 and weight.is_contiguous() and weight.shape[1] == k
+    residual = residual.contiguous()
+    if delta is None:
+        mode, routed, d, top_k = 0, residual, residual, 1
+    elif isinstance(delta, tuple):
+        routed, d = delta[0].contiguous(), delta[1].contiguous()
+        mode, top_k = 2, routed.shape[1]
+    else:
+        mode, routed, d, top_k = 1, residual, delta.contiguous(), 1
+    out = torch.empty(t, n, dtype=weight.dtype, device=weight.device)  # [1, N]
+    x_out = torch.empty_like(residual) if mode else residual
+    _norm_proj_kernel[(triton.cdiv(n, block_j),)](
+        routed, d, residual, norm_weight, weight, out, x_out, n, eps, K=k, TOP_K=top_k, MODE=mode, BLOCK_J=block_j,
+        BLOCK_K=min(block_k, triton.next_power_of_2(k)), num_warps=num_warps)
+    return out, x_out
