@@ -140,11 +140,23 @@ def build_engine(spec: EngineSpec) -> Engine:
     log_event("decode_path", cuda_graphs=graphs is not None, triton_kernels=kernels,
               attention=("mla_absorbed_triton" if model.layers[0].attn.fused_decode else "mla_absorbed")
               if graphs else "mla_expand",
-              experts=getattr(backend, "kernel", "per_rank"), shared_experts_stream=model.side_stream is not None)
+              experts=getattr(backend, "kernel", "per_rank"), shared_experts_stream=model.side_stream is not None,
+              **(one_launch_sizes(backend, cfg) if kernels else {}))
     log_event("engine_ready", backend=entry.name, maturity=entry.maturity, ep_size=spec.ep_size,
               max_model_len=max_len, kv_slots=slots, kv_bytes=cache.data.numel() * cache.data.element_size(),
               startup_s=round(time.perf_counter() - t0, 4))
     return Engine(spec, cfg, model, cache, backend, graphs, prefill_graphs)
+
+
+def one_launch_sizes(backend, cfg: ModelConfig) -> dict:
+    """Up to how many rows the decode step's one-launch kernels run (engine/kernels: the layer input
+    in the q/kv_a launch, attention's output with the add and norm, the router where the backend
+    holds its ticket, the argmax)."""
+    from engine.kernels import argmax, mla_output, moe_route, norm_proj
+    al = backend.alignment(1, cfg.num_experts_per_tok) if cfg.n_routed_experts else None
+    router = moe_route.SMALL if moe_route.ONE_LAUNCH and al is not None and al.ticket is not None else 0
+    return dict(norm_proj_rows=norm_proj.MAX_ROWS, mla_output_rows=mla_output.MAX_ROWS, router_one_launch_rows=router,
+                argmax_rows=argmax.MAX_ROWS)
 
 
 def _random_tensors(cfg: ModelConfig, spec: EngineSpec, keep, device, dtype) -> tuple[dict, LoadStats]:

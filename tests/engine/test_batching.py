@@ -100,3 +100,19 @@ def test_a_prompt_is_cut_only_when_it_comes_first(engine):
     assert fed[0] == (10, ["a"])  # b (10 tokens) would have been cut to 6: it waits, and c behind it
     assert fed[1][0] == 12 and {"b", "c"} <= set(fed[1][1])  # b and c whole, beside a's decode
     assert [n for n, _ in fed[2:]] == [16, 16, 8]  # the 40-token prompt, first in its steps: chunks
+
+
+def test_one_launch_sizes_name_each_kernel_and_the_router_follows_the_backend(engine):
+    # what the start-up log's decode_path event carries on CUDA; on CPU the local backend runs its
+    # experts in a loop and hands out no alignment, so the router's one-launch form does not apply
+    from engine.engine import one_launch_sizes
+    from engine.kernels import argmax, mla_output, norm_proj
+    sizes = one_launch_sizes(engine.model.backend, engine.cfg)
+    assert sizes == dict(norm_proj_rows=norm_proj.MAX_ROWS, mla_output_rows=mla_output.MAX_ROWS,
+                         router_one_launch_rows=0, argmax_rows=argmax.MAX_ROWS)
+    backend = engine.model.backend
+    kernel, backend.kernel = backend.kernel, "triton"  # the fused expert kernels, as chosen on CUDA
+    try:
+        assert one_launch_sizes(backend, engine.cfg)["router_one_launch_rows"] == 16
+    finally:
+        backend.kernel = kernel
