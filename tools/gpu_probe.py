@@ -312,8 +312,8 @@ def main() -> int:
                    "logits and selection in one launch (default, engine.kernels.moe_route.ONE_LAUNCH) or two")
     p.add_argument("--argmax-launches", type=int, choices=[1, 4], help="the decode step's greedy choice: the "
                    "one-launch kernel (default) or the torch form (engine.kernels.argmax.MAX_ROWS = 0)")
-    p.add_argument("--norm-proj-rows", type=int, help="up to how many rows the layer's input norm runs inside the "
-                   "q/kv_a projection (default engine.kernels.norm_proj.MAX_ROWS; 0: apart)")
+    p.add_argument("--norm-proj-rows", type=int, choices=[0, 1], help="1: at one row the layer's input norm runs "
+                   "inside the q/kv_a projection (default, engine.kernels.norm_proj.MAX_ROWS); 0: apart")
     p.add_argument("--thread", action="store_true",
                    help="decode through the GPU thread (as the daemon), overlapped scheduling on and off")
     a = p.parse_args()

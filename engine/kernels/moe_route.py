@@ -6,7 +6,9 @@ ascending expert order (the order the fixed-order combine adds them in). With an
 each expert's count and routes in token-major order at a fixed stride (order[e*T...]), and its
 slot among the experts that have routes, by one program per expert (up to 16 tokens inside the
 selection launch, each program selecting every token; above that, a third launch reading the
-selected ids). Same semantics as
+selected ids). Up to 16 tokens with the backend's ticket (Alignment.ticket) the logits and the
+selection share one launch: the last logits program to finish selects and lists (_route_small_kernel).
+Same semantics as
 ep/router.py `route` followed by the per-token sort of ep/plan.py; replaces about a dozen small
 kernels per layer."""
 from __future__ import annotations
