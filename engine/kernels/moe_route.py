@@ -1,4 +1,4 @@
-"""The MoE gate of the decode step, with no atomics and no host sync. First the float32 logits
+"""The MoE gate of the decode step, with no host sync. First the float32 logits
 against the gate weight (many small programs, so the weight streams through many SMs at once).
 Then the selection: the softmax, the DeepSeek-V2 selection (greedy or group-limited greedy),
 top-k, optional renormalisation and the routed scaling factor, each token's k routes written in
@@ -7,8 +7,8 @@ each expert's count and routes in token-major order at a fixed stride (order[e*T
 slot among the experts that have routes, by one program per expert (up to 16 tokens inside the
 selection launch, each program selecting every token; above that, a third launch reading the
 selected ids). Up to 16 tokens with the backend's ticket (Alignment.ticket) the logits and the
-selection share one launch: the last logits program to finish selects and lists (_route_small_kernel).
-Same semantics as
+selection share one launch: the last logits program to finish (the one atomic, a ticket) selects
+and lists (_route_small_kernel). Same semantics as
 ep/router.py `route` followed by the per-token sort of ep/plan.py; replaces about a dozen small
 kernels per layer."""
 from __future__ import annotations
