@@ -14,11 +14,6 @@ from engine.phases import phase
 from engine.sampler import argmax_rows
 from ep.moe import MoE
 
-# At one row, weights pulled into L2 on the side stream while the MLA chain runs (engine/kernels/
-# prefetch.py): any of "o_proj", "shared_down", "shared_gate_up". Empty: none (tools/gpu_probe.py
-# --l2-prefetch measures it).
-L2_PREFETCH: tuple[str, ...] = ()
-
 
 @dataclasses.dataclass(slots=True)
 class DecodeInputs:
@@ -81,24 +76,9 @@ def _decode_fused(model: DeepseekV2, x: torch.Tensor, inp: DecodeInputs, cache: 
                 h = None
             else:
                 h, x = norm(delta, layer.input_norm, x)
-            if one_row and L2_PREFETCH and model.side_stream is not None and isinstance(layer.mlp, MoE):
-                _prefetch(model, layer)  # joined by the MoE's own fork and join of the side stream
             h, x = layer.attn.decode_norm(h, x, layer.post_attn_norm, eps, inp.positions, inp.slots, inp.ctx_lens,
                                           inp.length, cache, qkv=qkv)
         delta = layer.mlp.parts(h, model.side_stream) if isinstance(layer.mlp, MoE) else layer.mlp.fused(h)
     with phase("lm_head"):
         h, _ = norm(delta, model.norm, x)
         return F.linear(h, model.lm_head)  # [B, V]
-
-
-def _prefetch(model: DeepseekV2, layer) -> None:
-    """Fork the side stream and queue L2 prefetches of this layer's named weights on it; the MoE
-    layer's shared experts then run after them on the same stream, and its join brings both back."""
-    from engine.kernels.prefetch import prefetch_l2
-    weights = {"o_proj": layer.attn.o_proj, "shared_down": layer.mlp.shared.down,
-               "shared_gate_up": layer.mlp.shared.gate_up}
-    side, main = model.side_stream, torch.cuda.current_stream()
-    side.wait_stream(main)
-    with torch.cuda.stream(side):
-        for name in L2_PREFETCH:
-            prefetch_l2(weights[name], model.prefetch_sink)

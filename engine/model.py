@@ -87,7 +87,6 @@ class DeepseekV2:
         self.fused_kernels = False  # Triton RMSNorm/MLA decode kernels in the decode step; see use_kernels
         self.side_stream: torch.cuda.Stream | None = None  # the shared experts' stream in the fused step
         self.argmax_ticket: torch.Tensor | None = None  # the fused step's greedy choice (kernels/argmax.py)
-        self.prefetch_sink: torch.Tensor | None = None  # what L2 prefetches could write (kernels/prefetch.py)
         if weights:
             raise ValueError(f"unused tensors after building the model: {sorted(weights)[:3]}")
 
@@ -95,7 +94,6 @@ class DeepseekV2:
         self.fused_kernels = on
         if on and self.embed.is_cuda and self.side_stream is None:
             self.side_stream = torch.cuda.Stream(device=self.embed.device)
-            self.prefetch_sink = torch.zeros((), dtype=torch.float32, device=self.embed.device)
         if on and self.argmax_ticket is None:
             from engine.kernels.argmax import tickets
             self.argmax_ticket = tickets(self.embed.device)

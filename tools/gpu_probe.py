@@ -314,8 +314,6 @@ def main() -> int:
                    "one-launch kernel (default) or the torch form (engine.kernels.argmax.MAX_ROWS = 0)")
     p.add_argument("--norm-proj-rows", type=int, choices=[0, 1], help="1: at one row the layer's input norm runs "
                    "inside the q/kv_a projection (default, engine.kernels.norm_proj.MAX_ROWS); 0: apart")
-    p.add_argument("--l2-prefetch", help="at one row, weights pulled into L2 while the MLA chain runs: any of "
-                   "o_proj,shared_down,shared_gate_up (default engine.decode.L2_PREFETCH)")
     p.add_argument("--thread", action="store_true",
                    help="decode through the GPU thread (as the daemon), overlapped scheduling on and off")
     a = p.parse_args()
@@ -328,9 +326,6 @@ def main() -> int:
     if a.norm_proj_rows is not None:
         from engine.kernels import norm_proj
         norm_proj.MAX_ROWS = a.norm_proj_rows
-    if a.l2_prefetch is not None:
-        from engine import decode
-        decode.L2_PREFETCH = tuple(n for n in a.l2_prefetch.split(",") if n)
     if a.router_launches is not None:
         from engine.kernels import moe_route
         moe_route.ONE_LAUNCH = a.router_launches == 1

@@ -129,12 +129,6 @@ for dt in (torch.float32, torch.bfloat16):
         assert got.shape == (1, n) and got.dtype == dt and torch.allclose(got.float(), want, rtol=tol, atol=tol), (
             dt, type(delta), (got.float() - want).abs().max())
 
-# an L2 prefetch loads and writes nothing (the interpreter has no cache: the kernel must only run)
-from engine.kernels.prefetch import prefetch_l2
-sink = torch.zeros(())
-prefetch_l2(torch.randn(10000, generator=g).to(torch.bfloat16), sink)
-assert sink.item() == 0
-
 # the one-launch greedy choice: torch.argmax, ties (the first of equal maxima, across and inside
 # chunks), -inf rows, NaN (the first NaN wins, as in torch), strided rows; the tickets back at zero
 from engine.kernels.argmax import argmax, tickets
