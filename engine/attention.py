@@ -61,8 +61,8 @@ class MLAttention:
         self.fused_decode = decode and self.nh <= FUSED_MAX_HEADS
         self.fused_prefill = prefill
         if self.fused_decode and self.out_count is None:
-            from engine.kernels.mla_output import counters
-            self.out_count = counters(self.o_proj.device)
+            from engine.kernels import mla_output, ticket
+            self.out_count = ticket.tickets(mla_output.MAX_ROWS, self.o_proj.device)
 
     def _project(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                  cache: MLACache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -121,12 +121,9 @@ class MLAttention:
         """One new token per row over the latent cache, with no host synchronisation (graph-safe).
         x: [B, H]; positions, slots, ctx_lens: [B] int64; length: static bound >= every ctx_len.
         Fused (Triton, CUDA): the q/kv_a GEMV, prep, split, merge with W_UV and o_proj launches."""
-        q_full = self.absorbed_query(x, positions, slots, cache, qkv)  # [B, nh, 576]
         if self.fused_decode:
-            from engine.kernels.mla_decode import mla_decode
-            o = mla_decode(q_full, cache.data[self.layer], slots, ctx_lens, length, self.scale, self.rank,
-                           w_uv_t=self.w_uv_t)  # [B, nh*128]
-            return F.linear(o, self.o_proj)  # [B, H]
+            return F.linear(self._fused_values(x, positions, slots, ctx_lens, length, cache, qkv), self.o_proj)
+        q_full = self.absorbed_query(x, positions, slots, cache, qkv)  # [B, nh, 576]
         kv = cache.read_rows(self.layer, slots, length)  # [B, L, 576]
         scores = torch.bmm(q_full, kv.transpose(1, 2)).float() * self.scale  # [B, nh, L]
         valid = torch.arange(length, device=positions.device)[None, :] < ctx_lens[:, None]  # [B, L]
@@ -146,11 +143,16 @@ class MLAttention:
         if not (self.fused_decode and residual.shape[0] <= mla_output.MAX_ROWS):
             return rmsnorm(self.decode_absorbed(x, positions, slots, ctx_lens, length, cache, qkv), norm_weight, eps,
                            residual=residual)
+        v = self._fused_values(x, positions, slots, ctx_lens, length, cache, qkv)
+        return mla_output.proj_norm(v, self.o_proj, residual, norm_weight, eps, self.out_count)
+
+    def _fused_values(self, x: torch.Tensor | None, positions: torch.Tensor, slots: torch.Tensor,
+                      ctx_lens: torch.Tensor, length: int, cache: MLACache, qkv: torch.Tensor | None) -> torch.Tensor:
+        """The Triton decode up to the value heads: absorbed query, split, merge with W_UV -> [B, nh*128]."""
         from engine.kernels.mla_decode import mla_decode
         q_full = self.absorbed_query(x, positions, slots, cache, qkv)  # [B, nh, 576]
-        v = mla_decode(q_full, cache.data[self.layer], slots, ctx_lens, length, self.scale, self.rank,
-                       w_uv_t=self.w_uv_t)  # [B, nh*128]
-        return mla_output.proj_norm(v, self.o_proj, residual, norm_weight, eps, self.out_count)
+        return mla_decode(q_full, cache.data[self.layer], slots, ctx_lens, length, self.scale, self.rank,
+                          w_uv_t=self.w_uv_t)
 
     def absorbed_query(self, x: torch.Tensor | None, positions: torch.Tensor, slots: torch.Tensor,
                        cache: MLACache, qkv: torch.Tensor | None = None) -> torch.Tensor:

@@ -95,8 +95,8 @@ class DeepseekV2:
         if on and self.embed.is_cuda and self.side_stream is None:
             self.side_stream = torch.cuda.Stream(device=self.embed.device)
         if on and self.argmax_ticket is None:
-            from engine.kernels.argmax import tickets
-            self.argmax_ticket = tickets(self.embed.device)
+            from engine.kernels import argmax, ticket
+            self.argmax_ticket = ticket.tickets(argmax.MAX_ROWS, self.embed.device)
         for layer in self.layers:
             layer.attn.use_kernels(decode=on, prefill=on)
 

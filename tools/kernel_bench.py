@@ -12,6 +12,7 @@ are apart. With --sweep it also times the expert kernels under several tilings.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -47,6 +48,13 @@ def graph_time_us(fn, inner: int = 20, reps: int = 10) -> float:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) * 1e3 / (reps * inner)
+
+
+def rotating_time_us(fn, copies: list) -> float:
+    """graph_time_us of fn(w), each of the graph's calls taking the next of `copies` (one weight copy
+    per call, as the step's layers each read their own: the reads come from HBM, not L2)."""
+    turn = itertools.cycle(copies)
+    return graph_time_us(lambda: fn(next(turn)))
 
 
 def kernel_table(fn, reps: int = 10) -> str:
@@ -105,7 +113,6 @@ def output_rows(q, cache, slots, lens, length: int, w_uv_t) -> dict:
     res = torch.randn(b, hid, device=dev, dtype=dt)
     norm_w = torch.ones(hid, device=dev, dtype=dt)
     count = torch.zeros(b, dtype=torch.int32, device=dev)
-    turn = iter(range(10 ** 9))
 
     def apart(w):
         o = mla_decode(q, cache, slots, lens, length, 0.1, rank, w_uv_t=w_uv_t, merge="row")
@@ -115,11 +122,11 @@ def output_rows(q, cache, slots, lens, length: int, w_uv_t) -> dict:
         o = mla_decode(q, cache, slots, lens, length, 0.1, rank, w_uv_t=w_uv_t, merge="row")
         return mla_output.proj_norm(o, w, res, norm_w, 1e-6, count, *tiling)
 
-    row = {"apart_us": round(graph_time_us(lambda: apart(w_o[next(turn) % 20])), 1)}
+    row = {"apart_us": round(rotating_time_us(apart, w_o), 1)}
     ref = apart(w_o[0])[0].float()
     for tiling in ((16, 512, 4), (8, 1024, 4), (32, 256, 4), (16, 512, 8), (4, 2048, 4)):
         name = "fused_j{}_k{}_w{}".format(*tiling)
-        row[f"{name}_us"] = round(graph_time_us(lambda: fused(w_o[next(turn) % 20], tiling)), 1)
+        row[f"{name}_us"] = round(rotating_time_us(lambda w: fused(w, tiling), w_o), 1)
         row[f"{name}_rel"] = round(float((fused(w_o[0], tiling)[0].float() - ref).norm() / ref.norm()), 5)
     return row
 
@@ -135,18 +142,17 @@ def norm_proj_rows() -> dict:
     routed, shared = torch.randn(1, 6, hid, device=dev), torch.randn(1, hid, device=dev, dtype=dt)
     res = torch.randn(1, hid, device=dev, dtype=dt)
     nw = torch.ones(hid, device=dev, dtype=dt)
-    turn = iter(range(10 ** 9))
 
     def apart(w):
         h, x = moe_rmsnorm(routed, shared, nw, 1e-6, residual=res)
         return F.linear(h, w), x
 
-    row = {"norm_proj_apart_us": round(graph_time_us(lambda: apart(ws[next(turn) % 20])), 1)}
+    row = {"norm_proj_apart_us": round(rotating_time_us(apart, ws), 1)}
     ref = apart(ws[0])[0].float()
     for tiling in ((16, 512, 4), (32, 256, 4), (32, 512, 8), (8, 1024, 4), (16, 256, 4), (64, 256, 8)):
         name = "norm_proj_j{}_k{}_w{}".format(*tiling)
         fn = lambda w, t=tiling: norm_proj((routed, shared), res, nw, 1e-6, w, *t)  # noqa: E731
-        row[f"{name}_us"] = round(graph_time_us(lambda: fn(ws[next(turn) % 20])), 1)
+        row[f"{name}_us"] = round(rotating_time_us(fn, ws), 1)
         row[f"{name}_rel"] = round(float((fn(ws[0])[0].float() - ref).norm() / ref.norm()), 5)
     return row
 

@@ -1,7 +1,7 @@
 """The greedy choice of the decode step in one launch: torch.argmax over each row of the logits
 (the first of equal maxima; the first NaN if the row has one, as torch does). Program (row, c)
-reduces one column chunk to its max and first index; the last chunk of a row to finish (an atomic
-ticket: it decides who picks, not what is picked) picks the first chunk holding the row's max.
+reduces one column chunk to its max and first index; the last chunk of a row to finish
+(engine/kernels/ticket.py) picks the first chunk holding the row's max.
 The torch form (engine/sampler.py argmax_rows) took four launches, ~24 µs of a batch-1 step on the
 H200 (docs/perf-notes.md row 26)."""
 from __future__ import annotations
@@ -10,8 +10,10 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.ticket import last_to_finish
+
 CHUNKS = 64  # column chunks per row: 1,600 columns each at lite's 102,400
-MAX_ROWS = 1024  # rows one ticket buffer serves (tickets()); the decode step's torch form above (0: always)
+MAX_ROWS = 1024  # rows one ticket buffer serves (ticket.tickets(MAX_ROWS)); the torch form above (0: always)
 
 
 @triton.jit
@@ -31,8 +33,7 @@ def _argmax_kernel(x_ptr, part_v_ptr, part_i_ptr, out_ptr, ticket_ptr, V, stride
     tl.store(part_v_ptr + part, m)
     tl.store(part_i_ptr + part * 2, first_max)
     tl.store(part_i_ptr + part * 2 + 1, first_nan)
-    tl.debug_barrier()  # the chunk's result is written before the ticket is taken
-    if tl.atomic_add(ticket_ptr + b, 1, sem="acq_rel", scope="gpu") == N_CHUNKS - 1:
+    if last_to_finish(ticket_ptr + b, N_CHUNKS):
         k = tl.arange(0, N_CHUNKS_P)
         k_ok = k < N_CHUNKS
         row = b * N_CHUNKS + k
@@ -48,15 +49,9 @@ def _argmax_kernel(x_ptr, part_v_ptr, part_i_ptr, out_ptr, ticket_ptr, V, stride
         tl.store(ticket_ptr + b, 0)  # every chunk has taken its ticket: ready for the next launch
 
 
-def tickets(device: torch.device) -> torch.Tensor:
-    """One ticket per row, zero at rest (every launch leaves it at zero): a CUDA graph replays with
-    no memset."""
-    return torch.zeros(MAX_ROWS, dtype=torch.int32, device=device)
-
-
 def argmax(logits: torch.Tensor, ticket: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """torch.argmax(logits, dim=-1) for [B, V] logits (rows may be strided), written into `out`
-    ([B] int64) when given. ticket: tickets(). One launch, graph-safe."""
+    ([B] int64) when given. ticket: engine/kernels/ticket.py's tickets, one per row. One launch, graph-safe."""
     b, v = logits.shape
     assert logits.stride(1) == 1 and b <= ticket.numel()
     chunk = triton.next_power_of_2(triton.cdiv(v, CHUNKS))
@@ -65,6 +60,6 @@ def argmax(logits: torch.Tensor, ticket: torch.Tensor, out: torch.Tensor | None 
     part_i = torch.empty(b, n_chunks, 2, dtype=torch.int32, device=logits.device)  # its first max, its first NaN
     out = torch.empty(b, dtype=torch.int64, device=logits.device) if out is None else out
     assert out.shape == (b,) and out.dtype == torch.int64 and out.is_contiguous()
-    _argmax_kernel[(b, n_chunks)](logits, part_v, part_i, out, ticket, v, logits.stride(0), CHUNK=chunk, N_CHUNKS=n_chunks,
-                                  N_CHUNKS_P=triton.next_power_of_2(n_chunks), num_warps=4)
+    _argmax_kernel[(b, n_chunks)](logits, part_v, part_i, out, ticket, v, logits.stride(0), CHUNK=chunk,
+                                  N_CHUNKS=n_chunks, N_CHUNKS_P=triton.next_power_of_2(n_chunks), num_warps=4)
     return out

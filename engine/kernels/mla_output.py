@@ -1,9 +1,9 @@
 """The end of an MLA decode layer at one row, in one launch: o_proj over the merged value heads
 (the merge kernel's output, engine/kernels/mla_decode.py), the residual add and the post-attention
 RMSNorm. At one row cuBLAS's o_proj GEMV and the norm kernel cost a few µs each above their bytes;
-here each program computes a block of o_proj's output columns, and the last block to finish (an
-atomic ticket: it decides who normalises, not any order of sums) adds the residual and normalises
-the row, so the norm needs no launch of its own.
+here each program computes a block of o_proj's output columns, and the last block to finish
+(engine/kernels/ticket.py) adds the residual and normalises the row, so the norm needs no launch
+of its own.
 
 Rounding is the separate kernels': o_proj accumulated in float32 and rounded to the model dtype
 (in another summation order than cuBLAS), the residual sum rounded, then RMSNorm as
@@ -15,6 +15,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from engine.kernels.rmsnorm import norm_store
+from engine.kernels.ticket import last_to_finish
 
 MAX_ROWS = 1  # above this cuBLAS's o_proj (its weight read once for all rows) and the norm kernel win
 BLOCK_J = 16  # output columns per program: 128 programs at lite's 2048
@@ -41,34 +44,23 @@ def _proj_norm_kernel(v_ptr, w_o_ptr, res_ptr, norm_w_ptr, o_ptr, h_out_ptr, x_o
         v = tl.load(v_ptr + b * K + ks, mask=k_ok, other=0.0).to(tl.float32)
         acc += w_o.to(tl.float32) * v[None, :]
     tl.store(o_ptr + b * HID + r, tl.sum(acc, axis=1).to(dtype), mask=r_ok)
-    tl.debug_barrier()  # every thread's block is written before the ticket is taken
-    row_count = count_ptr + b
-    if tl.atomic_add(row_count, 1, sem="acq_rel", scope="gpu") == nj - 1:
+    if last_to_finish(count_ptr + b, nj):
         cols = tl.arange(0, HID_P)
         ok = cols < HID
         delta = tl.load(o_ptr + b * HID + cols, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
         x = (delta + tl.load(res_ptr + b * HID + cols, mask=ok, other=0.0).to(tl.float32)).to(dtype)
         tl.store(x_out_ptr + b * HID + cols, x, mask=ok)
-        xf = x.to(tl.float32)
-        var = tl.sum(xf * xf, axis=0) / HID
-        hn = (xf * tl.rsqrt(var + eps)).to(dtype)
-        nw = tl.load(norm_w_ptr + cols, mask=ok, other=0.0)
-        tl.store(h_out_ptr + b * HID + cols, (nw.to(tl.float32) * hn.to(tl.float32)).to(dtype), mask=ok)
-        tl.store(row_count, 0)  # every block has taken its ticket: ready for the next launch
-
-
-def counters(device: torch.device) -> torch.Tensor:
-    """One ticket per row, zero at rest (every launch leaves it at zero), so a CUDA graph replays
-    with no memset. A layer's launches run in stream order and may share one."""
-    return torch.zeros(MAX_ROWS, dtype=torch.int32, device=device)
+        norm_store(x, norm_w_ptr, h_out_ptr + b * HID, cols, ok, HID, eps)
+        tl.store(count_ptr + b, 0)  # every block has taken its ticket: ready for the next launch
 
 
 def proj_norm(v: torch.Tensor, o_proj: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
               count: torch.Tensor, block_j: int = BLOCK_J, block_k: int = BLOCK_K, num_warps: int = 4
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """v [B, nh*V]: the merged value heads; o_proj [HID, nh*V]; residual [B, HID]; norm_weight [HID];
-    count: counters(). With delta = o_proj(v) returns (norm(residual + delta) * norm_weight,
-    residual + delta), as rmsnorm(delta, norm_weight, eps, residual=residual). One launch, graph-safe."""
+    count: engine/kernels/ticket.py's tickets, one per row. With delta = o_proj(v) returns
+    (norm(residual + delta) * norm_weight, residual + delta), as rmsnorm(delta, norm_weight, eps,
+    residual=residual). One launch, graph-safe."""
     b, k = v.shape
     hid = o_proj.shape[0]
     assert b <= count.numel() and v.is_contiguous() and o_proj.is_contiguous() and o_proj.shape[1] == k

@@ -18,13 +18,13 @@ import triton
 import triton.language as tl
 
 from engine.kernels.moe_experts import COMPACT_MAX_TOKENS, Alignment
+from engine.kernels.ticket import last_to_finish
 
 
 @triton.jit
-def _logits_kernel(x_ptr, w_ptr, logits_ptr, H, E, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Program (t, j): float32 logits of token t against experts [j*BLOCK_E, (j+1)*BLOCK_E)."""
-    t = tl.program_id(0)
-    e = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+def _logits_block(x_ptr, w_ptr, t, j, H, E, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Float32 logits of token t against experts [j*BLOCK_E, (j+1)*BLOCK_E): (experts, logits)."""
+    e = j * BLOCK_E + tl.arange(0, BLOCK_E)
     live = e < E
     acc = tl.zeros([BLOCK_E, BLOCK_H], tl.float32)
     for h0 in range(0, H, BLOCK_H):
@@ -33,7 +33,15 @@ def _logits_kernel(x_ptr, w_ptr, logits_ptr, H, E, BLOCK_E: tl.constexpr, BLOCK_
         x = tl.load(x_ptr + t * H + hs, mask=hm, other=0.0).to(tl.float32)  # [BLOCK_H]
         w = tl.load(w_ptr + e[:, None] * H + hs[None, :], mask=live[:, None] & hm[None, :], other=0.0)
         acc += w * x[None, :]
-    tl.store(logits_ptr + t * E + e, tl.sum(acc, axis=1), mask=live)
+    return e, tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _logits_kernel(x_ptr, w_ptr, logits_ptr, H, E, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Program (t, j): float32 logits of token t against experts [j*BLOCK_E, (j+1)*BLOCK_E)."""
+    t = tl.program_id(0)
+    e, logit = _logits_block(x_ptr, w_ptr, t, tl.program_id(1), H, E, BLOCK_E, BLOCK_H)
+    tl.store(logits_ptr + t * E + e, logit, mask=e < E)
 
 
 @triton.jit
@@ -129,20 +137,12 @@ def _route_small_kernel(x_ptr, w_ptr, logits_ptr, weights_ptr, ids_ptr, order_pt
                         E_PAD: tl.constexpr, BLOCK_H: tl.constexpr, TOP_K: tl.constexpr, N_GROUP: tl.constexpr,
                         TOPK_GROUP: tl.constexpr, NORM: tl.constexpr):
     """Up to SMALL tokens in one launch: program (t, e) writes token t's logit against expert e, as
-    _logits_kernel does; the last program to finish (an atomic ticket: it decides who selects, not
-    what) makes every token's selection and lists every expert's routes, as _select_kernel's
-    programs do between them."""
+    _logits_kernel does; the last program to finish (engine/kernels/ticket.py) makes every token's
+    selection and lists every expert's routes, as _select_kernel's programs do between them."""
     t0 = tl.program_id(0)
-    e0 = tl.program_id(1)
-    hs = tl.arange(0, BLOCK_H)
-    acc = tl.zeros([1, BLOCK_H], tl.float32)
-    for h0 in range(0, H, BLOCK_H):
-        hm = (h0 + hs) < H
-        x = tl.load(x_ptr + t0 * H + h0 + hs, mask=hm, other=0.0).to(tl.float32)
-        acc += tl.load(w_ptr + e0 * H + h0 + hs[None, :], mask=hm[None, :], other=0.0) * x[None, :]
-    tl.store(logits_ptr + t0 * E + e0 + tl.arange(0, 1), tl.sum(acc, axis=1))
-    tl.debug_barrier()  # the logit is written before the ticket is taken
-    if tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu") == T * E - 1:
+    e0, logit = _logits_block(x_ptr, w_ptr, t0, tl.program_id(1), H, E, 1, BLOCK_H)
+    tl.store(logits_ptr + t0 * E + e0, logit)
+    if last_to_finish(ticket_ptr, T * E):
         lane = tl.arange(0, E_PAD)
         t = tl.arange(0, BLOCK_T)
         chosen, w = _choose(logits_ptr, t, T, E, scaling, E_PAD, TOP_K, N_GROUP, TOPK_GROUP, NORM)

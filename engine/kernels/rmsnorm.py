@@ -8,6 +8,18 @@ import triton.language as tl
 
 
 @triton.jit
+def norm_store(x, w_ptr, out_ptr, cols, mask, n_cols, eps):
+    """x: a row in the model dtype (zero where masked). Stores norm(x) * weight at out_ptr + cols
+    with the reference's rounding."""
+    dtype = out_ptr.dtype.element_ty
+    h = x.to(tl.float32)
+    var = tl.sum(h * h, axis=0) / n_cols
+    h = (h * tl.rsqrt(var + eps)).to(dtype)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + cols, (w.to(tl.float32) * h.to(tl.float32)).to(dtype), mask=mask)
+
+
+@triton.jit
 def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
@@ -19,12 +31,7 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
         x = (x.to(tl.float32) + tl.load(res_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32))
         x = x.to(res_out_ptr.dtype.element_ty)
         tl.store(res_out_ptr + row * n_cols + cols, x, mask=mask)
-    h = x.to(tl.float32)
-    var = tl.sum(h * h, axis=0) / n_cols
-    h = (h * tl.rsqrt(var + eps)).to(out_ptr.dtype.element_ty)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-    tl.store(out_ptr + row * n_cols + cols, (w.to(tl.float32) * h.to(tl.float32)).to(out_ptr.dtype.element_ty),
-             mask=mask)
+    norm_store(x, w_ptr, out_ptr + row * n_cols, cols, mask, n_cols, eps)
 
 
 @triton.jit
@@ -41,11 +48,7 @@ def _moe_rmsnorm_kernel(routed_ptr, shared_ptr, res_ptr, w_ptr, out_ptr, res_out
     delta = (acc.to(dtype).to(tl.float32) + shared).to(dtype)  # routed (rounded) + shared experts
     x = (delta.to(tl.float32) + tl.load(res_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)).to(dtype)
     tl.store(res_out_ptr + row * n_cols + cols, x, mask=mask)
-    h = x.to(tl.float32)
-    var = tl.sum(h * h, axis=0) / n_cols
-    h = (h * tl.rsqrt(var + eps)).to(dtype)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-    tl.store(out_ptr + row * n_cols + cols, (w.to(tl.float32) * h.to(tl.float32)).to(dtype), mask=mask)
+    norm_store(x, w_ptr, out_ptr + row * n_cols, cols, mask, n_cols, eps)
 
 
 def moe_rmsnorm(routed: torch.Tensor, shared: torch.Tensor, weight: torch.Tensor, eps: float,

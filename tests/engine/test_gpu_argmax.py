@@ -12,9 +12,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 def test_argmax_kernel_is_torch_argmax_on_the_gpu():
     from engine.cuda_graphs import capture
-    from engine.kernels.argmax import argmax, tickets
+    from engine.kernels.argmax import MAX_ROWS, argmax
+    from engine.kernels.ticket import tickets
     g = torch.Generator(device="cuda").manual_seed(0)
-    ticket = tickets(torch.device("cuda"))
+    ticket = tickets(MAX_ROWS, "cuda")
     for rows in (1, 3, 64, 256):
         x = torch.randn(rows, 102400, device="cuda", generator=g).to(torch.bfloat16)
         x[0, 7] = x[0, 99000] = 100.0  # equal maxima far apart: the first wins

@@ -131,8 +131,9 @@ for dt in (torch.float32, torch.bfloat16):
 
 # the one-launch greedy choice: torch.argmax, ties (the first of equal maxima, across and inside
 # chunks), -inf rows, NaN (the first NaN wins, as in torch), strided rows; the tickets back at zero
-from engine.kernels.argmax import argmax, tickets
-ticket = tickets("cpu")
+from engine.kernels.argmax import MAX_ROWS, argmax
+from engine.kernels.ticket import tickets
+ticket = tickets(MAX_ROWS, "cpu")
 x = torch.randn(6, 1000, generator=g)
 x[1, 10] = x[1, 990] = x[1].max() + 1  # equal maxima in different chunks
 x[2, 500] = x[2, 501] = x[2].max() + 1  # in one chunk
