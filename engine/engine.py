@@ -141,7 +141,8 @@ def build_engine(spec: EngineSpec) -> Engine:
               attention=("mla_absorbed_triton" if model.layers[0].attn.fused_decode else "mla_absorbed")
               if graphs else "mla_expand",
               experts=getattr(backend, "kernel", "per_rank"), shared_experts_stream=model.side_stream is not None,
-              **(one_launch_sizes(backend, cfg) if kernels else {}))
+              **(one_launch_sizes(backend, cfg) | {"dependent_launch": dependent_launch(model.embed)}
+                 if kernels else {}))
     log_event("engine_ready", backend=entry.name, maturity=entry.maturity, ep_size=spec.ep_size,
               max_model_len=max_len, kv_slots=slots, kv_bytes=cache.data.numel() * cache.data.element_size(),
               startup_s=round(time.perf_counter() - t0, 4))
@@ -157,6 +158,13 @@ def one_launch_sizes(backend, cfg: ModelConfig) -> dict:
     router = moe_route.SMALL if moe_route.ONE_LAUNCH and al is not None and al.ticket is not None else 0
     return dict(norm_proj_rows=norm_proj.MAX_ROWS, mla_output_rows=mla_output.MAX_ROWS, router_one_launch_rows=router,
                 argmax_rows=argmax.MAX_ROWS)
+
+
+def dependent_launch(t: torch.Tensor) -> str:
+    """How the Triton kernels launch on t's device (engine/kernels/pdl.py): "pdl+prefetch", "pdl" or
+    "off" (before Hopper, or switched off)."""
+    from engine.kernels import pdl
+    return "off" if not pdl.enabled(t) else "pdl+prefetch" if pdl.PREFETCH else "pdl"
 
 
 def _random_tensors(cfg: ModelConfig, spec: EngineSpec, keep, device, dtype) -> tuple[dict, LoadStats]:

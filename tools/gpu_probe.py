@@ -10,6 +10,7 @@ eager expand path.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import sys
@@ -292,6 +293,16 @@ def prefill_profile(cases: list[tuple[int, int]]) -> None:
             engine.cache.release(s)
 
 
+# flag -> (module, constant, its value from the flag's): the switches of the decode step's A/Bs
+KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", int),
+         "argmax_launches": ("engine.kernels.argmax", "MAX_ROWS", lambda v: 0 if v == 4 else 1024),
+         "norm_proj_rows": ("engine.kernels.norm_proj", "MAX_ROWS", int),
+         "router_launches": ("engine.kernels.moe_route", "ONE_LAUNCH", lambda v: v == 1),
+         "mla_output_rows": ("engine.kernels.mla_output", "MAX_ROWS", int),
+         "pdl": ("engine.kernels.pdl", "ENABLED", bool),
+         "pdl_prefetch": ("engine.kernels.pdl", "PREFETCH", bool)}
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--batches", default="1,8,32")
@@ -314,24 +325,16 @@ def main() -> int:
                    "one-launch kernel (default) or the torch form (engine.kernels.argmax.MAX_ROWS = 0)")
     p.add_argument("--norm-proj-rows", type=int, choices=[0, 1], help="1: at one row the layer's input norm runs "
                    "inside the q/kv_a projection (default, engine.kernels.norm_proj.MAX_ROWS); 0: apart")
+    p.add_argument("--pdl", type=int, choices=[0, 1], help="1: the decode step's Triton kernels launch with "
+                   "programmatic dependent launch on Hopper (default, engine.kernels.pdl.ENABLED); 0: plain launches")
+    p.add_argument("--pdl-prefetch", type=int, choices=[0, 1], help="1: PDL kernels prefetch their weights into "
+                   "L2 before waiting on the previous kernel (default, engine.kernels.pdl.PREFETCH)")
     p.add_argument("--thread", action="store_true",
                    help="decode through the GPU thread (as the daemon), overlapped scheduling on and off")
     a = p.parse_args()
-    if a.capture_priority is not None:
-        from engine import cuda_graphs
-        cuda_graphs.CAPTURE_PRIORITY = a.capture_priority
-    if a.argmax_launches == 4:
-        from engine.kernels import argmax
-        argmax.MAX_ROWS = 0
-    if a.norm_proj_rows is not None:
-        from engine.kernels import norm_proj
-        norm_proj.MAX_ROWS = a.norm_proj_rows
-    if a.router_launches is not None:
-        from engine.kernels import moe_route
-        moe_route.ONE_LAUNCH = a.router_launches == 1
-    if a.mla_output_rows is not None:
-        from engine.kernels import mla_output
-        mla_output.MAX_ROWS = a.mla_output_rows
+    for flag, (module, name, value) in KNOBS.items():
+        if getattr(a, flag) is not None:
+            setattr(importlib.import_module(module), name, value(getattr(a, flag)))
     if a.diag:
         for preset in a.diag.split(","):
             diagnose(preset, a.prompt_len, a.profile_batch)

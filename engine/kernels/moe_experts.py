@@ -19,6 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels import pdl
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Tiling:
     """Launch shape of the two GEMM kernels, chosen by the step's total routes (tiling_for), which
@@ -96,7 +99,10 @@ def _slot(active_ptr, counts_ptr, starts_ptr):
 
 @triton.jit
 def _gate_up_kernel(x_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, act_ptr, H, I, stride_we, TOPK,
-                    BY_ROUTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    BY_ROUTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    GDC: tl.constexpr):
+    pdl.wait(GDC)  # the router's lists
+    pdl.release(GDC)
     e, count, start = _slot(active_ptr, counts_ptr, starts_ptr)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < I
@@ -127,7 +133,10 @@ def _gate_up_kernel(x_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr,
 
 @triton.jit
 def _down_kernel(act_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, weight_ptr, out_ptr, H, I, stride_we,
-                 BY_ROUTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 BY_ROUTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 GDC: tl.constexpr):
+    pdl.wait(GDC)
+    pdl.release(GDC)
     e, count, start = _slot(active_ptr, counts_ptr, starts_ptr)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < H
@@ -158,14 +167,16 @@ def _mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, al: Alignment, sl
     n_exp, two_i, h = w13.shape
     i = two_i // 2
     act = torch.empty(out.shape[0], i, dtype=x.dtype, device=x.device)  # [R, I], rows as out's
+    launch = pdl.waits(x)  # no prefetch: the experts are known after the wait
     _gate_up_kernel[(slots, triton.cdiv(i, tiling.up_n))](
         x, w13, al.order, al.starts, al.counts, al.active, act, h, i, w13.stride(0), topk, BY_ROUTE=by_route,
         BLOCK_M=tiling.block_m,
-        BLOCK_N=tiling.up_n, BLOCK_K=tiling.block_k, num_warps=tiling.num_warps, num_stages=tiling.num_stages)
+        BLOCK_N=tiling.up_n, BLOCK_K=tiling.block_k, num_warps=tiling.num_warps, num_stages=tiling.num_stages,
+        **launch)
     _down_kernel[(slots, triton.cdiv(h, tiling.down_n))](
         act, w2, al.order, al.starts, al.counts, al.active, weight, out, h, i, w2.stride(0), BY_ROUTE=by_route,
         BLOCK_M=tiling.block_m, BLOCK_N=tiling.down_n, BLOCK_K=tiling.block_k, num_warps=tiling.num_warps,
-        num_stages=tiling.num_stages)
+        num_stages=tiling.num_stages, **launch)
     return out
 
 
