@@ -299,6 +299,7 @@ KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", int),
          "norm_proj_rows": ("engine.kernels.norm_proj", "MAX_ROWS", int),
          "router_launches": ("engine.kernels.moe_route", "ONE_LAUNCH", lambda v: v == 1),
          "mla_output_rows": ("engine.kernels.mla_output", "MAX_ROWS", int),
+         "expert_row_routes": ("engine.kernels.moe_experts", "ROW_MAX_ROUTES", int),
          "pdl": ("engine.kernels.pdl", "ENABLED", bool),
          "pdl_prefetch": ("engine.kernels.pdl", "PREFETCH", bool)}
 
@@ -325,6 +326,8 @@ def main() -> int:
                    "one-launch kernel (default) or the torch form (engine.kernels.argmax.MAX_ROWS = 0)")
     p.add_argument("--norm-proj-rows", type=int, choices=[0, 1], help="1: at one row the layer's input norm runs "
                    "inside the q/kv_a projection (default, engine.kernels.norm_proj.MAX_ROWS); 0: apart")
+    p.add_argument("--expert-row-routes", type=int, help="up to how many routes a step's experts run in the row "
+                   "kernels (default engine.kernels.moe_experts.ROW_MAX_ROUTES; 0: the tl.dot kernels at every size)")
     p.add_argument("--pdl", type=int, choices=[0, 1], help="1: the decode step's Triton kernels launch with "
                    "programmatic dependent launch on Hopper (default, engine.kernels.pdl.ENABLED); 0: plain launches")
     p.add_argument("--pdl-prefetch", type=int, choices=[0, 1], help="1: PDL kernels prefetch their weights into "

@@ -63,6 +63,13 @@ assert torch.equal(w_a, w) and torch.equal(e_a, e)
 slots = fused_experts_token_major(x, w13[0], w2[0], w_a, al)  # [T, K, H]
 assert torch.allclose(slots, plan.token_major(want), atol=1e-5), (slots - plan.token_major(want)).abs().max()
 assert totals.tolist() == counts
+# the row form (one route at a time, chosen for one token's routes) on experts holding several rows
+from engine.kernels.moe_experts import ROW_MAX_ROUTES, ROW_TILING, tiling_for
+assert tiling_for(ROW_MAX_ROUTES) is ROW_TILING and tiling_for(ROW_MAX_ROUTES + 1) is not ROW_TILING
+rows_form = fused_experts_token_major(x, w13[0], w2[0], w_a, al, tiling=ROW_TILING)
+assert torch.allclose(rows_form, plan.token_major(want), atol=1e-5), (rows_form - plan.token_major(want)).abs().max()
+got = fused_experts(x, w13[0], w2[0], plan.token_index, plan.weight, plan.expert_counts, total_routes=1)
+assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
 fused_route(x, gate, top_k=K, aligned=Alignment.empty(T, K, totals))
 assert totals.tolist() == [2 * c for c in counts]
 E64 = 64  # more experts than a step's routes: 17 tokens x 1 route (the per-expert listing form)

@@ -93,8 +93,9 @@ for fn, args, kwargs in launches:
     assert (prefetches > 0) == (name in PREFETCHING), (name, prefetches)
     assert all("prefetch.global.L2" not in l for l in lines[wait[0]:]), name
     seen.add(name)
-assert seen == PREFETCHING | {"_gate_up_kernel", "_down_kernel", "_select_kernel", "_align_kernel", "_split_kernel",
-                              "_rmsnorm_kernel", "_moe_rmsnorm_kernel", "_argmax_kernel"}, seen
+assert seen == PREFETCHING | {"_gate_up_kernel", "_down_kernel", "_gate_up_row_kernel", "_down_row_kernel",
+                              "_select_kernel", "_align_kernel", "_split_kernel", "_rmsnorm_kernel",
+                              "_moe_rmsnorm_kernel", "_argmax_kernel"}, seen
 print("ok")
 '''
 
