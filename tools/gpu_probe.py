@@ -10,7 +10,6 @@ eager expand path.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import statistics
 import sys
@@ -25,6 +24,7 @@ import torch  # noqa: E402
 
 from engine.batch import RowInput  # noqa: E402
 from engine.engine import EngineSpec, build_engine  # noqa: E402
+from tools.benchkit import knobs  # noqa: E402
 
 
 def _git_sha() -> str:
@@ -293,17 +293,6 @@ def prefill_profile(cases: list[tuple[int, int]]) -> None:
             engine.cache.release(s)
 
 
-# flag -> (module, constant, its value from the flag's): the switches of the decode step's A/Bs
-KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", int),
-         "argmax_launches": ("engine.kernels.argmax", "MAX_ROWS", lambda v: 0 if v == 4 else 1024),
-         "norm_proj_rows": ("engine.kernels.norm_proj", "MAX_ROWS", int),
-         "router_launches": ("engine.kernels.moe_route", "ONE_LAUNCH", lambda v: v == 1),
-         "mla_output_rows": ("engine.kernels.mla_output", "MAX_ROWS", int),
-         "expert_row_routes": ("engine.kernels.moe_experts", "ROW_MAX_ROUTES", int),
-         "pdl": ("engine.kernels.pdl", "ENABLED", bool),
-         "pdl_prefetch": ("engine.kernels.pdl", "PREFETCH", bool)}
-
-
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--batches", default="1,8,32")
@@ -316,28 +305,11 @@ def main() -> int:
     p.add_argument("--prefill-profile", help="rows x tokens cases of the packed prefill, e.g. 32x86,1x4620")
     p.add_argument("--host-profile", action="store_true", help="cProfile of the host side of decode steps")
     p.add_argument("--timeline", action="store_true", help="kernel timeline of the decode graph at each batch")
-    p.add_argument("--capture-priority", type=int, help="stream priority graphs are captured at "
-                   "(default engine.cuda_graphs.CAPTURE_PRIORITY; 0 is the side stream's)")
-    p.add_argument("--mla-output-rows", type=int, help="up to how many rows the fused MLA output kernel runs "
-                   "(default engine.kernels.mla_output.MAX_ROWS; 0: o_proj and the norm apart)")
-    p.add_argument("--router-launches", type=int, choices=[1, 2], help="the decode router at up to 16 tokens: "
-                   "logits and selection in one launch (default, engine.kernels.moe_route.ONE_LAUNCH) or two")
-    p.add_argument("--argmax-launches", type=int, choices=[1, 4], help="the decode step's greedy choice: the "
-                   "one-launch kernel (default) or the torch form (engine.kernels.argmax.MAX_ROWS = 0)")
-    p.add_argument("--norm-proj-rows", type=int, choices=[0, 1], help="1: at one row the layer's input norm runs "
-                   "inside the q/kv_a projection (default, engine.kernels.norm_proj.MAX_ROWS); 0: apart")
-    p.add_argument("--expert-row-routes", type=int, help="up to how many routes a step's experts run in the row "
-                   "kernels (default engine.kernels.moe_experts.ROW_MAX_ROUTES; 0: the tl.dot kernels at every size)")
-    p.add_argument("--pdl", type=int, choices=[0, 1], help="1: the decode step's Triton kernels launch with "
-                   "programmatic dependent launch on Hopper (default, engine.kernels.pdl.ENABLED); 0: plain launches")
-    p.add_argument("--pdl-prefetch", type=int, choices=[0, 1], help="1: PDL kernels prefetch their weights into "
-                   "L2 before waiting on the previous kernel (default, engine.kernels.pdl.PREFETCH)")
+    knobs.add_arguments(p)  # the A/B switches (tools/benchkit/knobs.py)
     p.add_argument("--thread", action="store_true",
                    help="decode through the GPU thread (as the daemon), overlapped scheduling on and off")
     a = p.parse_args()
-    for flag, (module, name, value) in KNOBS.items():
-        if getattr(a, flag) is not None:
-            setattr(importlib.import_module(module), name, value(getattr(a, flag)))
+    knobs.apply(a)
     if a.diag:
         for preset in a.diag.split(","):
             diagnose(preset, a.prompt_len, a.profile_batch)

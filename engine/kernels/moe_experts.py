@@ -49,6 +49,7 @@ FEW_ROWS_MAX_ROUTES = 512  # 8 routes per expert on average
 # One token's routes (each active expert has one row): the row kernels, many narrow programs.
 ROW_TILING = Tiling(block_m=1, block_k=256, up_n=16, down_n=16, num_warps=4, num_stages=3)
 ROW_MAX_ROUTES = 8  # up to this many routes in the step (lite: one token's 6)
+DENSE_ROWS = True  # dense SwiGLU MLPs (shared experts, dense layers) at one row through the row kernels
 COMPACT_MAX_TOKENS = 16  # up to this many tokens the router lists the active experts first (Alignment)
 # Above this many routes on one rank (prompt chunks, not decode steps) each program would loop over
 # many row blocks re-reading its weights; ExpertShard hands such calls to grouped GEMMs instead.
@@ -253,6 +254,24 @@ def _mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, al: Alignment, sl
         BLOCK_M=tiling.block_m, BLOCK_N=tiling.down_n, BLOCK_K=tiling.block_k, num_warps=tiling.num_warps,
         num_stages=tiling.num_stages, **launch)
     return out
+
+
+def one_row_route(device: torch.device | str) -> tuple[Alignment, torch.Tensor]:
+    """The routing of a dense MLP at one row, as the row kernels read it: one expert holding route 0
+    (token 0), and its weight 1.0 ([1] float32). Made once (engine/model.py DeepseekV2.use_kernels)."""
+    zero = torch.zeros(1, dtype=torch.int32, device=device)
+    return Alignment(zero, zero, torch.ones(1, dtype=torch.int32, device=device), zero,
+                     torch.zeros(1, dtype=torch.int64, device=device), 1), torch.ones(1, device=device)
+
+
+def dense_row(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, route: tuple[Alignment, torch.Tensor]
+              ) -> torch.Tensor:
+    """A dense SwiGLU MLP at one row through the row kernels, as one expert: x [1, H]; gate_up [2I, H]
+    (gate rows, then up rows); down [H, I]; route: one_row_route's. Returns [1, H] in x's dtype with
+    F.linear's roundings (each projection accumulated in float32, in another order, and rounded)."""
+    out = torch.empty(1, x.shape[1], dtype=x.dtype, device=x.device)  # the rounded output times 1.0: exact
+    return _mlp(x.contiguous(), gate_up.unsqueeze(0), down.unsqueeze(0), route[0], 1, route[1], out, 1,
+                by_route=True, tiling=ROW_TILING)
 
 
 def fused_experts_token_major(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,

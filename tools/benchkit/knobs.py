@@ -1,0 +1,48 @@
+"""The switches of the decode step's A/Bs (tools/gpu_probe.py): each flag sets one module constant
+of the engine before anything is built, so one GPU call can time a change against its absence.
+
+    flag                  constant                                  values
+    --capture-priority    engine.cuda_graphs.CAPTURE_PRIORITY        stream priority (0: the side stream's)
+    --argmax-launches     engine.kernels.argmax.MAX_ROWS             1: one launch (default); 4: the torch form
+    --norm-proj-rows      engine.kernels.norm_proj.MAX_ROWS          1: input norm inside q/kv_a at one row; 0: apart
+    --router-launches     engine.kernels.moe_route.ONE_LAUNCH        1: logits and selection in one launch; 2: two
+    --mla-output-rows     engine.kernels.mla_output.MAX_ROWS         rows of the o_proj + add + norm kernel (0: apart)
+    --expert-row-routes   engine.kernels.moe_experts.ROW_MAX_ROUTES  routes up to which the row kernels run (0: never)
+    --dense-rows          engine.kernels.moe_experts.DENSE_ROWS      1: shared experts and dense MLPs at one row
+                                                                     in the row kernels; 0: cuBLAS
+    --pdl                 engine.kernels.pdl.ENABLED                 1: programmatic dependent launch; 0: plain
+    --pdl-prefetch        engine.kernels.pdl.PREFETCH                1: weights into L2 before the wait; 0: not
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+
+# flag -> (module, constant, the constant's value from the flag's)
+KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", int),
+         "argmax_launches": ("engine.kernels.argmax", "MAX_ROWS", lambda v: 0 if v == 4 else 1024),
+         "norm_proj_rows": ("engine.kernels.norm_proj", "MAX_ROWS", int),
+         "router_launches": ("engine.kernels.moe_route", "ONE_LAUNCH", lambda v: v == 1),
+         "mla_output_rows": ("engine.kernels.mla_output", "MAX_ROWS", int),
+         "expert_row_routes": ("engine.kernels.moe_experts", "ROW_MAX_ROUTES", int),
+         "dense_rows": ("engine.kernels.moe_experts", "DENSE_ROWS", bool),
+         "pdl": ("engine.kernels.pdl", "ENABLED", bool),
+         "pdl_prefetch": ("engine.kernels.pdl", "PREFETCH", bool)}
+CHOICES = {"argmax_launches": [1, 4], "norm_proj_rows": [0, 1], "router_launches": [1, 2], "dense_rows": [0, 1],
+           "pdl": [0, 1], "pdl_prefetch": [0, 1]}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    for flag, (module, name, _) in KNOBS.items():
+        p.add_argument("--" + flag.replace("_", "-"), type=int, choices=CHOICES.get(flag),
+                       help=f"sets {module}.{name} (tools/benchkit/knobs.py)")
+
+
+def apply(a: argparse.Namespace) -> dict:
+    """Sets the constants of the flags given; returns them by name."""
+    done = {}
+    for flag, (module, name, value) in KNOBS.items():
+        if getattr(a, flag) is not None:
+            setattr(importlib.import_module(module), name, value(getattr(a, flag)))
+            done[f"{module}.{name}"] = value(getattr(a, flag))
+    return done
