@@ -141,7 +141,7 @@ def build_engine(spec: EngineSpec) -> Engine:
               attention=("mla_absorbed_triton" if model.layers[0].attn.fused_decode else "mla_absorbed")
               if graphs else "mla_expand",
               experts=getattr(backend, "kernel", "per_rank"), shared_experts_stream=model.side_stream is not None,
-              **(one_launch_sizes(backend, cfg) | {"dependent_launch": dependent_launch(model.embed)}
+              **(one_launch_sizes(backend, cfg) | {"pdl_rows": dependent_launch(model.embed)}
                  if kernels else {}))
     log_event("engine_ready", backend=entry.name, maturity=entry.maturity, ep_size=spec.ep_size,
               max_model_len=max_len, kv_slots=slots, kv_bytes=cache.data.numel() * cache.data.element_size(),
@@ -160,11 +160,11 @@ def one_launch_sizes(backend, cfg: ModelConfig) -> dict:
                 argmax_rows=argmax.MAX_ROWS)
 
 
-def dependent_launch(t: torch.Tensor) -> str:
-    """How the Triton kernels launch on t's device (engine/kernels/pdl.py): "pdl+prefetch", "pdl" or
-    "off" (before Hopper, or switched off)."""
+def dependent_launch(t: torch.Tensor) -> int:
+    """Up to how many rows the Triton kernels on t's device launch with programmatic dependent launch
+    (engine/kernels/pdl.py): 0 before Hopper, on the CPU or when switched off."""
     from engine.kernels import pdl
-    return "off" if not pdl.enabled(t) else "pdl+prefetch" if pdl.PREFETCH else "pdl"
+    return pdl.MAX_ROWS if pdl.enabled(t, 0) else 0
 
 
 def _random_tensors(cfg: ModelConfig, spec: EngineSpec, keep, device, dtype) -> tuple[dict, LoadStats]:

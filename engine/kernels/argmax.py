@@ -65,5 +65,5 @@ def argmax(logits: torch.Tensor, ticket: torch.Tensor, out: torch.Tensor | None 
     assert out.shape == (b,) and out.dtype == torch.int64 and out.is_contiguous()
     _argmax_kernel[(b, n_chunks)](logits, part_v, part_i, out, ticket, v, logits.stride(0), CHUNK=chunk,
                                   N_CHUNKS=n_chunks, N_CHUNKS_P=triton.next_power_of_2(n_chunks), num_warps=4,
-                                  **pdl.waits(logits))
+                                  **pdl.waits(logits, b))
     return out

@@ -66,21 +66,16 @@ def _split_kernel(q_ptr, cache_ptr, slots_ptr, lens_ptr, part_o_ptr, part_ml_ptr
 def _merge_kernel(part_o_ptr, part_ml_ptr, w_uv_ptr, out_ptr, n_rows,
                   H: tl.constexpr, RANK: tl.constexpr, NSPLIT: tl.constexpr, V: tl.constexpr, BLOCK_V: tl.constexpr,
                   BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, APPLY_WUV: tl.constexpr,
-                  INPUT_PRECISION: tl.constexpr, RANK_P: tl.constexpr, GDC: tl.constexpr, PREFETCH: tl.constexpr):
+                  INPUT_PRECISION: tl.constexpr, GDC: tl.constexpr):
     # one head over a block of rows, the latent in BLOCK_K chunks: each chunk is merged over the
     # splits and rounded to the output dtype, then either stored (o_lat) or multiplied into the
     # value head by its rows of W_UV (which each program then reads once for BLOCK_B rows); a third
     # grid axis splits the value head into BLOCK_V columns, so that W_UV streams through many SMs
-    h = tl.program_id(1)
-    dv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
-    lat = tl.arange(0, RANK_P)  # head h's W_UV rows at this block's value columns, once
-    v0 = tl.program_id(2) * BLOCK_V
-    pdl.prefetch_rows(w_uv_ptr + h * RANK * V + v0, lat, (lat < RANK) & (tl.program_id(0) == 0), V - v0, BLOCK_V, V,
-                      PREFETCH)
     pdl.wait(GDC)
     pdl.release(GDC)
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)  # [BB]
     live = rows < n_rows
+    h = tl.program_id(1)
     m = tl.full([BLOCK_B], float("-inf"), tl.float32)
     for s in range(0, NSPLIT):
         m = tl.maximum(m, tl.load(part_ml_ptr + ((rows * NSPLIT + s) * H + h) * 2, mask=live, other=float("-inf")))
@@ -91,6 +86,7 @@ def _merge_kernel(part_o_ptr, part_ml_ptr, w_uv_ptr, out_ptr, n_rows,
         w = tl.where(ms == float("-inf"), 0.0, tl.exp(ms - m))
         total += tl.load(part_ml_ptr + idx * 2 + 1, mask=live, other=0.0) * w
     total = tl.where(live, total, 1.0)  # rows past the batch: finite garbage, never stored
+    dv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
     o = tl.zeros([BLOCK_B, BLOCK_V], tl.float32)
     for k0 in range(0, RANK, BLOCK_K):
         dk = k0 + tl.arange(0, BLOCK_K)
@@ -117,16 +113,11 @@ def _merge_kernel(part_o_ptr, part_ml_ptr, w_uv_ptr, out_ptr, n_rows,
 @triton.jit
 def _merge_row_kernel(part_o_ptr, part_ml_ptr, w_uv_ptr, out_ptr,
                       H: tl.constexpr, RANK: tl.constexpr, RANK_P: tl.constexpr, NSPLIT: tl.constexpr,
-                      V: tl.constexpr, BLOCK_V: tl.constexpr, APPLY_WUV: tl.constexpr, GDC: tl.constexpr,
-                      PREFETCH: tl.constexpr):
+                      V: tl.constexpr, BLOCK_V: tl.constexpr, APPLY_WUV: tl.constexpr, GDC: tl.constexpr):
     # program (row, head, value block): merge the row's latent over the splits (one vector, no
     # matrix unit), round it, then either store it or multiply it into BLOCK_V value columns
     b = tl.program_id(0)
     h = tl.program_id(1)
-    dv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
-    lat = tl.arange(0, RANK_P)  # head h's W_UV rows at this block's value columns, once
-    v0 = tl.program_id(2) * BLOCK_V
-    pdl.prefetch_rows(w_uv_ptr + h * RANK * V + v0, lat, (lat < RANK) & (b == 0), V - v0, BLOCK_V, V, PREFETCH)
     pdl.wait(GDC)
     pdl.release(GDC)
     dk = tl.arange(0, RANK_P)
@@ -144,6 +135,7 @@ def _merge_row_kernel(part_o_ptr, part_ml_ptr, w_uv_ptr, out_ptr,
         acc += tl.where(w > 0, tl.load(part_o_ptr + idx * RANK + dk, mask=k_ok, other=0.0) * w, 0.0)
     o_lat = (acc / total).to(out_ptr.dtype.element_ty)  # [RANK_P]
     if APPLY_WUV:
+        dv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
         v_ok = dv < V
         w_uv = tl.load(w_uv_ptr + h * RANK * V + dk[:, None] * V + dv[None, :], mask=k_ok[:, None] & v_ok[None, :],
                        other=0.0)  # [RANK_P, BLOCK_V]
@@ -176,7 +168,7 @@ def mla_decode(q: torch.Tensor, cache_layer: torch.Tensor, slots: torch.Tensor, 
     accumulation, rounded: [B, H*V], ready for o_proj. Two launches, graph-safe."""
     b, h, width = q.shape
     split_len = split_len or auto_split(b, length)
-    launch = pdl.options(q, prefetch=w_uv_t is not None)  # the merge's W_UV; the split reads no weights
+    launch = pdl.waits(q, b)
     n_splits = triton.cdiv(length, split_len)
     part_o = torch.empty(b, n_splits, h, rank, dtype=torch.float32, device=q.device)  # [B, S, H, rank] per split
     part_ml = torch.empty(b, n_splits, h, 2, dtype=torch.float32, device=q.device)  # [B, S, H, (max, sum)]
@@ -185,7 +177,7 @@ def mla_decode(q: torch.Tensor, cache_layer: torch.Tensor, slots: torch.Tensor, 
                                  H=h, RANK=rank, ROPE=width - rank, BLOCK_N=32, SPLIT=split_len,
                                  H_P=max(16, triton.next_power_of_2(h)), RANK_P=triton.next_power_of_2(rank),
                                  ROPE_P=max(16, triton.next_power_of_2(width - rank)), num_warps=8,
-                                 **pdl.waits(q))
+                                 **launch)
     if w_uv_t is None:
         v, out = 1, torch.empty(b, h, rank, dtype=q.dtype, device=q.device)  # [B, H, rank]
     else:
@@ -206,5 +198,5 @@ def mla_decode(q: torch.Tensor, cache_layer: torch.Tensor, slots: torch.Tensor, 
         part_o, part_ml, w_uv_t if w_uv_t is not None else part_o, out, b,
         H=h, RANK=rank, NSPLIT=n_splits, V=v, BLOCK_V=block_v, BLOCK_B=block_b,
         BLOCK_K=min(64, max(16, triton.next_power_of_2(rank))), APPLY_WUV=w_uv_t is not None,
-        INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", RANK_P=triton.next_power_of_2(rank), **launch)
+        INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **launch)
     return out

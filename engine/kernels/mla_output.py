@@ -28,7 +28,7 @@ BLOCK_K = 512  # input columns per step; with 4 warps a [16, 512] tile is 64 val
 @triton.jit
 def _proj_norm_kernel(v_ptr, w_o_ptr, res_ptr, norm_w_ptr, o_ptr, h_out_ptr, x_out_ptr, count_ptr, eps,
                       K: tl.constexpr, HID: tl.constexpr, HID_P: tl.constexpr, BLOCK_J: tl.constexpr,
-                      BLOCK_K: tl.constexpr, K_P: tl.constexpr, GDC: tl.constexpr, PREFETCH: tl.constexpr):
+                      BLOCK_K: tl.constexpr, GDC: tl.constexpr):
     # program (row, j): o_proj's output block j over the whole value row; the row's last block adds
     # the residual and normalises
     b = tl.program_id(0)
@@ -37,7 +37,6 @@ def _proj_norm_kernel(v_ptr, w_o_ptr, res_ptr, norm_w_ptr, o_ptr, h_out_ptr, x_o
     dtype = o_ptr.dtype.element_ty
     r = j * BLOCK_J + tl.arange(0, BLOCK_J)  # [BJ] output columns
     r_ok = r < HID
-    pdl.prefetch_rows(w_o_ptr, r, r_ok & (b == 0), K, K_P, K, PREFETCH)  # this block's o_proj rows, once
     pdl.wait(GDC)
     pdl.release(GDC)
     acc = tl.zeros([BLOCK_J, BLOCK_K], tl.float32)  # per-lane sums over the steps, added up once
@@ -73,5 +72,5 @@ def proj_norm(v: torch.Tensor, o_proj: torch.Tensor, residual: torch.Tensor, nor
     _proj_norm_kernel[(b, triton.cdiv(hid, block_j))](
         v, o_proj, residual, norm_weight, o, h_out, x_out, count, eps, K=k, HID=hid,
         HID_P=triton.next_power_of_2(hid), BLOCK_J=block_j, BLOCK_K=min(block_k, triton.next_power_of_2(k)),
-        K_P=triton.next_power_of_2(k), num_warps=num_warps, **pdl.options(v))
+        num_warps=num_warps, **pdl.waits(v, b))
     return h_out, x_out

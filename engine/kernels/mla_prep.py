@@ -34,18 +34,12 @@ def _prep_kernel(q_ptr, kv_ptr, norm_w_ptr, w_uk_ptr, table_ptr, pos_ptr, slots_
                  NH: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr, RANK: tl.constexpr,
                  NOPE_P: tl.constexpr, HALF_P: tl.constexpr, RANK_P: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_R: tl.constexpr, N_RCHUNK: tl.constexpr,
-                 INPUT_PRECISION: tl.constexpr, GDC: tl.constexpr, PREFETCH: tl.constexpr):
+                 INPUT_PRECISION: tl.constexpr, GDC: tl.constexpr):
     # program (row block, j): j < NH * N_RCHUNK is one head's slice of the absorbed query; the last
     # j writes the block's latent and k_pe to the cache
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)  # [BB]
     live = rows < n_rows
     j = tl.program_id(1)
-    head = j // N_RCHUNK
-    chunk = j % N_RCHUNK
-    dn = tl.arange(0, NOPE_P)
-    w_rows = (dn < NOPE) & (j < NH * N_RCHUNK) & (tl.program_id(0) == 0)  # W_UK's rows of this slice, once
-    pdl.prefetch_rows(w_uk_ptr + head * NOPE * RANK + chunk * BLOCK_R, dn, w_rows, RANK - chunk * BLOCK_R, BLOCK_R,
-                      RANK, PREFETCH)
     pdl.wait(GDC)
     pdl.release(GDC)
     half = ROPE // 2
@@ -72,6 +66,9 @@ def _prep_kernel(q_ptr, kv_ptr, norm_w_ptr, w_uk_ptr, table_ptr, pos_ptr, slots_
         tl.store(dst + RANK + 2 * i[None, :], even.to(dtype).to(cdt), mask=pair_mask)
         tl.store(dst + RANK + 2 * i[None, :] + 1, odd.to(dtype).to(cdt), mask=pair_mask)
     else:
+        head = j // N_RCHUNK
+        chunk = j % N_RCHUNK
+        dn = tl.arange(0, NOPE_P)
         q_head = q_ptr + rows[:, None].to(tl.int64) * stride_q + head * (NOPE + ROPE)  # [BB, 1]
         q_nope = tl.load(q_head + dn[None, :], mask=live[:, None] & (dn < NOPE)[None, :], other=0.0)  # [BB, NOPE_P]
         dr = chunk * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -108,5 +105,5 @@ def mla_prep(q: torch.Tensor, kv: torch.Tensor, kv_norm: torch.Tensor, w_uk: tor
                        NH=nh, NOPE=nope, ROPE=rope, RANK=rank,
                        NOPE_P=max(16, triton.next_power_of_2(nope)), HALF_P=triton.next_power_of_2(rope // 2),
                        RANK_P=triton.next_power_of_2(rank), BLOCK_B=BLOCK_B, BLOCK_R=block_r, N_RCHUNK=n_rchunk,
-                       INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **pdl.options(q))
+                       INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **pdl.waits(q, b))
     return q_out

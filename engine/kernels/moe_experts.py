@@ -47,7 +47,7 @@ TILING = Tiling()
 FEW_ROWS_TILING = Tiling(block_m=16)
 FEW_ROWS_MAX_ROUTES = 512  # 8 routes per expert on average
 # One token's routes (each active expert has one row): the row kernels, many narrow programs.
-ROW_TILING = Tiling(block_m=1, block_k=256, up_n=16, down_n=16, num_warps=4, num_stages=3)
+ROW_TILING = Tiling(block_m=1, block_k=256, up_n=16, down_n=32, num_warps=2, num_stages=3)  # kernel_bench --sweep row
 ROW_MAX_ROUTES = 8  # up to this many routes in the step (lite: one token's 6)
 DENSE_ROWS = True  # dense SwiGLU MLPs (shared experts, dense layers) at one row through the row kernels
 COMPACT_MAX_TOKENS = 16  # up to this many tokens the router lists the active experts first (Alignment)
@@ -233,7 +233,7 @@ def _mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, al: Alignment, sl
     n_exp, two_i, h = w13.shape
     i = two_i // 2
     act = torch.empty(out.shape[0], i, dtype=x.dtype, device=x.device)  # [R, I], rows as out's
-    launch = pdl.waits(x)  # no prefetch: the experts are known after the wait
+    launch = pdl.waits(x, x.shape[0])
     if tiling.block_m == 1:
         _gate_up_row_kernel[(slots, triton.cdiv(i, tiling.up_n))](
             x, w13, al.order, al.starts, al.counts, al.active, act, h, i, w13.stride(0), topk, BY_ROUTE=by_route,

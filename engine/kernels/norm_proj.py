@@ -43,13 +43,9 @@ def _stream_row(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K: tl.constexpr, TOP_K
 @triton.jit
 def _norm_proj_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr, x_out_ptr, N, eps,
                       K: tl.constexpr, TOP_K: tl.constexpr, MODE: tl.constexpr, BLOCK_J: tl.constexpr,
-                      BLOCK_K: tl.constexpr, K_P: tl.constexpr, GDC: tl.constexpr,
-                      PREFETCH: tl.constexpr):
+                      BLOCK_K: tl.constexpr, GDC: tl.constexpr):
     j = tl.program_id(0)
     dtype = x_out_ptr.dtype.element_ty
-    r = j * BLOCK_J + tl.arange(0, BLOCK_J)
-    r_ok = r < N
-    pdl.prefetch_rows(w_ptr, r, r_ok, K, K_P, K, PREFETCH)  # this block's projection rows
     pdl.wait(GDC)
     pdl.release(GDC)
     # pass 1: the new residual row (program 0 stores it) and its sum of squares
@@ -64,6 +60,8 @@ def _norm_proj_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr
         sq += xf * xf
     scale = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
     # pass 2: the normalised row (inputs again, from L1/L2) into this block of the projection
+    r = j * BLOCK_J + tl.arange(0, BLOCK_J)
+    r_ok = r < N
     acc = tl.zeros([BLOCK_J, BLOCK_K], tl.float32)
     for k0 in tl.static_range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
@@ -98,6 +96,5 @@ def norm_proj(delta, residual: torch.Tensor, norm_weight: torch.Tensor, eps: flo
     x_out = torch.empty_like(residual) if mode else residual
     _norm_proj_kernel[(triton.cdiv(n, block_j),)](
         routed, d, residual, norm_weight, weight, out, x_out, n, eps, K=k, TOP_K=top_k, MODE=mode, BLOCK_J=block_j,
-        BLOCK_K=min(block_k, triton.next_power_of_2(k)), K_P=triton.next_power_of_2(k), num_warps=num_warps,
-        **pdl.options(weight))
+        BLOCK_K=min(block_k, triton.next_power_of_2(k)), num_warps=num_warps, **pdl.waits(weight, 1))
     return out, x_out

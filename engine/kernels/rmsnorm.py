@@ -65,7 +65,7 @@ def moe_rmsnorm(routed: torch.Tensor, shared: torch.Tensor, weight: torch.Tensor
     out = torch.empty_like(residual)
     res_out = torch.empty_like(residual)
     _moe_rmsnorm_kernel[(t,)](routed.contiguous(), shared.contiguous(), residual.contiguous(), weight, out, res_out,
-                              n, eps, TOP_K=k, BLOCK=triton.next_power_of_2(n), **pdl.waits(residual))
+                              n, eps, TOP_K=k, BLOCK=triton.next_power_of_2(n), **pdl.waits(residual, t))
     return out, res_out
 
 
@@ -78,5 +78,5 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     out = torch.empty_like(x)
     res_out = torch.empty_like(x) if residual is not None else x
     _rmsnorm_kernel[(t,)](x, residual if residual is not None else x, weight, out, res_out, n, eps,
-                          HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n), **pdl.waits(x))
+                          HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n), **pdl.waits(x, t))
     return out, res_out

@@ -1,6 +1,6 @@
 """Programmatic dependent launch (engine/kernels/pdl.py) on CUDA, skipped without a GPU: with PDL
-(and the weights' L2 prefetch) the lite-shaped decode graphs must give every token of plain launches,
-bit for bit, at 1, 4 and 32 rows (the one-row kernels, the few-row ones and the router's three-launch
+on every launch (MAX_ROWS 32; the default is one row) the lite-shaped decode graphs must give every
+token of plain launches, bit for bit, at 1, 4 and 32 rows (the one-row kernels, the few-row ones and the router's three-launch
 form), for 24 steps after a prompt of 40. A kernel reading what the one before had not written yet
 would change tokens (random weights: near-tied logits). Run on a GPU machine:
 pytest tests/engine/test_gpu_pdl.py"""
@@ -17,10 +17,9 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 BATCHES = (1, 4, 32)
 
 
-def _tokens(on: bool, prefetch: bool, monkeypatch) -> tuple[str, dict]:
+def _tokens(pdl_rows: int, monkeypatch) -> tuple[int, dict]:
     from engine.kernels import pdl
-    monkeypatch.setattr(pdl, "ENABLED", on)
-    monkeypatch.setattr(pdl, "PREFETCH", prefetch)
+    monkeypatch.setattr(pdl, "MAX_ROWS", pdl_rows)
     engine = build_engine(EngineSpec(random_preset="lite", device="cuda", dtype="bfloat16", num_slots=max(BATCHES),
                                      max_model_len=256))
     try:
@@ -48,10 +47,9 @@ def _tokens(on: bool, prefetch: bool, monkeypatch) -> tuple[str, dict]:
 def test_pdl_decode_graphs_give_the_tokens_of_plain_launches(monkeypatch):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("PDL needs compute capability 9.0")
-    mode, plain = _tokens(False, False, monkeypatch)
-    assert mode == "off"
-    for prefetch, want in ((True, "pdl+prefetch"), (False, "pdl")):
-        mode, got = _tokens(True, prefetch, monkeypatch)
-        assert mode == want
-        for b in BATCHES:
-            assert got[b] == plain[b], (mode, b)
+    rows, plain = _tokens(0, monkeypatch)
+    assert rows == 0
+    rows, got = _tokens(max(BATCHES), monkeypatch)
+    assert rows == max(BATCHES)
+    for b in BATCHES:
+        assert got[b] == plain[b], b

@@ -10,8 +10,8 @@ of the engine before anything is built, so one GPU call can time a change agains
     --expert-row-routes   engine.kernels.moe_experts.ROW_MAX_ROUTES  routes up to which the row kernels run (0: never)
     --dense-rows          engine.kernels.moe_experts.DENSE_ROWS      1: shared experts and dense MLPs at one row
                                                                      in the row kernels; 0: cuBLAS
-    --pdl                 engine.kernels.pdl.ENABLED                 1: programmatic dependent launch; 0: plain
-    --pdl-prefetch        engine.kernels.pdl.PREFETCH                1: weights into L2 before the wait; 0: not
+    --pdl-rows            engine.kernels.pdl.MAX_ROWS                rows up to which kernels use programmatic
+                                                                     dependent launch (0: none)
 """
 from __future__ import annotations
 
@@ -26,10 +26,8 @@ KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", int),
          "mla_output_rows": ("engine.kernels.mla_output", "MAX_ROWS", int),
          "expert_row_routes": ("engine.kernels.moe_experts", "ROW_MAX_ROUTES", int),
          "dense_rows": ("engine.kernels.moe_experts", "DENSE_ROWS", bool),
-         "pdl": ("engine.kernels.pdl", "ENABLED", bool),
-         "pdl_prefetch": ("engine.kernels.pdl", "PREFETCH", bool)}
-CHOICES = {"argmax_launches": [1, 4], "norm_proj_rows": [0, 1], "router_launches": [1, 2], "dense_rows": [0, 1],
-           "pdl": [0, 1], "pdl_prefetch": [0, 1]}
+         "pdl_rows": ("engine.kernels.pdl", "MAX_ROWS", int)}
+CHOICES = {"argmax_launches": [1, 4], "norm_proj_rows": [0, 1], "router_launches": [1, 2], "dense_rows": [0, 1]}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
