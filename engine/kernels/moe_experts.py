@@ -48,7 +48,10 @@ FEW_ROWS_TILING = Tiling(block_m=16)
 FEW_ROWS_MAX_ROUTES = 512  # 8 routes per expert on average
 # One token's routes (each active expert has one row): the row kernels, many narrow programs.
 ROW_TILING = Tiling(block_m=1, block_k=256, up_n=16, down_n=32, num_warps=2, num_stages=3)  # kernel_bench --sweep row
-ROW_MAX_ROUTES = 8  # up to this many routes in the step (lite: one token's 6)
+# Routed experts in the row kernels up to this many routes (0: never). On the H200 one token's six routes
+# took 40.6 µs a MoE layer at the row form's best tiling, as at the 16-row tl.dot form's (kernel_bench
+# --sweep row; docs/perf-notes.md row 30), so the routed experts keep the tl.dot kernels.
+ROW_MAX_ROUTES = 0
 DENSE_ROWS = True  # dense SwiGLU MLPs (shared experts, dense layers) at one row through the row kernels
 COMPACT_MAX_TOKENS = 16  # up to this many tokens the router lists the active experts first (Alignment)
 # Above this many routes on one rank (prompt chunks, not decode steps) each program would loop over
@@ -57,7 +60,7 @@ MAX_ROUTES = 2048
 
 
 def tiling_for(total_routes: int) -> Tiling:
-    if total_routes <= ROW_MAX_ROUTES:
+    if 0 < total_routes <= ROW_MAX_ROUTES:
         return ROW_TILING
     return FEW_ROWS_TILING if total_routes <= FEW_ROWS_MAX_ROUTES else TILING
 

@@ -64,12 +64,16 @@ slots = fused_experts_token_major(x, w13[0], w2[0], w_a, al)  # [T, K, H]
 assert torch.allclose(slots, plan.token_major(want), atol=1e-5), (slots - plan.token_major(want)).abs().max()
 assert totals.tolist() == counts
 # the row form (one route at a time, chosen for one token's routes) on experts holding several rows
-from engine.kernels.moe_experts import ROW_MAX_ROUTES, ROW_TILING, tiling_for
-assert tiling_for(ROW_MAX_ROUTES) is ROW_TILING and tiling_for(ROW_MAX_ROUTES + 1) is not ROW_TILING
+from engine.kernels import moe_experts
+from engine.kernels.moe_experts import ROW_TILING, tiling_for
+assert tiling_for(K) is not ROW_TILING  # the routed experts' default: the tl.dot kernels
+moe_experts.ROW_MAX_ROUTES = 8
+assert tiling_for(8) is ROW_TILING and tiling_for(9) is not ROW_TILING
 rows_form = fused_experts_token_major(x, w13[0], w2[0], w_a, al, tiling=ROW_TILING)
 assert torch.allclose(rows_form, plan.token_major(want), atol=1e-5), (rows_form - plan.token_major(want)).abs().max()
 got = fused_experts(x, w13[0], w2[0], plan.token_index, plan.weight, plan.expert_counts, total_routes=1)
 assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+moe_experts.ROW_MAX_ROUTES = 0
 # a dense MLP (shared experts, a dense layer) at one row as one expert of the row kernels
 from engine.kernels.moe_experts import dense_row, one_row_route
 gu, dn = torch.randn(2 * 3 * I, H, generator=g) / 8, torch.randn(H, 3 * I, generator=g) / 8  # I' = 3I
