@@ -141,8 +141,7 @@ def build_engine(spec: EngineSpec) -> Engine:
               attention=("mla_absorbed_triton" if model.layers[0].attn.fused_decode else "mla_absorbed")
               if graphs else "mla_expand",
               experts=getattr(backend, "kernel", "per_rank"), shared_experts_stream=model.side_stream is not None,
-              **(one_launch_sizes(backend, cfg) | {"pdl_rows": dependent_launch(model.embed)}
-                 if kernels else {}))
+              **(one_launch_sizes(backend, cfg) if kernels else {}))
     log_event("engine_ready", backend=entry.name, maturity=entry.maturity, ep_size=spec.ep_size,
               max_model_len=max_len, kv_slots=slots, kv_bytes=cache.data.numel() * cache.data.element_size(),
               startup_s=round(time.perf_counter() - t0, 4))
@@ -158,13 +157,6 @@ def one_launch_sizes(backend, cfg: ModelConfig) -> dict:
     router = moe_route.SMALL if moe_route.ONE_LAUNCH and al is not None and al.ticket is not None else 0
     return dict(norm_proj_rows=norm_proj.MAX_ROWS, mla_output_rows=mla_output.MAX_ROWS, router_one_launch_rows=router,
                 argmax_rows=argmax.MAX_ROWS)
-
-
-def dependent_launch(t: torch.Tensor) -> int:
-    """Up to how many rows the Triton kernels on t's device launch with programmatic dependent launch
-    (engine/kernels/pdl.py): 0 before Hopper, on the CPU or when switched off."""
-    from engine.kernels import pdl
-    return pdl.MAX_ROWS if pdl.enabled(t, 0) else 0
 
 
 def _random_tensors(cfg: ModelConfig, spec: EngineSpec, keep, device, dtype) -> tuple[dict, LoadStats]:

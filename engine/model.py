@@ -32,17 +32,12 @@ class MLP:
         self.gate_up = torch.cat([gate, up])  # [2I, H]; gate and up below are views of it
         i = gate.shape[0]
         self.gate, self.up, self.down = self.gate_up[:i], self.gate_up[i:], down  # [I, H], [I, H], [H, I]
-        self.one_row = None  # the row kernels' routing at one row (engine/kernels/moe_experts.py), from use_kernels
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(F.silu(F.linear(x, self.gate)) * F.linear(x, self.up), self.down)
 
     def fused(self, x: torch.Tensor) -> torch.Tensor:
-        """The same with one projection for gate and up and one Triton launch for SiLU * up (CUDA); at
-        one row, two launches of the routed experts' row kernels (the MLP as one expert)."""
-        from engine.kernels import moe_experts
-        if self.one_row is not None and x.shape[0] == 1 and moe_experts.DENSE_ROWS:
-            return moe_experts.dense_row(x, self.gate_up, self.down, self.one_row)
+        """The same with one projection for gate and up and one Triton launch for SiLU * up (CUDA)."""
         from engine.kernels.swiglu import swiglu
         return F.linear(swiglu(F.linear(x, self.gate_up)), self.down)
 
@@ -102,14 +97,8 @@ class DeepseekV2:
         if on and self.argmax_ticket is None:
             from engine.kernels import argmax, ticket
             self.argmax_ticket = ticket.tickets(argmax.MAX_ROWS, self.embed.device)
-        one_row = None
-        if on:
-            from engine.kernels import moe_experts
-            one_row = moe_experts.one_row_route(self.embed.device)
         for layer in self.layers:
             layer.attn.use_kernels(decode=on, prefill=on)
-            mlp = layer.mlp.shared if isinstance(layer.mlp, MoE) else layer.mlp
-            mlp.one_row = one_row
 
     @torch.inference_mode()
     def forward(self, batch: Batch, cache: MLACache) -> torch.Tensor:

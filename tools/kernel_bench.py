@@ -161,9 +161,6 @@ def sweep_tilings(kind: str) -> list:
     T = moe_experts.Tiling
     if kind == "grid":
         return [T(bm, bk, n, n, 4, st) for bm in (16, 32, 64) for bk in (64, 128) for n in (32, 64) for st in (3, 4)]
-    if kind == "row":  # the row kernels (block_m 1), for one token's routes
-        return [T(1, bk, n, dn, w, 3) for bk in (128, 256, 512) for n, dn in ((8, 8), (16, 16), (32, 16), (16, 32))
-                for w in (2, 4, 8)] + [T(16, 128, 64, 64, 4, 3)]
     return [T(16, bk, un, dn, w, st) for bk in (128, 256) for un, dn in ((64, 64), (64, 32), (32, 32), (128, 64))
             for w in (2, 4) for st in (3, 4)]
 
@@ -171,10 +168,9 @@ def sweep_tilings(kind: str) -> list:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--batches", default="1,8,64,256")
-    p.add_argument("--sweep", nargs="?", const="grid", choices=["grid", "small", "row"],
-                   help="time the expert kernels under several tilings: grid (block m, k, n, stages), small "
-                        "(the few-rows-per-expert shapes: n per kernel, warps, k up to 256) or row (the row "
-                        "kernels of one token's routes, and the 16-row form they replace)")
+    p.add_argument("--sweep", nargs="?", const="grid", choices=["grid", "small"],
+                   help="time the expert kernels under several tilings: grid (block m, k, n, stages) or small "
+                        "(the few-rows-per-expert shapes: n per kernel, warps, k up to 256)")
     p.add_argument("--profile", action="store_true", help="per-kernel device times of both paths")
     p.add_argument("--mla", action="store_true", help="only MLA decode attention: split and the merge kernels")
     p.add_argument("--norm-proj", action="store_true", help="only the layer's input: combine, norm and q/kv_a")

@@ -10,7 +10,6 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels import pdl
 from engine.kernels.ticket import last_to_finish
 
 CHUNKS = 64  # column chunks per row: 1,600 columns each at lite's 102,400
@@ -19,9 +18,7 @@ MAX_ROWS = 1024  # rows one ticket buffer serves (ticket.tickets(MAX_ROWS)); the
 
 @triton.jit
 def _argmax_kernel(x_ptr, part_v_ptr, part_i_ptr, out_ptr, ticket_ptr, V, stride, CHUNK: tl.constexpr,
-                   N_CHUNKS: tl.constexpr, N_CHUNKS_P: tl.constexpr, GDC: tl.constexpr):
-    pdl.wait(GDC)
-    pdl.release(GDC)
+                   N_CHUNKS: tl.constexpr, N_CHUNKS_P: tl.constexpr):
     b = tl.program_id(0)
     c = tl.program_id(1)
     big = 2147483647
@@ -64,6 +61,5 @@ def argmax(logits: torch.Tensor, ticket: torch.Tensor, out: torch.Tensor | None 
     out = torch.empty(b, dtype=torch.int64, device=logits.device) if out is None else out
     assert out.shape == (b,) and out.dtype == torch.int64 and out.is_contiguous()
     _argmax_kernel[(b, n_chunks)](logits, part_v, part_i, out, ticket, v, logits.stride(0), CHUNK=chunk,
-                                  N_CHUNKS=n_chunks, N_CHUNKS_P=triton.next_power_of_2(n_chunks), num_warps=4,
-                                  **pdl.waits(logits, b))
+                                  N_CHUNKS=n_chunks, N_CHUNKS_P=triton.next_power_of_2(n_chunks), num_warps=4)
     return out

@@ -9,18 +9,14 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels import pdl
 
 @triton.jit
 def _split_kernel(q_ptr, cache_ptr, slots_ptr, lens_ptr, part_o_ptr, part_ml_ptr, scale,
                   stride_cs, stride_cn,
                   H: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_N: tl.constexpr,
-                  SPLIT: tl.constexpr, H_P: tl.constexpr, RANK_P: tl.constexpr, ROPE_P: tl.constexpr,
-                  GDC: tl.constexpr):
+                  SPLIT: tl.constexpr, H_P: tl.constexpr, RANK_P: tl.constexpr, ROPE_P: tl.constexpr):
     # H_P, RANK_P, ROPE_P: the dims padded to powers of two (heads to >= 16 for tl.dot); the padding
     # loads zeros and is never stored
-    pdl.wait(GDC)
-    pdl.release(GDC)
     b = tl.program_id(0)
     split = tl.program_id(1)
     n_splits = tl.num_programs(1)
@@ -66,13 +62,11 @@ def _split_kernel(q_ptr, cache_ptr, slots_ptr, lens_ptr, part_o_ptr, part_ml_ptr
 def _merge_kernel(part_o_ptr, part_ml_ptr, w_uv_ptr, out_ptr, n_rows,
                   H: tl.constexpr, RANK: tl.constexpr, NSPLIT: tl.constexpr, V: tl.constexpr, BLOCK_V: tl.constexpr,
                   BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, APPLY_WUV: tl.constexpr,
-                  INPUT_PRECISION: tl.constexpr, GDC: tl.constexpr):
+                  INPUT_PRECISION: tl.constexpr):
     # one head over a block of rows, the latent in BLOCK_K chunks: each chunk is merged over the
     # splits and rounded to the output dtype, then either stored (o_lat) or multiplied into the
     # value head by its rows of W_UV (which each program then reads once for BLOCK_B rows); a third
     # grid axis splits the value head into BLOCK_V columns, so that W_UV streams through many SMs
-    pdl.wait(GDC)
-    pdl.release(GDC)
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)  # [BB]
     live = rows < n_rows
     h = tl.program_id(1)
@@ -113,13 +107,11 @@ def _merge_kernel(part_o_ptr, part_ml_ptr, w_uv_ptr, out_ptr, n_rows,
 @triton.jit
 def _merge_row_kernel(part_o_ptr, part_ml_ptr, w_uv_ptr, out_ptr,
                       H: tl.constexpr, RANK: tl.constexpr, RANK_P: tl.constexpr, NSPLIT: tl.constexpr,
-                      V: tl.constexpr, BLOCK_V: tl.constexpr, APPLY_WUV: tl.constexpr, GDC: tl.constexpr):
+                      V: tl.constexpr, BLOCK_V: tl.constexpr, APPLY_WUV: tl.constexpr):
     # program (row, head, value block): merge the row's latent over the splits (one vector, no
     # matrix unit), round it, then either store it or multiply it into BLOCK_V value columns
     b = tl.program_id(0)
     h = tl.program_id(1)
-    pdl.wait(GDC)
-    pdl.release(GDC)
     dk = tl.arange(0, RANK_P)
     k_ok = dk < RANK
     m = float("-inf")
@@ -168,7 +160,6 @@ def mla_decode(q: torch.Tensor, cache_layer: torch.Tensor, slots: torch.Tensor, 
     accumulation, rounded: [B, H*V], ready for o_proj. Two launches, graph-safe."""
     b, h, width = q.shape
     split_len = split_len or auto_split(b, length)
-    launch = pdl.waits(q, b)
     n_splits = triton.cdiv(length, split_len)
     part_o = torch.empty(b, n_splits, h, rank, dtype=torch.float32, device=q.device)  # [B, S, H, rank] per split
     part_ml = torch.empty(b, n_splits, h, 2, dtype=torch.float32, device=q.device)  # [B, S, H, (max, sum)]
@@ -176,8 +167,7 @@ def mla_decode(q: torch.Tensor, cache_layer: torch.Tensor, slots: torch.Tensor, 
                                  cache_layer.stride(0), cache_layer.stride(1),
                                  H=h, RANK=rank, ROPE=width - rank, BLOCK_N=32, SPLIT=split_len,
                                  H_P=max(16, triton.next_power_of_2(h)), RANK_P=triton.next_power_of_2(rank),
-                                 ROPE_P=max(16, triton.next_power_of_2(width - rank)), num_warps=8,
-                                 **launch)
+                                 ROPE_P=max(16, triton.next_power_of_2(width - rank)), num_warps=8)
     if w_uv_t is None:
         v, out = 1, torch.empty(b, h, rank, dtype=q.dtype, device=q.device)  # [B, H, rank]
     else:
@@ -189,7 +179,7 @@ def mla_decode(q: torch.Tensor, cache_layer: torch.Tensor, slots: torch.Tensor, 
         _merge_row_kernel[(b, h, triton.cdiv(v, block_v) if w_uv_t is not None else 1)](
             part_o, part_ml, w_uv_t if w_uv_t is not None else part_o, out, H=h, RANK=rank,
             RANK_P=triton.next_power_of_2(rank), NSPLIT=n_splits, V=v, BLOCK_V=block_v, APPLY_WUV=w_uv_t is not None,
-            num_warps=4, **launch)
+            num_warps=4)
         return out
     block_b = 16  # tl.dot needs M >= 16
     # value columns per program: narrow at small batches, where W_UV's bytes are the cost
@@ -198,5 +188,5 @@ def mla_decode(q: torch.Tensor, cache_layer: torch.Tensor, slots: torch.Tensor, 
         part_o, part_ml, w_uv_t if w_uv_t is not None else part_o, out, b,
         H=h, RANK=rank, NSPLIT=n_splits, V=v, BLOCK_V=block_v, BLOCK_B=block_b,
         BLOCK_K=min(64, max(16, triton.next_power_of_2(rank))), APPLY_WUV=w_uv_t is not None,
-        INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **launch)
+        INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     return out

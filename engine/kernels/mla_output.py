@@ -16,7 +16,6 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels import pdl
 from engine.kernels.rmsnorm import norm_store
 from engine.kernels.ticket import last_to_finish
 
@@ -28,7 +27,7 @@ BLOCK_K = 512  # input columns per step; with 4 warps a [16, 512] tile is 64 val
 @triton.jit
 def _proj_norm_kernel(v_ptr, w_o_ptr, res_ptr, norm_w_ptr, o_ptr, h_out_ptr, x_out_ptr, count_ptr, eps,
                       K: tl.constexpr, HID: tl.constexpr, HID_P: tl.constexpr, BLOCK_J: tl.constexpr,
-                      BLOCK_K: tl.constexpr, GDC: tl.constexpr):
+                      BLOCK_K: tl.constexpr):
     # program (row, j): o_proj's output block j over the whole value row; the row's last block adds
     # the residual and normalises
     b = tl.program_id(0)
@@ -37,8 +36,6 @@ def _proj_norm_kernel(v_ptr, w_o_ptr, res_ptr, norm_w_ptr, o_ptr, h_out_ptr, x_o
     dtype = o_ptr.dtype.element_ty
     r = j * BLOCK_J + tl.arange(0, BLOCK_J)  # [BJ] output columns
     r_ok = r < HID
-    pdl.wait(GDC)
-    pdl.release(GDC)
     acc = tl.zeros([BLOCK_J, BLOCK_K], tl.float32)  # per-lane sums over the steps, added up once
     for k0 in tl.static_range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
@@ -72,5 +69,5 @@ def proj_norm(v: torch.Tensor, o_proj: torch.Tensor, residual: torch.Tensor, nor
     _proj_norm_kernel[(b, triton.cdiv(hid, block_j))](
         v, o_proj, residual, norm_weight, o, h_out, x_out, count, eps, K=k, HID=hid,
         HID_P=triton.next_power_of_2(hid), BLOCK_J=block_j, BLOCK_K=min(block_k, triton.next_power_of_2(k)),
-        num_warps=num_warps, **pdl.waits(v, b))
+        num_warps=num_warps)
     return h_out, x_out

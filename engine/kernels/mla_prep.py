@@ -12,8 +12,6 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels import pdl
-
 BLOCK_B = 16  # rows per program: tl.dot needs M >= 16; W_UK is read once per block of rows
 
 
@@ -34,14 +32,12 @@ def _prep_kernel(q_ptr, kv_ptr, norm_w_ptr, w_uk_ptr, table_ptr, pos_ptr, slots_
                  NH: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr, RANK: tl.constexpr,
                  NOPE_P: tl.constexpr, HALF_P: tl.constexpr, RANK_P: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_R: tl.constexpr, N_RCHUNK: tl.constexpr,
-                 INPUT_PRECISION: tl.constexpr, GDC: tl.constexpr):
+                 INPUT_PRECISION: tl.constexpr):
     # program (row block, j): j < NH * N_RCHUNK is one head's slice of the absorbed query; the last
     # j writes the block's latent and k_pe to the cache
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)  # [BB]
     live = rows < n_rows
     j = tl.program_id(1)
-    pdl.wait(GDC)
-    pdl.release(GDC)
     half = ROPE // 2
     i = tl.arange(0, HALF_P)  # pair index
     pair_mask = live[:, None] & (i < half)[None, :]  # [BB, HALF_P]
@@ -105,5 +101,5 @@ def mla_prep(q: torch.Tensor, kv: torch.Tensor, kv_norm: torch.Tensor, w_uk: tor
                        NH=nh, NOPE=nope, ROPE=rope, RANK=rank,
                        NOPE_P=max(16, triton.next_power_of_2(nope)), HALF_P=triton.next_power_of_2(rope // 2),
                        RANK_P=triton.next_power_of_2(rank), BLOCK_B=BLOCK_B, BLOCK_R=block_r, N_RCHUNK=n_rchunk,
-                       INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **pdl.waits(q, b))
+                       INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     return q_out

@@ -5,15 +5,12 @@ gives it in execution order): `gate_up` runs every expert's gate and up projecti
 with SiLU(gate) * up in the epilogue, and `down` runs the down projection, scales by the route
 weight and writes each route's float32 output where the caller wants it. Each program takes a
 slot (an expert, or none past the experts with routes) and one column block and loops over that
-expert's rows in blocks of BLOCK_M, so an expert's weights are read once per block of rows. For one
-token's routes (an expert holds one row) the row kernels do the same without the matrix unit: many
-narrow column blocks, float32 multiply-adds over [BLOCK_N, BLOCK_K] lanes (ROW_TILING).
+expert's rows in blocks of BLOCK_M, so an expert's weights are read once per block of rows.
 
 Rounding follows the grouped-GEMM path: gate, up, SiLU(gate) and the product are rounded to the
 model dtype, the down projection is rounded to it, then multiplied by the float32 route weight.
 A row's result does not depend on which other rows share its block (fixed K order), so every
-backend that runs its experts here gets the same bits for the same route; the row form sums in
-another order, and like the tilings it is chosen by the step's total routes, which all ranks share."""
+backend that runs its experts here gets the same bits for the same route."""
 from __future__ import annotations
 
 import dataclasses
@@ -22,16 +19,12 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels import pdl
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class Tiling:
     """Launch shape of the two GEMM kernels, chosen by the step's total routes (tiling_for), which
     every EP rank shares, so a route's bits never depend on how the step was split between ranks;
-    block_k fixes the K order of every dot product. tools/kernel_bench.py --sweep times candidates.
-    block_m 1 is the row form: one route at a time, multiply-adds without the matrix unit."""
-    block_m: int = 32  # rows of one expert per block (1: the row kernels)
+    block_k fixes the K order of every dot product. tools/kernel_bench.py --sweep times candidates."""
+    block_m: int = 32  # rows of one expert per block
     block_k: int = 128
     up_n: int = 64
     down_n: int = 64
@@ -46,13 +39,6 @@ class Tiling:
 TILING = Tiling()
 FEW_ROWS_TILING = Tiling(block_m=16)
 FEW_ROWS_MAX_ROUTES = 512  # 8 routes per expert on average
-# One token's routes (each active expert has one row): the row kernels, many narrow programs.
-ROW_TILING = Tiling(block_m=1, block_k=256, up_n=16, down_n=32, num_warps=2, num_stages=3)  # kernel_bench --sweep row
-# Routed experts in the row kernels up to this many routes (0: never). On the H200 one token's six routes
-# took 40.6 µs a MoE layer at the row form's best tiling, as at the 16-row tl.dot form's (kernel_bench
-# --sweep row; docs/perf-notes.md row 30), so the routed experts keep the tl.dot kernels.
-ROW_MAX_ROUTES = 0
-DENSE_ROWS = True  # dense SwiGLU MLPs (shared experts, dense layers) at one row through the row kernels
 COMPACT_MAX_TOKENS = 16  # up to this many tokens the router lists the active experts first (Alignment)
 # Above this many routes on one rank (prompt chunks, not decode steps) each program would loop over
 # many row blocks re-reading its weights; ExpertShard hands such calls to grouped GEMMs instead.
@@ -60,8 +46,6 @@ MAX_ROUTES = 2048
 
 
 def tiling_for(total_routes: int) -> Tiling:
-    if 0 < total_routes <= ROW_MAX_ROUTES:
-        return ROW_TILING
     return FEW_ROWS_TILING if total_routes <= FEW_ROWS_MAX_ROUTES else TILING
 
 
@@ -112,10 +96,7 @@ def _slot(active_ptr, counts_ptr, starts_ptr):
 
 @triton.jit
 def _gate_up_kernel(x_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, act_ptr, H, I, stride_we, TOPK,
-                    BY_ROUTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    GDC: tl.constexpr):
-    pdl.wait(GDC)  # the router's lists
-    pdl.release(GDC)
+                    BY_ROUTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     e, count, start = _slot(active_ptr, counts_ptr, starts_ptr)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < I
@@ -146,10 +127,7 @@ def _gate_up_kernel(x_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr,
 
 @triton.jit
 def _down_kernel(act_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, weight_ptr, out_ptr, H, I, stride_we,
-                 BY_ROUTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 GDC: tl.constexpr):
-    pdl.wait(GDC)
-    pdl.release(GDC)
+                 BY_ROUTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     e, count, start = _slot(active_ptr, counts_ptr, starts_ptr)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < H
@@ -174,107 +152,21 @@ def _down_kernel(act_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, 
                  mask=r_ok[:, None] & n_ok[None, :])
 
 
-@triton.jit
-def _gate_up_row_kernel(x_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, act_ptr, H, I, stride_we, TOPK,
-                        BY_ROUTE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GDC: tl.constexpr):
-    # the row form of _gate_up_kernel: program (slot, j) takes its expert's routes one at a time
-    # against BLOCK_N gate and up rows, [BLOCK_N, BLOCK_K] float32 lanes summed once at the end
-    pdl.wait(GDC)
-    pdl.release(GDC)
-    e, count, start = _slot(active_ptr, counts_ptr, starts_ptr)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < I
-    w_gate = w_ptr + e.to(tl.int64) * stride_we + n[:, None] * H  # [BLOCK_N, 1]
-    w_up = w_gate + I * H
-    dtype = act_ptr.dtype.element_ty
-    for m in range(0, count):
-        src = tl.load(order_ptr + start + m)  # route id (BY_ROUTE) or token
-        x_row = x_ptr + (src // TOPK).to(tl.int64) * H
-        acc_g = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        acc_u = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        for k0 in range(0, H, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            k_ok = ks < H
-            x = tl.load(x_row + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]  # [1, BLOCK_K]
-            wmask = n_ok[:, None] & k_ok[None, :]
-            acc_g += tl.load(w_gate + ks[None, :], mask=wmask, other=0.0).to(tl.float32) * x
-            acc_u += tl.load(w_up + ks[None, :], mask=wmask, other=0.0).to(tl.float32) * x
-        g = tl.sum(acc_g, axis=1).to(dtype).to(tl.float32)
-        s = (g * tl.sigmoid(g)).to(dtype).to(tl.float32)
-        a = (s * tl.sum(acc_u, axis=1).to(dtype).to(tl.float32)).to(dtype)
-        dest = src if BY_ROUTE else start + m
-        tl.store(act_ptr + dest.to(tl.int64) * I + n, a, mask=n_ok)
-
-
-@triton.jit
-def _down_row_kernel(act_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, weight_ptr, out_ptr, H, I,
-                     stride_we, BY_ROUTE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     GDC: tl.constexpr):
-    # the row form of _down_kernel: program (slot, j) takes its expert's routes one at a time
-    pdl.wait(GDC)
-    pdl.release(GDC)
-    e, count, start = _slot(active_ptr, counts_ptr, starts_ptr)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = n < H
-    w_base = w_ptr + e.to(tl.int64) * stride_we + n[:, None] * I  # w2[e] rows n: [BLOCK_N, 1]
-    for m in range(0, count):
-        dest = tl.load(order_ptr + start + m) if BY_ROUTE else start + m  # act, weight and output row
-        a_row = act_ptr + dest.to(tl.int64) * I
-        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        for k0 in range(0, I, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            k_ok = ks < I
-            a = tl.load(a_row + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]  # [1, BLOCK_K]
-            acc += tl.load(w_base + ks[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32) * a
-        y = tl.sum(acc, axis=1).to(act_ptr.dtype.element_ty).to(tl.float32)
-        tl.store(out_ptr + dest.to(tl.int64) * H + n, y * tl.load(weight_ptr + dest), mask=n_ok)
-
-
 def _mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, al: Alignment, slots: int, weight: torch.Tensor,
          out: torch.Tensor, topk: int, by_route: bool, tiling: Tiling) -> torch.Tensor:
     """slots: programs along the expert axis (active experts can be no more)."""
     n_exp, two_i, h = w13.shape
     i = two_i // 2
     act = torch.empty(out.shape[0], i, dtype=x.dtype, device=x.device)  # [R, I], rows as out's
-    launch = pdl.waits(x, x.shape[0])
-    if tiling.block_m == 1:
-        _gate_up_row_kernel[(slots, triton.cdiv(i, tiling.up_n))](
-            x, w13, al.order, al.starts, al.counts, al.active, act, h, i, w13.stride(0), topk, BY_ROUTE=by_route,
-            BLOCK_N=tiling.up_n, BLOCK_K=tiling.block_k, num_warps=tiling.num_warps, num_stages=tiling.num_stages,
-            **launch)
-        _down_row_kernel[(slots, triton.cdiv(h, tiling.down_n))](
-            act, w2, al.order, al.starts, al.counts, al.active, weight, out, h, i, w2.stride(0), BY_ROUTE=by_route,
-            BLOCK_N=tiling.down_n, BLOCK_K=tiling.block_k, num_warps=tiling.num_warps, num_stages=tiling.num_stages,
-            **launch)
-        return out
     _gate_up_kernel[(slots, triton.cdiv(i, tiling.up_n))](
         x, w13, al.order, al.starts, al.counts, al.active, act, h, i, w13.stride(0), topk, BY_ROUTE=by_route,
         BLOCK_M=tiling.block_m,
-        BLOCK_N=tiling.up_n, BLOCK_K=tiling.block_k, num_warps=tiling.num_warps, num_stages=tiling.num_stages,
-        **launch)
+        BLOCK_N=tiling.up_n, BLOCK_K=tiling.block_k, num_warps=tiling.num_warps, num_stages=tiling.num_stages)
     _down_kernel[(slots, triton.cdiv(h, tiling.down_n))](
         act, w2, al.order, al.starts, al.counts, al.active, weight, out, h, i, w2.stride(0), BY_ROUTE=by_route,
         BLOCK_M=tiling.block_m, BLOCK_N=tiling.down_n, BLOCK_K=tiling.block_k, num_warps=tiling.num_warps,
-        num_stages=tiling.num_stages, **launch)
+        num_stages=tiling.num_stages)
     return out
-
-
-def one_row_route(device: torch.device | str) -> tuple[Alignment, torch.Tensor]:
-    """The routing of a dense MLP at one row, as the row kernels read it: one expert holding route 0
-    (token 0), and its weight 1.0 ([1] float32). Made once (engine/model.py DeepseekV2.use_kernels)."""
-    zero = torch.zeros(1, dtype=torch.int32, device=device)
-    return Alignment(zero, zero, torch.ones(1, dtype=torch.int32, device=device), zero,
-                     torch.zeros(1, dtype=torch.int64, device=device), 1), torch.ones(1, device=device)
-
-
-def dense_row(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, route: tuple[Alignment, torch.Tensor]
-              ) -> torch.Tensor:
-    """A dense SwiGLU MLP at one row through the row kernels, as one expert: x [1, H]; gate_up [2I, H]
-    (gate rows, then up rows); down [H, I]; route: one_row_route's. Returns [1, H] in x's dtype with
-    F.linear's roundings (each projection accumulated in float32, in another order, and rounded)."""
-    out = torch.empty(1, x.shape[1], dtype=x.dtype, device=x.device)  # the rounded output times 1.0: exact
-    return _mlp(x.contiguous(), gate_up.unsqueeze(0), down.unsqueeze(0), route[0], 1, route[1], out, 1,
-                by_route=True, tiling=ROW_TILING)
 
 
 def fused_experts_token_major(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,

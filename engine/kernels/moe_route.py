@@ -17,7 +17,6 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels import pdl
 from engine.kernels.moe_experts import COMPACT_MAX_TOKENS, Alignment
 from engine.kernels.ticket import last_to_finish
 
@@ -38,11 +37,8 @@ def _logits_block(x_ptr, w_ptr, t, j, H, E, BLOCK_E: tl.constexpr, BLOCK_H: tl.c
 
 
 @triton.jit
-def _logits_kernel(x_ptr, w_ptr, logits_ptr, H, E, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
-                   GDC: tl.constexpr):
+def _logits_kernel(x_ptr, w_ptr, logits_ptr, H, E, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):
     """Program (t, j): float32 logits of token t against experts [j*BLOCK_E, (j+1)*BLOCK_E)."""
-    pdl.wait(GDC)
-    pdl.release(GDC)
     t = tl.program_id(0)
     e, logit = _logits_block(x_ptr, w_ptr, t, tl.program_id(1), H, E, BLOCK_E, BLOCK_H)
     tl.store(logits_ptr + t * E + e, logit, mask=e < E)
@@ -110,14 +106,11 @@ def _list_expert(col, route, e, T, order_ptr, starts_ptr, counts_ptr, totals_ptr
 @triton.jit
 def _select_kernel(logits_ptr, weights_ptr, ids_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, totals_ptr,
                    T, E, scaling, BLOCK_T: tl.constexpr, E_PAD: tl.constexpr, TOP_K: tl.constexpr,
-                   N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, NORM: tl.constexpr, ALIGN: tl.constexpr,
-                   GDC: tl.constexpr):
+                   N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, NORM: tl.constexpr, ALIGN: tl.constexpr):
     """Without ALIGN, program i selects tokens [i*BLOCK_T, (i+1)*BLOCK_T). With ALIGN (every token
     in one block), program e makes every token's selection (the same arithmetic in each, so the
     same result; program 0 writes it), lists expert e's routes and takes e's slot in the active
     list (experts with routes ascending, then -1)."""
-    pdl.wait(GDC)
-    pdl.release(GDC)
     lane = tl.arange(0, E_PAD)
     t = (0 if ALIGN else tl.program_id(0) * BLOCK_T) + tl.arange(0, BLOCK_T)
     chosen, w = _choose(logits_ptr, t, T, E, scaling, E_PAD, TOP_K, N_GROUP, TOPK_GROUP, NORM)
@@ -142,12 +135,10 @@ def _select_kernel(logits_ptr, weights_ptr, ids_ptr, order_ptr, starts_ptr, coun
 def _route_small_kernel(x_ptr, w_ptr, logits_ptr, weights_ptr, ids_ptr, order_ptr, starts_ptr, counts_ptr,
                         active_ptr, totals_ptr, ticket_ptr, T, E, H, scaling, BLOCK_T: tl.constexpr,
                         E_PAD: tl.constexpr, BLOCK_H: tl.constexpr, TOP_K: tl.constexpr, N_GROUP: tl.constexpr,
-                        TOPK_GROUP: tl.constexpr, NORM: tl.constexpr, GDC: tl.constexpr):
+                        TOPK_GROUP: tl.constexpr, NORM: tl.constexpr):
     """Up to SMALL tokens in one launch: program (t, e) writes token t's logit against expert e, as
     _logits_kernel does; the last program to finish (engine/kernels/ticket.py) makes every token's
     selection and lists every expert's routes, as _select_kernel's programs do between them."""
-    pdl.wait(GDC)
-    pdl.release(GDC)
     t0 = tl.program_id(0)
     e0, logit = _logits_block(x_ptr, w_ptr, t0, tl.program_id(1), H, E, 1, BLOCK_H)
     tl.store(logits_ptr + t0 * E + e0, logit)
@@ -176,11 +167,9 @@ def _route_small_kernel(x_ptr, w_ptr, logits_ptr, weights_ptr, ids_ptr, order_pt
 
 @triton.jit
 def _align_kernel(ids_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, totals_ptr, T,
-                  T_PAD: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr, GDC: tl.constexpr):
+                  T_PAD: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr):
     """Program e lists expert e's routes from every token's selected ids (read at once). Every
     expert gets its own slot: with more than COMPACT_MAX_TOKENS tokens nearly all have routes."""
-    pdl.wait(GDC)
-    pdl.release(GDC)
     e = tl.program_id(0)
     t = tl.arange(0, T_PAD)
     k = tl.arange(0, K_PAD)
@@ -216,29 +205,28 @@ def fused_route(hidden: torch.Tensor, gate_weight: torch.Tensor, *, top_k: int, 
     if aligned is not None and aligned.order.shape[0] != e * t:
         raise ValueError(f"the alignment was made for {aligned.order.shape[0] // e} tokens, not {t}")
     one_launch = aligned is not None and aligned.compact  # t <= SMALL
-    launch = pdl.waits(hidden, t)
     if one_launch and aligned.ticket is not None and ONE_LAUNCH:  # logits and selection in one launch
         _route_small_kernel[(t, e)](
             hidden.contiguous(), gate_weight.contiguous(), logits, weights, ids, al.order, al.starts, al.counts,
             al.active, al.totals, aligned.ticket, t, e, h, float(scaling), BLOCK_T=triton.next_power_of_2(t),
             E_PAD=triton.next_power_of_2(e), BLOCK_H=min(triton.next_power_of_2(h), 2048), TOP_K=top_k,
             N_GROUP=n_group if grouped else 1, TOPK_GROUP=topk_group if grouped else 1,
-            NORM=bool(norm_topk_prob and top_k > 1), num_warps=2, **launch)
+            NORM=bool(norm_topk_prob and top_k > 1), num_warps=2)
         return weights, ids
     if t <= SMALL:  # one expert per program, the row in one load: many programs, one round trip each
         block_e, block_h, warps = 1, min(triton.next_power_of_2(h), 2048), 2
     else:
         block_e, block_h, warps = 2, 512, 4
     _logits_kernel[(t, triton.cdiv(e, block_e))](hidden.contiguous(), gate_weight.contiguous(), logits, h, e,
-                                                 BLOCK_E=block_e, BLOCK_H=block_h, num_warps=warps, **launch)
+                                                 BLOCK_E=block_e, BLOCK_H=block_h, num_warps=warps)
     block_t = triton.next_power_of_2(t) if one_launch else min(SMALL, triton.next_power_of_2(t))
     _select_kernel[(e,) if one_launch else (triton.cdiv(t, block_t),)](
         logits, weights, ids, al.order, al.starts, al.counts, al.active, al.totals, t, e, float(scaling),
         BLOCK_T=block_t, E_PAD=triton.next_power_of_2(e), TOP_K=top_k, N_GROUP=n_group if grouped else 1,
         TOPK_GROUP=topk_group if grouped else 1, NORM=bool(norm_topk_prob and top_k > 1), ALIGN=one_launch,
-        num_warps=1 if block_t <= 4 else 2, **launch)
+        num_warps=1 if block_t <= 4 else 2)
     if aligned is not None and not one_launch:
         _align_kernel[(e,)](ids, al.order, al.starts, al.counts, al.active, al.totals, t,
                             T_PAD=triton.next_power_of_2(t), TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
-                            num_warps=4, **launch)
+                            num_warps=4)
     return weights, ids

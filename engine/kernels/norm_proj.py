@@ -15,8 +15,6 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels import pdl
-
 MAX_ROWS = 1  # the decode step uses it at one row (0: the norm kernel and cuBLAS's GEMV)
 BLOCK_J = 16  # projection rows per program: 228 programs for lite's 3,648
 BLOCK_K = 512  # input columns per step
@@ -43,11 +41,9 @@ def _stream_row(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K: tl.constexpr, TOP_K
 @triton.jit
 def _norm_proj_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr, x_out_ptr, N, eps,
                       K: tl.constexpr, TOP_K: tl.constexpr, MODE: tl.constexpr, BLOCK_J: tl.constexpr,
-                      BLOCK_K: tl.constexpr, GDC: tl.constexpr):
+                      BLOCK_K: tl.constexpr):
     j = tl.program_id(0)
     dtype = x_out_ptr.dtype.element_ty
-    pdl.wait(GDC)
-    pdl.release(GDC)
     # pass 1: the new residual row (program 0 stores it) and its sum of squares
     sq = tl.zeros([BLOCK_K], tl.float32)
     for k0 in tl.static_range(0, K, BLOCK_K):
@@ -96,5 +92,5 @@ def norm_proj(delta, residual: torch.Tensor, norm_weight: torch.Tensor, eps: flo
     x_out = torch.empty_like(residual) if mode else residual
     _norm_proj_kernel[(triton.cdiv(n, block_j),)](
         routed, d, residual, norm_weight, weight, out, x_out, n, eps, K=k, TOP_K=top_k, MODE=mode, BLOCK_J=block_j,
-        BLOCK_K=min(block_k, triton.next_power_of_2(k)), num_warps=num_warps, **pdl.waits(weight, 1))
+        BLOCK_K=min(block_k, triton.next_power_of_2(k)), num_warps=num_warps)
     return out, x_out

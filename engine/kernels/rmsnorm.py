@@ -6,7 +6,6 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels import pdl
 
 @triton.jit
 def norm_store(x, w_ptr, out_ptr, cols, mask, n_cols, eps):
@@ -22,9 +21,7 @@ def norm_store(x, w_ptr, out_ptr, cols, mask, n_cols, eps):
 
 @triton.jit
 def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
-                    HAS_RES: tl.constexpr, BLOCK: tl.constexpr, GDC: tl.constexpr):
-    pdl.wait(GDC)
-    pdl.release(GDC)
+                    HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -39,9 +36,7 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
 
 @triton.jit
 def _moe_rmsnorm_kernel(routed_ptr, shared_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
-                        TOP_K: tl.constexpr, BLOCK: tl.constexpr, GDC: tl.constexpr):
-    pdl.wait(GDC)
-    pdl.release(GDC)
+                        TOP_K: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -65,7 +60,7 @@ def moe_rmsnorm(routed: torch.Tensor, shared: torch.Tensor, weight: torch.Tensor
     out = torch.empty_like(residual)
     res_out = torch.empty_like(residual)
     _moe_rmsnorm_kernel[(t,)](routed.contiguous(), shared.contiguous(), residual.contiguous(), weight, out, res_out,
-                              n, eps, TOP_K=k, BLOCK=triton.next_power_of_2(n), **pdl.waits(residual, t))
+                              n, eps, TOP_K=k, BLOCK=triton.next_power_of_2(n))
     return out, res_out
 
 
@@ -78,5 +73,5 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     out = torch.empty_like(x)
     res_out = torch.empty_like(x) if residual is not None else x
     _rmsnorm_kernel[(t,)](x, residual if residual is not None else x, weight, out, res_out, n, eps,
-                          HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n), **pdl.waits(x, t))
+                          HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n))
     return out, res_out

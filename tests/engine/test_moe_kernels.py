@@ -63,24 +63,6 @@ assert torch.equal(w_a, w) and torch.equal(e_a, e)
 slots = fused_experts_token_major(x, w13[0], w2[0], w_a, al)  # [T, K, H]
 assert torch.allclose(slots, plan.token_major(want), atol=1e-5), (slots - plan.token_major(want)).abs().max()
 assert totals.tolist() == counts
-# the row form (one route at a time, chosen for one token's routes) on experts holding several rows
-from engine.kernels import moe_experts
-from engine.kernels.moe_experts import ROW_TILING, tiling_for
-assert tiling_for(K) is not ROW_TILING  # the routed experts' default: the tl.dot kernels
-moe_experts.ROW_MAX_ROUTES = 8
-assert tiling_for(8) is ROW_TILING and tiling_for(9) is not ROW_TILING
-rows_form = fused_experts_token_major(x, w13[0], w2[0], w_a, al, tiling=ROW_TILING)
-assert torch.allclose(rows_form, plan.token_major(want), atol=1e-5), (rows_form - plan.token_major(want)).abs().max()
-got = fused_experts(x, w13[0], w2[0], plan.token_index, plan.weight, plan.expert_counts, total_routes=1)
-assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
-moe_experts.ROW_MAX_ROUTES = 0
-# a dense MLP (shared experts, a dense layer) at one row as one expert of the row kernels
-from engine.kernels.moe_experts import dense_row, one_row_route
-gu, dn = torch.randn(2 * 3 * I, H, generator=g) / 8, torch.randn(H, 3 * I, generator=g) / 8  # I' = 3I
-x1 = x[:1]
-want1 = F.linear(F.silu(F.linear(x1, gu[:3 * I])) * F.linear(x1, gu[3 * I:]), dn)
-got1 = dense_row(x1, gu, dn, one_row_route("cpu"))
-assert got1.dtype == x1.dtype and torch.allclose(got1, want1, atol=1e-5), (got1 - want1).abs().max()
 fused_route(x, gate, top_k=K, aligned=Alignment.empty(T, K, totals))
 assert totals.tolist() == [2 * c for c in counts]
 E64 = 64  # more experts than a step's routes: 17 tokens x 1 route (the per-expert listing form)

@@ -7,11 +7,6 @@ of the engine before anything is built, so one GPU call can time a change agains
     --norm-proj-rows      engine.kernels.norm_proj.MAX_ROWS          1: input norm inside q/kv_a at one row; 0: apart
     --router-launches     engine.kernels.moe_route.ONE_LAUNCH        1: logits and selection in one launch; 2: two
     --mla-output-rows     engine.kernels.mla_output.MAX_ROWS         rows of the o_proj + add + norm kernel (0: apart)
-    --expert-row-routes   engine.kernels.moe_experts.ROW_MAX_ROUTES  routes up to which the row kernels run (0: never)
-    --dense-rows          engine.kernels.moe_experts.DENSE_ROWS      1: shared experts and dense MLPs at one row
-                                                                     in the row kernels; 0: cuBLAS
-    --pdl-rows            engine.kernels.pdl.MAX_ROWS                rows up to which kernels use programmatic
-                                                                     dependent launch (0: none)
 """
 from __future__ import annotations
 
@@ -23,11 +18,8 @@ KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", int),
          "argmax_launches": ("engine.kernels.argmax", "MAX_ROWS", lambda v: 0 if v == 4 else 1024),
          "norm_proj_rows": ("engine.kernels.norm_proj", "MAX_ROWS", int),
          "router_launches": ("engine.kernels.moe_route", "ONE_LAUNCH", lambda v: v == 1),
-         "mla_output_rows": ("engine.kernels.mla_output", "MAX_ROWS", int),
-         "expert_row_routes": ("engine.kernels.moe_experts", "ROW_MAX_ROUTES", int),
-         "dense_rows": ("engine.kernels.moe_experts", "DENSE_ROWS", bool),
-         "pdl_rows": ("engine.kernels.pdl", "MAX_ROWS", int)}
-CHOICES = {"argmax_launches": [1, 4], "norm_proj_rows": [0, 1], "router_launches": [1, 2], "dense_rows": [0, 1]}
+         "mla_output_rows": ("engine.kernels.mla_output", "MAX_ROWS", int)}
+CHOICES = {"argmax_launches": [1, 4], "norm_proj_rows": [0, 1], "router_launches": [1, 2]}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,0 +1,32 @@
+"""The A/B switches of tools/gpu_probe.py (tools/benchkit/knobs.py): each flag names an engine
+constant that exists, sets it to the value its flag means, and leaves the rest alone."""
+from __future__ import annotations
+
+import argparse
+import importlib
+
+import pytest
+
+from tools.benchkit import knobs
+
+pytest.importorskip("triton", reason="the switches name Triton kernel modules")
+
+
+def test_every_knob_names_an_existing_constant():
+    for module, name, _ in knobs.KNOBS.values():
+        assert hasattr(importlib.import_module(module), name), (module, name)
+
+
+def test_flags_set_their_constants_and_only_those(monkeypatch):
+    from engine.kernels import argmax, mla_output, moe_route, norm_proj
+    for module, name in ((argmax, "MAX_ROWS"), (moe_route, "ONE_LAUNCH"), (norm_proj, "MAX_ROWS"),
+                         (mla_output, "MAX_ROWS")):
+        monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
+    p = argparse.ArgumentParser()
+    knobs.add_arguments(p)
+    a = p.parse_args(["--argmax-launches", "4", "--router-launches", "2"])
+    done = knobs.apply(a)
+    assert done == {"engine.kernels.argmax.MAX_ROWS": 0, "engine.kernels.moe_route.ONE_LAUNCH": False}
+    assert argmax.MAX_ROWS == 0 and moe_route.ONE_LAUNCH is False and norm_proj.MAX_ROWS == 1
+    with pytest.raises(SystemExit):
+        p.parse_args(["--router-launches", "3"])
