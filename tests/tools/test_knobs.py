@@ -24,6 +24,8 @@ def test_flags_set_their_constants_and_only_those(monkeypatch):
         monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
     p = argparse.ArgumentParser()
     knobs.add_arguments(p)
+    rows = argmax.MAX_ROWS
+    assert knobs.apply(p.parse_args(["--argmax-launches", "1"])) == {"engine.kernels.argmax.MAX_ROWS": rows}
     a = p.parse_args(["--argmax-launches", "4", "--router-launches", "2"])
     done = knobs.apply(a)
     assert done == {"engine.kernels.argmax.MAX_ROWS": 0, "engine.kernels.moe_route.ONE_LAUNCH": False}

@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import importlib
 
-# flag -> (module, constant, the constant's value from the flag's)
-KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", int),
-         "argmax_launches": ("engine.kernels.argmax", "MAX_ROWS", lambda v: 0 if v == 4 else 1024),
-         "norm_proj_rows": ("engine.kernels.norm_proj", "MAX_ROWS", int),
-         "router_launches": ("engine.kernels.moe_route", "ONE_LAUNCH", lambda v: v == 1),
-         "mla_output_rows": ("engine.kernels.mla_output", "MAX_ROWS", int)}
+# flag -> (module, constant, the constant's value from the flag's and the constant's default)
+KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", lambda v, default: v),
+         "argmax_launches": ("engine.kernels.argmax", "MAX_ROWS", lambda v, default: 0 if v == 4 else default),
+         "norm_proj_rows": ("engine.kernels.norm_proj", "MAX_ROWS", lambda v, default: v),
+         "router_launches": ("engine.kernels.moe_route", "ONE_LAUNCH", lambda v, default: v == 1),
+         "mla_output_rows": ("engine.kernels.mla_output", "MAX_ROWS", lambda v, default: v)}
 CHOICES = {"argmax_launches": [1, 4], "norm_proj_rows": [0, 1], "router_launches": [1, 2]}
 
 
@@ -33,6 +33,7 @@ def apply(a: argparse.Namespace) -> dict:
     done = {}
     for flag, (module, name, value) in KNOBS.items():
         if getattr(a, flag) is not None:
-            setattr(importlib.import_module(module), name, value(getattr(a, flag)))
-            done[f"{module}.{name}"] = value(getattr(a, flag))
+            m = importlib.import_module(module)
+            setattr(m, name, value(getattr(a, flag), getattr(m, name)))
+            done[f"{module}.{name}"] = getattr(m, name)
     return done
