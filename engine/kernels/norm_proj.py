@@ -15,27 +15,12 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.rmsnorm import residual_sum
+
 MAX_ROWS = 1  # the decode step uses it at one row (0: the norm kernel and cuBLAS's GEMV)
 BLOCK_J = 16  # projection rows per program: 228 programs for lite's 3,648
 BLOCK_K = 512  # input columns per step
 NUM_WARPS = 4
-
-
-@triton.jit
-def _stream_row(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K: tl.constexpr, TOP_K: tl.constexpr,
-                MODE: tl.constexpr, dtype: tl.constexpr):
-    """The residual stream's new values at columns ks, rounded to the model dtype. MODE 0: the
-    residual itself; 1: + delta; 2: + (the routes in order, rounded) + the shared experts (delta)."""
-    res = tl.load(res_ptr + ks, mask=k_ok, other=0.0)
-    if MODE == 0:
-        return res
-    d = tl.load(delta_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
-    if MODE == 2:
-        acc = tl.load(routed_ptr + ks, mask=k_ok, other=0.0)
-        for j in tl.static_range(1, TOP_K):  # the fixed-order combine: route 0, then 1, ...
-            acc += tl.load(routed_ptr + j * K + ks, mask=k_ok, other=0.0)
-        d = (acc.to(dtype).to(tl.float32) + d).to(dtype).to(tl.float32)
-    return (d + res.to(tl.float32)).to(dtype)
 
 
 @triton.jit
@@ -49,7 +34,7 @@ def _norm_proj_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr
     for k0 in tl.static_range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < K
-        x = _stream_row(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K, MODE, dtype)
+        x = residual_sum(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K, MODE, dtype)
         if MODE != 0 and j == 0:
             tl.store(x_out_ptr + ks, x, mask=k_ok)
         xf = x.to(tl.float32)
@@ -63,7 +48,7 @@ def _norm_proj_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < K
         w = tl.load(w_ptr + r[:, None] * K + ks[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
-        x = _stream_row(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K, MODE, dtype)
+        x = residual_sum(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K, MODE, dtype)
         h = (x.to(tl.float32) * scale).to(dtype)
         nw = tl.load(norm_w_ptr + ks, mask=k_ok, other=0.0)
         h = (nw.to(tl.float32) * h.to(tl.float32)).to(dtype)

@@ -20,16 +20,33 @@ def norm_store(x, w_ptr, out_ptr, cols, mask, n_cols, eps):
 
 
 @triton.jit
+def residual_sum(routed_ptr, delta_ptr, res_ptr, cols, mask, n_cols, TOP_K: tl.constexpr, MODE: tl.constexpr,
+                 dtype: tl.constexpr):
+    """The residual stream's new values at cols, rounded to dtype as the torch ops are. MODE 0: the
+    residual itself; 1: + delta; 2: + a MoE layer's output: its TOP_K routes ([TOP_K, n_cols] float32
+    at routed_ptr) summed in route order and rounded, plus the shared experts (delta), rounded."""
+    res = tl.load(res_ptr + cols, mask=mask, other=0.0)
+    if MODE == 0:
+        return res
+    d = tl.load(delta_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if MODE == 2:
+        acc = tl.load(routed_ptr + cols, mask=mask, other=0.0)
+        for j in tl.static_range(1, TOP_K):  # the fixed-order combine: route 0, then 1, ...
+            acc += tl.load(routed_ptr + j * n_cols + cols, mask=mask, other=0.0)
+        d = (acc.to(dtype).to(tl.float32) + d).to(dtype).to(tl.float32)
+    return (d + res.to(tl.float32)).to(dtype)
+
+
+@triton.jit
 def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    # without a residual the caller passes x as res_ptr: MODE 0 reads the row itself
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
+    x = residual_sum(x_ptr, x_ptr + row * n_cols, res_ptr + row * n_cols, cols, mask, n_cols, 1,
+                     1 if HAS_RES else 0, res_out_ptr.dtype.element_ty)
     if HAS_RES:
-        # the residual sum is rounded to the model dtype first, as `residual + delta` is
-        x = (x.to(tl.float32) + tl.load(res_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32))
-        x = x.to(res_out_ptr.dtype.element_ty)
         tl.store(res_out_ptr + row * n_cols + cols, x, mask=mask)
     norm_store(x, w_ptr, out_ptr + row * n_cols, cols, mask, n_cols, eps)
 
@@ -40,13 +57,8 @@ def _moe_rmsnorm_kernel(routed_ptr, shared_ptr, res_ptr, w_ptr, out_ptr, res_out
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    dtype = out_ptr.dtype.element_ty
-    acc = tl.load(routed_ptr + row * TOP_K * n_cols + cols, mask=mask, other=0.0)
-    for j in tl.static_range(1, TOP_K):  # the fixed-order combine: route 0, then 1, ...
-        acc += tl.load(routed_ptr + (row * TOP_K + j) * n_cols + cols, mask=mask, other=0.0)
-    shared = tl.load(shared_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-    delta = (acc.to(dtype).to(tl.float32) + shared).to(dtype)  # routed (rounded) + shared experts
-    x = (delta.to(tl.float32) + tl.load(res_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)).to(dtype)
+    x = residual_sum(routed_ptr + row * TOP_K * n_cols, shared_ptr + row * n_cols, res_ptr + row * n_cols, cols, mask,
+                     n_cols, TOP_K, 2, out_ptr.dtype.element_ty)
     tl.store(res_out_ptr + row * n_cols + cols, x, mask=mask)
     norm_store(x, w_ptr, out_ptr + row * n_cols, cols, mask, n_cols, eps)
 
