@@ -122,13 +122,8 @@ def output_rows(q, cache, slots, lens, length: int, w_uv_t) -> dict:
         o = mla_decode(q, cache, slots, lens, length, 0.1, rank, w_uv_t=w_uv_t, merge="row")
         return mla_output.proj_norm(o, w, res, norm_w, 1e-6, count, *tiling)
 
-    row = {"apart_us": round(rotating_time_us(apart, w_o), 1)}
-    ref = apart(w_o[0])[0].float()
-    for tiling in ((16, 512, 4), (8, 1024, 4), (32, 256, 4), (16, 512, 8), (4, 2048, 4)):
-        name = "fused_j{}_k{}_w{}".format(*tiling)
-        row[f"{name}_us"] = round(rotating_time_us(lambda w: fused(w, tiling), w_o), 1)
-        row[f"{name}_rel"] = round(float((fused(w_o[0], tiling)[0].float() - ref).norm() / ref.norm()), 5)
-    return row
+    return tiling_rows(apart, fused, w_o, ((16, 512, 4), (8, 1024, 4), (32, 256, 4), (16, 512, 8), (4, 2048, 4)),
+                       "apart", "fused")
 
 
 def norm_proj_rows() -> dict:
@@ -147,13 +142,21 @@ def norm_proj_rows() -> dict:
         h, x = moe_rmsnorm(routed, shared, nw, 1e-6, residual=res)
         return F.linear(h, w), x
 
-    row = {"norm_proj_apart_us": round(rotating_time_us(apart, ws), 1)}
-    ref = apart(ws[0])[0].float()
-    for tiling in ((16, 512, 4), (32, 256, 4), (32, 512, 8), (8, 1024, 4), (16, 256, 4), (64, 256, 8)):
-        name = "norm_proj_j{}_k{}_w{}".format(*tiling)
-        fn = lambda w, t=tiling: norm_proj((routed, shared), res, nw, 1e-6, w, *t)  # noqa: E731
-        row[f"{name}_us"] = round(rotating_time_us(fn, ws), 1)
-        row[f"{name}_rel"] = round(float((fn(ws[0])[0].float() - ref).norm() / ref.norm()), 5)
+    return tiling_rows(apart, lambda w, t: norm_proj((routed, shared), res, nw, 1e-6, w, *t), ws,
+                       ((16, 512, 4), (32, 256, 4), (32, 512, 8), (8, 1024, 4), (16, 256, 4), (64, 256, 8)),
+                       "norm_proj_apart", "norm_proj")
+
+
+def tiling_rows(apart, fused, copies: list, tilings, apart_name: str, fused_name: str) -> dict:
+    """µs of apart(w) and of fused(w, (block j, block k, warps)) under each tiling, one weight copy
+    per call (rotating_time_us), and each fused output's relative distance from apart's (first
+    output of each)."""
+    row = {f"{apart_name}_us": round(rotating_time_us(apart, copies), 1)}
+    ref = apart(copies[0])[0].float()
+    for tiling in tilings:
+        name = "{}_j{}_k{}_w{}".format(fused_name, *tiling)
+        row[f"{name}_us"] = round(rotating_time_us(lambda w: fused(w, tiling), copies), 1)
+        row[f"{name}_rel"] = round(float((fused(copies[0], tiling)[0].float() - ref).norm() / ref.norm()), 5)
     return row
 
 

@@ -1,6 +1,7 @@
 """The whole Triton-fused decode step (fused norms, MLA decode kernels with the one-row output
-kernel, the fused router, expert MLP and combine) computes the reference forward's logits on the tiny model, in float32 under Triton's
-CPU interpreter; on the GPU the same code runs compiled (in bfloat16)."""
+kernel, the fused router, expert MLP and combine) computes the reference forward's logits on the
+tiny model, in float32 under Triton's CPU interpreter; on the GPU the same code runs compiled (in
+bfloat16)."""
 from __future__ import annotations
 
 import os
