@@ -38,8 +38,16 @@ class MLP:
 
     def fused(self, x: torch.Tensor) -> torch.Tensor:
         """The same with one projection for gate and up and one Triton launch for SiLU * up (CUDA)."""
+        return self.project(self.activation(x))
+
+    def activation(self, x: torch.Tensor) -> torch.Tensor:
+        """fused's first half: [T, H] -> SiLU(gate) * up [T, I]."""
         from engine.kernels.swiglu import swiglu
-        return F.linear(swiglu(F.linear(x, self.gate_up)), self.down)
+        return swiglu(F.linear(x, self.gate_up))
+
+    def project(self, act: torch.Tensor) -> torch.Tensor:
+        """fused's second half: [T, I] -> [T, H]."""
+        return F.linear(act, self.down)
 
 
 class DecoderLayer:

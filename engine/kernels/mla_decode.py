@@ -143,9 +143,13 @@ def _merge_row_kernel(part_o_ptr, part_ml_ptr, w_uv_ptr, out_ptr,
 ROW_MERGE_MAX_BATCH = 32
 
 
-def auto_split(batch: int, length: int, programs: int = 264, block: int = 32) -> int:
-    """Context per split program: enough splits that batch x splits fills the GPU (~2 programs
-    per SM on an H200) without going below one block of keys per split. Static per graph bucket."""
+SPLIT_PROGRAMS = 264  # ~2 programs per SM on an H200
+
+
+def auto_split(batch: int, length: int, programs: int | None = None, block: int = 32) -> int:
+    """Context per split program: enough splits that batch x splits fills the GPU (SPLIT_PROGRAMS)
+    without going below one block of keys per split. Static per graph bucket."""
+    programs = programs or SPLIT_PROGRAMS
     n = max(1, min(triton.cdiv(programs, batch), triton.cdiv(length, block)))
     return triton.cdiv(triton.cdiv(length, n), block) * block
 

@@ -32,3 +32,21 @@ def test_flags_set_their_constants_and_only_those(monkeypatch):
     assert argmax.MAX_ROWS == 0 and moe_route.ONE_LAUNCH is False and norm_proj.MAX_ROWS == 1
     with pytest.raises(SystemExit):
         p.parse_args(["--router-launches", "3"])
+
+
+def test_schedule_tiling_and_split_flags(monkeypatch):
+    from engine.kernels import mla_decode, moe_experts
+    from ep import moe
+    for module, name in ((moe, "SHARED_SCHEDULE"), (moe_experts, "FEW_ROWS_TILING"), (mla_decode, "SPLIT_PROGRAMS")):
+        monkeypatch.setattr(module, name, getattr(module, name))
+    p = argparse.ArgumentParser()
+    knobs.add_arguments(p)
+    before = moe_experts.FEW_ROWS_TILING
+    knobs.apply(p.parse_args(["--shared-schedule", "3", "--expert-down-n", "32", "--expert-up-n", "16",
+                              "--split-programs", "8"]))
+    assert moe.SHARED_SCHEDULE == "both" and moe.SHARED_SCHEDULES["both"] == (True, True)
+    assert moe_experts.FEW_ROWS_TILING == moe_experts.Tiling(**{**{f: getattr(before, f) for f in before.__slots__},
+                                                                "down_n": 32, "up_n": 16})
+    assert mla_decode.auto_split(1, 1024) == 128  # 8 splits of 1,024 keys
+    with pytest.raises(SystemExit):
+        p.parse_args(["--shared-schedule", "4"])
