@@ -52,17 +52,18 @@ class MoE:
             routed = self._experts(x, weights, ids, aligned)
             with phase("shared_experts"):
                 return routed, self.shared.fused(x)
-        return self._beside(x, side, aligned)
+        return self._beside(fused_route, x, side, aligned)
 
-    def _beside(self, x: torch.Tensor, side: torch.cuda.Stream, aligned) -> tuple[torch.Tensor, torch.Tensor]:
+    def _beside(self, router, x: torch.Tensor, side: torch.cuda.Stream, aligned) -> tuple[torch.Tensor, torch.Tensor]:
         """parts() with the shared experts on `side`, placed by SHARED_SCHEDULE."""
         main = torch.cuda.current_stream()
         wait_for_act, down_late = SHARED_SCHEDULES[SHARED_SCHEDULE]
         side.wait_stream(main)
         with torch.cuda.stream(side), phase("shared_experts"):
             act = self.shared.activation(x)  # [T, I]
-            act_done = torch.cuda.Event()
-            act_done.record()
+            act_done = torch.cuda.Event() if wait_for_act else None
+            if act_done is not None:
+                act_done.record()
         made: list[torch.Tensor] = []  # the shared output, once its down projection is launched
 
         def down() -> None:
@@ -73,8 +74,8 @@ class MoE:
         if not down_late:
             down()
         with phase("routing"):
-            weights, ids = self._gate(fused_route, x, aligned=aligned)  # [T, k] each
-        if wait_for_act:
+            weights, ids = self._gate(router, x, aligned=aligned)  # [T, k] each
+        if act_done is not None:
             main.wait_event(act_done)
         routed = self._experts(x, weights, ids, aligned, after_gate_up=down if down_late else None)
         main.wait_stream(side)

@@ -32,7 +32,11 @@ def _tokens(schedule: str, monkeypatch) -> dict:
         gpu.submit(Admit(f"r{i}", p, m, ignore_eos=True))
     tokens, done = {}, set()
     while len(done) < len(PROMPTS):
-        ev = events.get(timeout=300)
+        try:
+            ev = events.get(timeout=1)
+        except queue.Empty:
+            assert gpu.error is None and gpu.is_alive(), gpu.error  # a failed step: say so, do not wait on
+            continue
         if isinstance(ev, StepEvents):
             for t in ev.tokens:
                 tokens.setdefault(t.request_id, []).append(t.token_id)
