@@ -32,6 +32,7 @@ class MLP:
         self.gate_up = torch.cat([gate, up])  # [2I, H]; gate and up below are views of it
         i = gate.shape[0]
         self.gate, self.up, self.down = self.gate_up[:i], self.gate_up[i:], down  # [I, H], [I, H], [H, I]
+        self._dense_rows = None  # the one-launch SwiGLU's index tensors per row count (CUDA, few rows)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(F.silu(F.linear(x, self.gate)) * F.linear(x, self.up), self.down)
@@ -41,7 +42,12 @@ class MLP:
         return self.project(self.activation(x))
 
     def activation(self, x: torch.Tensor) -> torch.Tensor:
-        """fused's first half: [T, H] -> SiLU(gate) * up [T, I]."""
+        """fused's first half: [T, H] -> SiLU(gate) * up [T, I]; at a few rows in one launch
+        (engine/kernels/moe_experts.py dense_swiglu)."""
+        from engine.kernels import moe_experts
+        if x.shape[0] <= moe_experts.DENSE_MAX_ROWS:
+            self._dense_rows = self._dense_rows or moe_experts.DenseRows()
+            return moe_experts.dense_swiglu(x, self.gate_up, self._dense_rows(x.shape[0], x.device))
         from engine.kernels.swiglu import swiglu
         return swiglu(F.linear(x, self.gate_up))
 

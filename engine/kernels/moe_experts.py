@@ -186,6 +186,46 @@ def fused_experts_token_major(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tens
     return out.view(t, k, x.shape[1])
 
 
+# A dense SwiGLU MLP (the shared experts, a dense layer) at a few rows: its gate and up projections
+# with SiLU(gate) * up in the same launch, as one expert holding every row (narrow column blocks,
+# so that one expert's weight still spreads over the GPU). Up to DENSE_MAX_ROWS rows (0: cuBLAS
+# and the SwiGLU launch instead); docs/perf-notes.md row 32.
+DENSE_MAX_ROWS = 0
+DENSE_TILING = Tiling(block_m=16, up_n=16)
+
+
+class DenseRows:
+    """The index tensors that make T rows one expert's routes, made once per row count (outside
+    graph capture: the capture's warm-up call makes them)."""
+
+    def __init__(self):
+        self._by_rows: dict[int, Alignment] = {}
+
+    def __call__(self, rows: int, device: torch.device) -> Alignment:
+        al = self._by_rows.get(rows)
+        if al is None:
+            def ints(*v: int) -> torch.Tensor:
+                return torch.tensor(v, dtype=torch.int32, device=device)
+            count = ints(rows)
+            al = Alignment(torch.arange(rows, dtype=torch.int32, device=device), ints(0), count, ints(0), count, 1)
+            self._by_rows[rows] = al
+        return al
+
+
+def dense_swiglu(x: torch.Tensor, gate_up: torch.Tensor, al: Alignment, tiling: Tiling | None = None) -> torch.Tensor:
+    """x: [T, H]; gate_up: [2I, H] (gate rows, then up rows); al: DenseRows for T. Returns
+    SiLU(x @ gate.T) * (x @ up.T) [T, I], rounded as F.linear and the SwiGLU launch round."""
+    tiling = tiling or DENSE_TILING
+    two_i, h = gate_up.shape
+    i = two_i // 2
+    act = torch.empty(x.shape[0], i, dtype=x.dtype, device=x.device)
+    _gate_up_kernel[(1, triton.cdiv(i, tiling.up_n))](
+        x.contiguous(), gate_up, al.order, al.starts, al.counts, al.active, act, h, i, two_i * h, 1, BY_ROUTE=False,
+        BLOCK_M=tiling.block_m, BLOCK_N=tiling.up_n, BLOCK_K=tiling.block_k, num_warps=tiling.num_warps,
+        num_stages=tiling.num_stages)
+    return act
+
+
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, token_index: torch.Tensor,
                   weight: torch.Tensor, counts: torch.Tensor, total_routes: int | None = None) -> torch.Tensor:
     """A shard's routes, already in expert order (the RoutePlan's execution order).

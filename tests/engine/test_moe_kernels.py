@@ -133,6 +133,16 @@ assert torch.allclose(swiglu(gu), F.silu(gu[:, :I]) * gu[:, I:], atol=1e-6)
 gb = gu.bfloat16()
 want_b = (F.silu(gb[:, :I]) * gb[:, I:]).float()
 assert ((swiglu(gb).float() - want_b).abs() <= want_b.abs() / 64 + 1e-3).all()
+
+# a dense MLP's gate and up with SwiGLU in one launch, as one expert holding every row
+from engine.kernels.moe_experts import DenseRows, Tiling, dense_swiglu
+gate_up = torch.randn(2 * I, H, generator=g)
+rows = DenseRows()
+for t in (1, 5):
+    want_d = F.silu(x[:t] @ gate_up[:I].T) * (x[:t] @ gate_up[I:].T)
+    got_d = dense_swiglu(x[:t], gate_up, rows(t, x.device), Tiling(block_m=16, up_n=16, block_k=32))
+    assert torch.allclose(got_d, want_d, atol=1e-4), (got_d - want_d).abs().max()
+    assert rows(t, x.device) is rows(t, x.device)  # made once per row count
 print("ok")
 """
 

@@ -11,6 +11,8 @@ of the engine before anything is built, so one GPU call can time a change agains
     --expert-up-n         engine.kernels.moe_experts.FEW_ROWS_TILING  gate-up column block up to 512 routes
     --expert-down-n       engine.kernels.moe_experts.FEW_ROWS_TILING  down column block up to 512 routes
     --split-programs      engine.kernels.mla_decode.SPLIT_PROGRAMS   programs the split attention aims at
+    --dense-rows          engine.kernels.moe_experts.DENSE_MAX_ROWS  rows of the one-launch SwiGLU (0: cuBLAS)
+    --dense-n             engine.kernels.moe_experts.DENSE_TILING    its column block
 """
 from __future__ import annotations
 
@@ -31,7 +33,10 @@ KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", lambda v
                          lambda v, default: dataclasses.replace(default, up_n=v)),
          "expert_down_n": ("engine.kernels.moe_experts", "FEW_ROWS_TILING",
                            lambda v, default: dataclasses.replace(default, down_n=v)),
-         "split_programs": ("engine.kernels.mla_decode", "SPLIT_PROGRAMS", lambda v, default: v)}
+         "split_programs": ("engine.kernels.mla_decode", "SPLIT_PROGRAMS", lambda v, default: v),
+         "dense_rows": ("engine.kernels.moe_experts", "DENSE_MAX_ROWS", lambda v, default: v),
+         "dense_n": ("engine.kernels.moe_experts", "DENSE_TILING",
+                     lambda v, default: dataclasses.replace(default, up_n=v))}
 SCHEDULES = list(SHARED_SCHEDULES)  # by number
 CHOICES = {"argmax_launches": [1, 4], "norm_proj_rows": [0, 1], "router_launches": [1, 2],
            "shared_schedule": list(range(len(SCHEDULES)))}
