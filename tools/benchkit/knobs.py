@@ -13,6 +13,8 @@ of the engine before anything is built, so one GPU call can time a change agains
     --split-programs      engine.kernels.mla_decode.SPLIT_PROGRAMS   programs the split attention aims at
     --dense-rows          engine.kernels.moe_experts.DENSE_MAX_ROWS  rows of the one-launch SwiGLU (0: cuBLAS)
     --dense-n             engine.kernels.moe_experts.DENSE_TILING    its column block
+    --dense-k             engine.kernels.moe_experts.DENSE_TILING    its K block
+    --dense-warps         engine.kernels.moe_experts.DENSE_TILING    its warps per program
 """
 from __future__ import annotations
 
@@ -36,7 +38,11 @@ KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", lambda v
          "split_programs": ("engine.kernels.mla_decode", "SPLIT_PROGRAMS", lambda v, default: v),
          "dense_rows": ("engine.kernels.moe_experts", "DENSE_MAX_ROWS", lambda v, default: v),
          "dense_n": ("engine.kernels.moe_experts", "DENSE_TILING",
-                     lambda v, default: dataclasses.replace(default, up_n=v))}
+                     lambda v, default: dataclasses.replace(default, up_n=v)),
+         "dense_k": ("engine.kernels.moe_experts", "DENSE_TILING",
+                     lambda v, default: dataclasses.replace(default, block_k=v)),
+         "dense_warps": ("engine.kernels.moe_experts", "DENSE_TILING",
+                         lambda v, default: dataclasses.replace(default, num_warps=v))}
 SCHEDULES = list(SHARED_SCHEDULES)  # by number
 CHOICES = {"argmax_launches": [1, 4], "norm_proj_rows": [0, 1], "router_launches": [1, 2],
            "shared_schedule": list(range(len(SCHEDULES)))}
