@@ -18,7 +18,7 @@ from engine.model import DeepseekV2
 from engine.runner import ModelRunner
 from engine.startup_log import log_event
 from engine.weights import LoadStats, is_expert_tensor, load_tensors
-from ep import moe, registry
+from ep import registry
 from ep.backend import ExpertBackend
 from ep.experts import ExpertShard
 from ep.ownership import Ownership
@@ -141,7 +141,6 @@ def build_engine(spec: EngineSpec) -> Engine:
               attention=("mla_absorbed_triton" if model.layers[0].attn.fused_decode else "mla_absorbed")
               if graphs else "mla_expand",
               experts=getattr(backend, "kernel", "per_rank"), shared_experts_stream=model.side_stream is not None,
-              **({"shared_experts_schedule": moe.SHARED_SCHEDULE} if model.side_stream is not None else {}),
               **(one_launch_sizes(backend, cfg) if kernels else {}))
     log_event("engine_ready", backend=entry.name, maturity=entry.maturity, ep_size=spec.ep_size,
               max_model_len=max_len, kv_slots=slots, kv_bytes=cache.data.numel() * cache.data.element_size(),

@@ -39,7 +39,7 @@ class MLP:
 
     def fused(self, x: torch.Tensor) -> torch.Tensor:
         """The same with one projection for gate and up and one Triton launch for SiLU * up (CUDA)."""
-        return self.project(self.activation(x))
+        return F.linear(self.activation(x), self.down)
 
     def activation(self, x: torch.Tensor) -> torch.Tensor:
         """fused's first half: [T, H] -> SiLU(gate) * up [T, I]; at a few rows in one launch
@@ -50,10 +50,6 @@ class MLP:
             return moe_experts.dense_swiglu(x, self.gate_up, self._dense_rows(x.shape[0], x.device))
         from engine.kernels.swiglu import swiglu
         return swiglu(F.linear(x, self.gate_up))
-
-    def project(self, act: torch.Tensor) -> torch.Tensor:
-        """fused's second half: [T, I] -> [T, H]."""
-        return F.linear(act, self.down)
 
 
 class DecoderLayer:

@@ -60,17 +60,13 @@ class ExpertBackend(abc.ABC):
         return None
 
     def expert_slots(self, layer: int, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                     n_experts: int, aligned=None, after_gate_up=None) -> torch.Tensor:
+                     n_experts: int, aligned=None) -> torch.Tensor:
         """The decode step's form: weights, ids [T, k] (each token's routes in ascending expert
         order) -> [T, k, H] float32, route (t, j)'s weighted output at [t, j]. By default through
         the route plan and expert_outputs; a backend with a fused kernel overrides it. aligned:
-        what alignment() handed out, filled by the router kernel. after_gate_up: called once the
-        gate-up projections are launched (here, once everything is)."""
+        what alignment() handed out, filled by the router kernel."""
         plan = RoutePlan.build(weights, ids.long(), n_experts)
-        out = plan.token_major(self.expert_outputs(layer, hidden, plan))
-        if after_gate_up is not None:
-            after_gate_up()
-        return out
+        return plan.token_major(self.expert_outputs(layer, hidden, plan))
 
     def take_counters(self) -> ExchangeCounters | None:
         """Counters since the last call (None when the backend keeps none)."""

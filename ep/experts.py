@@ -64,15 +64,12 @@ class ExpertShard:
         return self.run(layer, hidden, token_index, weight,
                         counts.tolist() if isinstance(counts, torch.Tensor) else counts)
 
-    def run_token_major(self, layer: int, hidden: torch.Tensor, weights: torch.Tensor, aligned,
-                        after_gate_up=None) -> torch.Tensor:
+    def run_token_major(self, layer: int, hidden: torch.Tensor, weights: torch.Tensor, aligned) -> torch.Tensor:
         """Every route of every token when this shard owns all experts (the triton kernel only):
         weights [T, k] float32 -> [T, k, H] float32; aligned: the engine.kernels.moe_experts.Alignment
-        the router kernel filled (routes by expert; it counted them into the backend's totals);
-        after_gate_up: called between the two launches."""
+        the router kernel filled (routes by expert; it counted them into the backend's totals)."""
         from engine.kernels.moe_experts import fused_experts_token_major
-        return fused_experts_token_major(hidden, self.w13[layer], self.w2[layer], weights, aligned,
-                                         after_gate_up=after_gate_up)
+        return fused_experts_token_major(hidden, self.w13[layer], self.w2[layer], weights, aligned)
 
     def _run_grouped(self, layer: int, hidden: torch.Tensor, token_index: torch.Tensor, weight: torch.Tensor,
                      counts: torch.Tensor, triton: bool = False) -> torch.Tensor:

@@ -16,16 +16,6 @@ if TYPE_CHECKING:
     from engine.model import MLP
 
 
-# Where the shared experts run beside the routed ones in the decode step (the side stream), as
-# (the routed experts wait for the shared SiLU(gate) * up, the shared down projection waits for
-# the routed gate-up): "beside" forks both halves before the gate; "act-first" lets the shared
-# gate-up have the gate's latency-bound time to itself; "down-late" puts the shared down projection
-# beside the routed one instead of beside the routed gate-up; "both". docs/perf-notes.md row 31.
-SHARED_SCHEDULES = {"beside": (False, False), "act-first": (True, False), "down-late": (False, True),
-                    "both": (True, True)}
-SHARED_SCHEDULE = "beside"
-
-
 class MoE:
     def __init__(self, layer: int, cfg: ModelConfig, gate_weight: torch.Tensor,
                  shared: MLP, backend: ExpertBackend):
@@ -52,41 +42,20 @@ class MoE:
             routed = self._experts(x, weights, ids, aligned)
             with phase("shared_experts"):
                 return routed, self.shared.fused(x)
-        return self._beside(fused_route, x, side, aligned)
-
-    def _beside(self, router, x: torch.Tensor, side: torch.cuda.Stream, aligned) -> tuple[torch.Tensor, torch.Tensor]:
-        """parts() with the shared experts on `side`, placed by SHARED_SCHEDULE."""
         main = torch.cuda.current_stream()
-        wait_for_act, down_late = SHARED_SCHEDULES[SHARED_SCHEDULE]
         side.wait_stream(main)
         with torch.cuda.stream(side), phase("shared_experts"):
-            act = self.shared.activation(x)  # [T, I]
-            act_done = torch.cuda.Event() if wait_for_act else None
-            if act_done is not None:
-                act_done.record()
-        made: list[torch.Tensor] = []  # the shared output, once its down projection is launched
-
-        def down() -> None:
-            if down_late:
-                side.wait_stream(main)  # after the routed gate-up: beside the routed down projection
-            with torch.cuda.stream(side), phase("shared_experts"):
-                made.append(self.shared.project(act))
-        if not down_late:
-            down()
+            shared = self.shared.fused(x)
         with phase("routing"):
-            weights, ids = self._gate(router, x, aligned=aligned)  # [T, k] each
-        if act_done is not None:
-            main.wait_event(act_done)
-        routed = self._experts(x, weights, ids, aligned, after_gate_up=down if down_late else None)
+            weights, ids = self._gate(fused_route, x, aligned=aligned)  # [T, k] each
+        routed = self._experts(x, weights, ids, aligned)
         main.wait_stream(side)
-        made[0].record_stream(main)  # made on the side stream, read on the main one
-        return routed, made[0]
+        shared.record_stream(main)  # made on the side stream, read on the main one
+        return routed, shared
 
-    def _experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, aligned,
-                 after_gate_up=None) -> torch.Tensor:
+    def _experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, aligned) -> torch.Tensor:
         with phase("experts"):
-            return self.backend.expert_slots(self.layer, x, weights, ids, self.cfg.n_routed_experts, aligned,
-                                             after_gate_up=after_gate_up)
+            return self.backend.expert_slots(self.layer, x, weights, ids, self.cfg.n_routed_experts, aligned)
 
     def _gate(self, router, x: torch.Tensor, **kernel_args) -> tuple[torch.Tensor, torch.Tensor]:
         """router: ep.router.route or its kernel form; the layer's selection settings."""

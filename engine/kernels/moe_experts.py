@@ -153,9 +153,8 @@ def _down_kernel(act_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, 
 
 
 def _mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, al: Alignment, slots: int, weight: torch.Tensor,
-         out: torch.Tensor, topk: int, by_route: bool, tiling: Tiling, after_gate_up=None) -> torch.Tensor:
-    """slots: programs along the expert axis (active experts can be no more); after_gate_up: called
-    between the two launches (the MoE layer places the shared experts' down projection there)."""
+         out: torch.Tensor, topk: int, by_route: bool, tiling: Tiling) -> torch.Tensor:
+    """slots: programs along the expert axis (active experts can be no more)."""
     n_exp, two_i, h = w13.shape
     i = two_i // 2
     act = torch.empty(out.shape[0], i, dtype=x.dtype, device=x.device)  # [R, I], rows as out's
@@ -163,8 +162,6 @@ def _mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, al: Alignment, sl
         x, w13, al.order, al.starts, al.counts, al.active, act, h, i, w13.stride(0), topk, BY_ROUTE=by_route,
         BLOCK_M=tiling.block_m,
         BLOCK_N=tiling.up_n, BLOCK_K=tiling.block_k, num_warps=tiling.num_warps, num_stages=tiling.num_stages)
-    if after_gate_up is not None:
-        after_gate_up()
     _down_kernel[(slots, triton.cdiv(h, tiling.down_n))](
         act, w2, al.order, al.starts, al.counts, al.active, weight, out, h, i, w2.stride(0), BY_ROUTE=by_route,
         BLOCK_M=tiling.block_m, BLOCK_N=tiling.down_n, BLOCK_K=tiling.block_k, num_warps=tiling.num_warps,
@@ -173,7 +170,7 @@ def _mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, al: Alignment, sl
 
 
 def fused_experts_token_major(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                              aligned: Alignment, tiling: Tiling | None = None, after_gate_up=None) -> torch.Tensor:
+                              aligned: Alignment, tiling: Tiling | None = None) -> torch.Tensor:
     """Every route of every token through its expert (one rank owns them all).
     x: [T, H]; w13: [E, 2I, H]; w2: [E, H, I]; weights: [T, k] float32; aligned: the routes in
     expert order, as the router kernel filled them (fused_route(..., aligned=)). Returns
@@ -182,16 +179,17 @@ def fused_experts_token_major(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tens
     r = t * k
     out = torch.empty(r, x.shape[1], dtype=torch.float32, device=x.device)
     _mlp(x.contiguous(), w13, w2, aligned, aligned.slots, weights.reshape(-1).contiguous(), out, k,
-         by_route=True, tiling=tiling or tiling_for(r), after_gate_up=after_gate_up)
+         by_route=True, tiling=tiling or tiling_for(r))
     return out.view(t, k, x.shape[1])
 
 
 # A dense SwiGLU MLP (the shared experts, a dense layer) at a few rows: its gate and up projections
-# with SiLU(gate) * up in the same launch, as one expert holding every row (narrow column blocks,
-# so that one expert's weight still spreads over the GPU). Up to DENSE_MAX_ROWS rows (0: cuBLAS
-# and the SwiGLU launch instead); docs/perf-notes.md row 32.
-DENSE_MAX_ROWS = 0
-DENSE_TILING = Tiling(block_m=16, up_n=16)
+# with SiLU(gate) * up in the same launch, as one expert holding every row (32-column blocks, so
+# that one expert's weight still spreads over the GPU), in place of cuBLAS's split-K GEMV, its
+# reduce and the SwiGLU launch. Up to DENSE_MAX_ROWS rows: measured on the H200 (docs/perf-notes.md
+# row 32) -45 µs a step at one row, +80 µs at eight.
+DENSE_MAX_ROWS = 1
+DENSE_TILING = Tiling(block_m=16, up_n=32)
 
 
 class DenseRows:

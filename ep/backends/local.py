@@ -56,10 +56,10 @@ class LocalBackend(ExpertBackend):
         return Alignment.empty(tokens, top_k, self._routes, self._ticket)
 
     def expert_slots(self, layer: int, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                     n_experts: int, aligned=None, after_gate_up=None) -> torch.Tensor:
+                     n_experts: int, aligned=None) -> torch.Tensor:
         if self.kernel == "triton" and aligned is not None:  # no plan: the router kernel sorted the routes
-            return self.shard.run_token_major(layer, hidden, weights, aligned, after_gate_up)
-        return super().expert_slots(layer, hidden, weights, ids, n_experts, after_gate_up=after_gate_up)
+            return self.shard.run_token_major(layer, hidden, weights, aligned)
+        return super().expert_slots(layer, hidden, weights, ids, n_experts)
 
     def take_counters(self) -> ExchangeCounters:
         if self._host is None:

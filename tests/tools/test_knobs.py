@@ -34,19 +34,19 @@ def test_flags_set_their_constants_and_only_those(monkeypatch):
         p.parse_args(["--router-launches", "3"])
 
 
-def test_schedule_tiling_and_split_flags(monkeypatch):
+def test_tiling_and_split_flags(monkeypatch):
+    import dataclasses
+
     from engine.kernels import mla_decode, moe_experts
-    from ep import moe
-    for module, name in ((moe, "SHARED_SCHEDULE"), (moe_experts, "FEW_ROWS_TILING"), (mla_decode, "SPLIT_PROGRAMS")):
-        monkeypatch.setattr(module, name, getattr(module, name))
+    for name in ("FEW_ROWS_TILING", "DENSE_TILING", "DENSE_MAX_ROWS"):
+        monkeypatch.setattr(moe_experts, name, getattr(moe_experts, name))
+    monkeypatch.setattr(mla_decode, "SPLIT_PROGRAMS", mla_decode.SPLIT_PROGRAMS)
     p = argparse.ArgumentParser()
     knobs.add_arguments(p)
-    before = moe_experts.FEW_ROWS_TILING
-    knobs.apply(p.parse_args(["--shared-schedule", "3", "--expert-down-n", "32", "--expert-up-n", "16",
-                              "--split-programs", "8"]))
-    assert moe.SHARED_SCHEDULE == "both" and moe.SHARED_SCHEDULES["both"] == (True, True)
-    assert moe_experts.FEW_ROWS_TILING == moe_experts.Tiling(**{**{f: getattr(before, f) for f in before.__slots__},
-                                                                "down_n": 32, "up_n": 16})
+    few, dense = moe_experts.FEW_ROWS_TILING, moe_experts.DENSE_TILING
+    knobs.apply(p.parse_args(["--expert-down-n", "32", "--expert-up-n", "16", "--expert-k", "256",
+                              "--split-programs", "8", "--dense-rows", "0", "--dense-n", "64", "--dense-warps", "8"]))
+    assert moe_experts.FEW_ROWS_TILING == dataclasses.replace(few, down_n=32, up_n=16, block_k=256)
+    assert moe_experts.DENSE_TILING == dataclasses.replace(dense, up_n=64, num_warps=8)
+    assert moe_experts.DENSE_MAX_ROWS == 0
     assert mla_decode.auto_split(1, 1024) == 128  # 8 splits of 1,024 keys
-    with pytest.raises(SystemExit):
-        p.parse_args(["--shared-schedule", "4"])

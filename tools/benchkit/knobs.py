@@ -7,9 +7,9 @@ of the engine before anything is built, so one GPU call can time a change agains
     --norm-proj-rows      engine.kernels.norm_proj.MAX_ROWS          1: input norm inside q/kv_a at one row; 0: apart
     --router-launches     engine.kernels.moe_route.ONE_LAUNCH        1: logits and selection in one launch; 2: two
     --mla-output-rows     engine.kernels.mla_output.MAX_ROWS         rows of the o_proj + add + norm kernel (0: apart)
-    --shared-schedule     ep.moe.SHARED_SCHEDULE                     0 beside, 1 act-first, 2 down-late, 3 both
     --expert-up-n         engine.kernels.moe_experts.FEW_ROWS_TILING  gate-up column block up to 512 routes
     --expert-down-n       engine.kernels.moe_experts.FEW_ROWS_TILING  down column block up to 512 routes
+    --expert-k            engine.kernels.moe_experts.FEW_ROWS_TILING  K block of both up to 512 routes
     --split-programs      engine.kernels.mla_decode.SPLIT_PROGRAMS   programs the split attention aims at
     --dense-rows          engine.kernels.moe_experts.DENSE_MAX_ROWS  rows of the one-launch SwiGLU (0: cuBLAS)
     --dense-n             engine.kernels.moe_experts.DENSE_TILING    its column block
@@ -22,19 +22,18 @@ import argparse
 import dataclasses
 import importlib
 
-from ep.moe import SHARED_SCHEDULES
-
 # flag -> (module, constant, the constant's value from the flag's and the constant's default)
 KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", lambda v, default: v),
          "argmax_launches": ("engine.kernels.argmax", "MAX_ROWS", lambda v, default: 0 if v == 4 else default),
          "norm_proj_rows": ("engine.kernels.norm_proj", "MAX_ROWS", lambda v, default: v),
          "router_launches": ("engine.kernels.moe_route", "ONE_LAUNCH", lambda v, default: v == 1),
          "mla_output_rows": ("engine.kernels.mla_output", "MAX_ROWS", lambda v, default: v),
-         "shared_schedule": ("ep.moe", "SHARED_SCHEDULE", lambda v, default: SCHEDULES[v]),
          "expert_up_n": ("engine.kernels.moe_experts", "FEW_ROWS_TILING",
                          lambda v, default: dataclasses.replace(default, up_n=v)),
          "expert_down_n": ("engine.kernels.moe_experts", "FEW_ROWS_TILING",
                            lambda v, default: dataclasses.replace(default, down_n=v)),
+         "expert_k": ("engine.kernels.moe_experts", "FEW_ROWS_TILING",
+                      lambda v, default: dataclasses.replace(default, block_k=v)),
          "split_programs": ("engine.kernels.mla_decode", "SPLIT_PROGRAMS", lambda v, default: v),
          "dense_rows": ("engine.kernels.moe_experts", "DENSE_MAX_ROWS", lambda v, default: v),
          "dense_n": ("engine.kernels.moe_experts", "DENSE_TILING",
@@ -43,9 +42,7 @@ KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", lambda v
                      lambda v, default: dataclasses.replace(default, block_k=v)),
          "dense_warps": ("engine.kernels.moe_experts", "DENSE_TILING",
                          lambda v, default: dataclasses.replace(default, num_warps=v))}
-SCHEDULES = list(SHARED_SCHEDULES)  # by number
-CHOICES = {"argmax_launches": [1, 4], "norm_proj_rows": [0, 1], "router_launches": [1, 2],
-           "shared_schedule": list(range(len(SCHEDULES)))}
+CHOICES = {"argmax_launches": [1, 4], "norm_proj_rows": [0, 1], "router_launches": [1, 2]}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
