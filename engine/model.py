@@ -38,21 +38,18 @@ class MLP:
         return F.linear(F.silu(F.linear(x, self.gate)) * F.linear(x, self.up), self.down)
 
     def fused(self, x: torch.Tensor) -> torch.Tensor:
-        """The same with one projection for gate and up and one Triton launch for SiLU * up (CUDA);
-        at a few rows the gate-up with SiLU * up in one launch, and the down projection likewise
-        (engine/kernels/moe_experts.py dense_swiglu, dense_down)."""
+        """The same with one projection for gate and up and one Triton launch for SiLU * up (CUDA)."""
+        return F.linear(self.activation(x), self.down)
+
+    def activation(self, x: torch.Tensor) -> torch.Tensor:
+        """fused's first half: [T, H] -> SiLU(gate) * up [T, I]; at a few rows in one launch
+        (engine/kernels/moe_experts.py dense_swiglu)."""
         from engine.kernels import moe_experts
-        t = x.shape[0]
-        if t <= max(moe_experts.DENSE_MAX_ROWS, moe_experts.DENSE_DOWN_MAX_ROWS):
+        if x.shape[0] <= moe_experts.DENSE_MAX_ROWS:
             self._dense_rows = self._dense_rows or moe_experts.DenseRows()
-        if t <= moe_experts.DENSE_MAX_ROWS:
-            act = moe_experts.dense_swiglu(x, self.gate_up, self._dense_rows)
-        else:
-            from engine.kernels.swiglu import swiglu
-            act = swiglu(F.linear(x, self.gate_up))
-        if t <= moe_experts.DENSE_DOWN_MAX_ROWS:
-            return moe_experts.dense_down(act, self.down, self._dense_rows)
-        return F.linear(act, self.down)
+            return moe_experts.dense_swiglu(x, self.gate_up, self._dense_rows(x.shape[0], x.device))
+        from engine.kernels.swiglu import swiglu
+        return swiglu(F.linear(x, self.gate_up))
 
 
 class DecoderLayer:

@@ -187,37 +187,33 @@ def fused_experts_token_major(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tens
 # with SiLU(gate) * up in the same launch, as one expert holding every row (32-column blocks, so
 # that one expert's weight still spreads over the GPU), in place of cuBLAS's split-K GEMV, its
 # reduce and the SwiGLU launch. Up to DENSE_MAX_ROWS rows: measured on the H200 (docs/perf-notes.md
-# row 32) -45 µs a step at one row, +80 µs at eight. DENSE_DOWN_MAX_ROWS: the down projection the
-# same way (row 33).
+# row 32) -45 µs a step at one row, +80 µs at eight.
 DENSE_MAX_ROWS = 1
 DENSE_TILING = Tiling(block_m=16, up_n=32)
-DENSE_DOWN_MAX_ROWS = 0
-DENSE_DOWN_TILING = Tiling(block_m=16, down_n=16)
 
 
 class DenseRows:
-    """The index tensors that make T rows one expert's routes (and a route weight of 1 for each),
-    made once per row count (outside graph capture: the capture's warm-up call makes them)."""
+    """The index tensors that make T rows one expert's routes, made once per row count (outside
+    graph capture: the capture's warm-up call makes them)."""
 
     def __init__(self):
-        self._by_rows: dict[int, tuple[Alignment, torch.Tensor]] = {}
+        self._by_rows: dict[int, Alignment] = {}
 
-    def __call__(self, rows: int, device: torch.device) -> tuple[Alignment, torch.Tensor]:
-        made = self._by_rows.get(rows)
-        if made is None:
+    def __call__(self, rows: int, device: torch.device) -> Alignment:
+        al = self._by_rows.get(rows)
+        if al is None:
             def ints(*v: int) -> torch.Tensor:
                 return torch.tensor(v, dtype=torch.int32, device=device)
             count = ints(rows)
             al = Alignment(torch.arange(rows, dtype=torch.int32, device=device), ints(0), count, ints(0), count, 1)
-            made = self._by_rows[rows] = (al, torch.ones(rows, dtype=torch.float32, device=device))
-        return made
+            self._by_rows[rows] = al
+        return al
 
 
-def dense_swiglu(x: torch.Tensor, gate_up: torch.Tensor, rows: DenseRows, tiling: Tiling | None = None) -> torch.Tensor:
-    """x: [T, H]; gate_up: [2I, H] (gate rows, then up rows). Returns SiLU(x @ gate.T) * (x @ up.T)
-    [T, I], rounded as F.linear and the SwiGLU launch round."""
+def dense_swiglu(x: torch.Tensor, gate_up: torch.Tensor, al: Alignment, tiling: Tiling | None = None) -> torch.Tensor:
+    """x: [T, H]; gate_up: [2I, H] (gate rows, then up rows); al: DenseRows for T. Returns
+    SiLU(x @ gate.T) * (x @ up.T) [T, I], rounded as F.linear and the SwiGLU launch round."""
     tiling = tiling or DENSE_TILING
-    al, _ = rows(x.shape[0], x.device)
     two_i, h = gate_up.shape
     i = two_i // 2
     act = torch.empty(x.shape[0], i, dtype=x.dtype, device=x.device)
@@ -226,20 +222,6 @@ def dense_swiglu(x: torch.Tensor, gate_up: torch.Tensor, rows: DenseRows, tiling
         BLOCK_M=tiling.block_m, BLOCK_N=tiling.up_n, BLOCK_K=tiling.block_k, num_warps=tiling.num_warps,
         num_stages=tiling.num_stages)
     return act
-
-
-def dense_down(act: torch.Tensor, down: torch.Tensor, rows: DenseRows, tiling: Tiling | None = None) -> torch.Tensor:
-    """act: [T, I]; down: [H, I]. Returns act @ down.T [T, H] in act's dtype, rounded as F.linear
-    (the down kernel's route weight of 1 changes nothing)."""
-    tiling = tiling or DENSE_DOWN_TILING
-    al, ones = rows(act.shape[0], act.device)
-    h, i = down.shape
-    out = torch.empty(act.shape[0], h, dtype=act.dtype, device=act.device)
-    _down_kernel[(1, triton.cdiv(h, tiling.down_n))](
-        act.contiguous(), down, al.order, al.starts, al.counts, al.active, ones, out, h, i, h * i, BY_ROUTE=False,
-        BLOCK_M=tiling.block_m, BLOCK_N=tiling.down_n, BLOCK_K=tiling.block_k, num_warps=tiling.num_warps,
-        num_stages=tiling.num_stages)
-    return out
 
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, token_index: torch.Tensor,

@@ -15,8 +15,6 @@ of the engine before anything is built, so one GPU call can time a change agains
     --dense-n             engine.kernels.moe_experts.DENSE_TILING    its column block
     --dense-k             engine.kernels.moe_experts.DENSE_TILING    its K block
     --dense-warps         engine.kernels.moe_experts.DENSE_TILING    its warps per program
-    --dense-down-rows     engine.kernels.moe_experts.DENSE_DOWN_MAX_ROWS  rows of the one-launch down (0: cuBLAS)
-    --dense-down-n        engine.kernels.moe_experts.DENSE_DOWN_TILING    its column block
 """
 from __future__ import annotations
 
@@ -43,10 +41,7 @@ KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", lambda v
          "dense_k": ("engine.kernels.moe_experts", "DENSE_TILING",
                      lambda v, default: dataclasses.replace(default, block_k=v)),
          "dense_warps": ("engine.kernels.moe_experts", "DENSE_TILING",
-                         lambda v, default: dataclasses.replace(default, num_warps=v)),
-         "dense_down_rows": ("engine.kernels.moe_experts", "DENSE_DOWN_MAX_ROWS", lambda v, default: v),
-         "dense_down_n": ("engine.kernels.moe_experts", "DENSE_DOWN_TILING",
-                          lambda v, default: dataclasses.replace(default, down_n=v))}
+                         lambda v, default: dataclasses.replace(default, num_warps=v))}
 CHOICES = {"argmax_launches": [1, 4], "norm_proj_rows": [0, 1], "router_launches": [1, 2]}
 
 
