@@ -38,18 +38,16 @@ class MLP:
         return F.linear(F.silu(F.linear(x, self.gate)) * F.linear(x, self.up), self.down)
 
     def fused(self, x: torch.Tensor) -> torch.Tensor:
-        """The same with one projection for gate and up and one Triton launch for SiLU * up (CUDA)."""
-        return F.linear(self.activation(x), self.down)
-
-    def activation(self, x: torch.Tensor) -> torch.Tensor:
-        """fused's first half: [T, H] -> SiLU(gate) * up [T, I]; at a few rows in one launch
-        (engine/kernels/moe_experts.py dense_swiglu)."""
+        """The same with one projection for gate and up and one Triton launch for SiLU * up (CUDA);
+        at a few rows gate, up and SiLU * up in one launch (engine/kernels/moe_experts.py dense_swiglu)."""
         from engine.kernels import moe_experts
         if x.shape[0] <= moe_experts.DENSE_MAX_ROWS:
             self._dense_rows = self._dense_rows or moe_experts.DenseRows()
-            return moe_experts.dense_swiglu(x, self.gate_up, self._dense_rows(x.shape[0], x.device))
-        from engine.kernels.swiglu import swiglu
-        return swiglu(F.linear(x, self.gate_up))
+            act = moe_experts.dense_swiglu(x, self.gate_up, self._dense_rows(x.shape[0], x.device))
+        else:
+            from engine.kernels.swiglu import swiglu
+            act = swiglu(F.linear(x, self.gate_up))
+        return F.linear(act, self.down)
 
 
 class DecoderLayer:

@@ -3,6 +3,7 @@ constant that exists, sets it to the value its flag means, and leaves the rest a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 
 import pytest
@@ -35,8 +36,6 @@ def test_flags_set_their_constants_and_only_those(monkeypatch):
 
 
 def test_tiling_and_split_flags(monkeypatch):
-    import dataclasses
-
     from engine.kernels import mla_decode, moe_experts
     for name in ("FEW_ROWS_TILING", "DENSE_TILING", "DENSE_MAX_ROWS"):
         monkeypatch.setattr(moe_experts, name, getattr(moe_experts, name))

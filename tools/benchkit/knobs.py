@@ -22,26 +22,31 @@ import argparse
 import dataclasses
 import importlib
 
+
+def _as_is(v: int, default):
+    return v
+
+
+def _tiling(field: str):
+    """A Tiling constant with one field set to the flag's value."""
+    return lambda v, default: dataclasses.replace(default, **{field: v})
+
+
+EXPERTS = "engine.kernels.moe_experts"
 # flag -> (module, constant, the constant's value from the flag's and the constant's default)
-KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", lambda v, default: v),
+KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", _as_is),
          "argmax_launches": ("engine.kernels.argmax", "MAX_ROWS", lambda v, default: 0 if v == 4 else default),
-         "norm_proj_rows": ("engine.kernels.norm_proj", "MAX_ROWS", lambda v, default: v),
+         "norm_proj_rows": ("engine.kernels.norm_proj", "MAX_ROWS", _as_is),
          "router_launches": ("engine.kernels.moe_route", "ONE_LAUNCH", lambda v, default: v == 1),
-         "mla_output_rows": ("engine.kernels.mla_output", "MAX_ROWS", lambda v, default: v),
-         "expert_up_n": ("engine.kernels.moe_experts", "FEW_ROWS_TILING",
-                         lambda v, default: dataclasses.replace(default, up_n=v)),
-         "expert_down_n": ("engine.kernels.moe_experts", "FEW_ROWS_TILING",
-                           lambda v, default: dataclasses.replace(default, down_n=v)),
-         "expert_k": ("engine.kernels.moe_experts", "FEW_ROWS_TILING",
-                      lambda v, default: dataclasses.replace(default, block_k=v)),
-         "split_programs": ("engine.kernels.mla_decode", "SPLIT_PROGRAMS", lambda v, default: v),
-         "dense_rows": ("engine.kernels.moe_experts", "DENSE_MAX_ROWS", lambda v, default: v),
-         "dense_n": ("engine.kernels.moe_experts", "DENSE_TILING",
-                     lambda v, default: dataclasses.replace(default, up_n=v)),
-         "dense_k": ("engine.kernels.moe_experts", "DENSE_TILING",
-                     lambda v, default: dataclasses.replace(default, block_k=v)),
-         "dense_warps": ("engine.kernels.moe_experts", "DENSE_TILING",
-                         lambda v, default: dataclasses.replace(default, num_warps=v))}
+         "mla_output_rows": ("engine.kernels.mla_output", "MAX_ROWS", _as_is),
+         "expert_up_n": (EXPERTS, "FEW_ROWS_TILING", _tiling("up_n")),
+         "expert_down_n": (EXPERTS, "FEW_ROWS_TILING", _tiling("down_n")),
+         "expert_k": (EXPERTS, "FEW_ROWS_TILING", _tiling("block_k")),
+         "split_programs": ("engine.kernels.mla_decode", "SPLIT_PROGRAMS", _as_is),
+         "dense_rows": (EXPERTS, "DENSE_MAX_ROWS", _as_is),
+         "dense_n": (EXPERTS, "DENSE_TILING", _tiling("up_n")),
+         "dense_k": (EXPERTS, "DENSE_TILING", _tiling("block_k")),
+         "dense_warps": (EXPERTS, "DENSE_TILING", _tiling("num_warps"))}
 CHOICES = {"argmax_launches": [1, 4], "norm_proj_rows": [0, 1], "router_launches": [1, 2]}
 
 
