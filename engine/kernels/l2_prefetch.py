@@ -14,7 +14,7 @@ import triton.language as tl
 # a decode layer's weights by name (DecoderLayer.decode_weights), in the order of their use
 NAMES = ("q_kv_a", "w_uv", "o_proj", "gate", "shared_gate_up", "shared_down")
 # which of them to pull, in order; () turns prefetching off
-WEIGHTS: tuple[str, ...] = ()  # measured slower on the H200 (docs/perf-notes.md row 34)
+WEIGHTS: tuple[str, ...] = ("o_proj", "gate", "shared_gate_up", "shared_down")
 NEXT_WEIGHTS: tuple[str, ...] = ()  # the next layer's, asked for after these (e.g. "q_kv_a")
 MAX_ROWS = 1  # decode steps of up to this many rows prefetch (0: never)
 PROGRAMS = 32  # programs of one prefetch launch

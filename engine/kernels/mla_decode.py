@@ -137,54 +137,6 @@ def _merge_row_kernel(part_o_ptr, part_ml_ptr, w_uv_ptr, out_ptr,
         tl.store(out_ptr + (b * H + h) * RANK + dk, o_lat, mask=k_ok)
 
 
-@triton.jit
-def _one_pass_kernel(q_ptr, cache_ptr, slots_ptr, lens_ptr, w_uv_ptr, out_ptr, scale, stride_cs, stride_cn,
-                     H: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr, V: tl.constexpr, RANK_P: tl.constexpr,
-                     ROPE_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr):
-    # program (row, head, value block): the head's whole softmax over the row's context (no splits,
-    # so no merge launch; each value block of a head recomputes it from L2), the latent output
-    # rounded, then BLOCK_V columns of the value head through W_UV. The rounding is the split and
-    # merge kernels': scores and sums in float32, the probabilities rounded to the cache dtype where
-    # they weight the latent, the latent output rounded before W_UV.
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    slot = tl.load(slots_ptr + b)
-    length = tl.load(lens_ptr + b)
-    dl = tl.arange(0, RANK_P)
-    dr = tl.arange(0, ROPE_P)
-    lm, rm = dl < RANK, dr < ROPE
-    dv = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
-    v_ok = dv < V
-    w_uv = tl.load(w_uv_ptr + h * RANK * V + dl[:, None] * V + dv[None, :], mask=lm[:, None] & v_ok[None, :],
-                   other=0.0)  # [RANK_P, BLOCK_V], asked for before the context so that the two overlap
-    q_row = q_ptr + (b * H + h) * (RANK + ROPE)
-    q_lat = tl.load(q_row + dl, mask=lm, other=0.0).to(tl.float32)  # [RANK_P]
-    q_pe = tl.load(q_row + RANK + dr, mask=rm, other=0.0).to(tl.float32)  # [ROPE_P]
-    base = cache_ptr + slot.to(tl.int64) * stride_cs
-    m = float("-inf")
-    lsum = 0.0
-    acc = tl.zeros([RANK_P], tl.float32)
-    for n0 in range(0, length, BLOCK_N):
-        offs = n0 + tl.arange(0, BLOCK_N)
-        valid = offs < length
-        kv_lat = tl.load(base + offs[:, None] * stride_cn + dl[None, :], mask=valid[:, None] & lm[None, :],
-                         other=0.0)  # [N, RANK_P]
-        k_pe = tl.load(base + offs[:, None] * stride_cn + RANK + dr[None, :], mask=valid[:, None] & rm[None, :],
-                       other=0.0)  # [N, ROPE_P]
-        s = tl.sum(kv_lat.to(tl.float32) * q_lat[None, :], axis=1) + tl.sum(k_pe.to(tl.float32) * q_pe[None, :], axis=1)
-        s = tl.where(valid, s * scale, float("-inf"))  # [N]
-        m_new = tl.maximum(m, tl.max(s, axis=0))  # finite: the first block holds key 0
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new)  # [N], 0 past the length
-        lsum = lsum * alpha + tl.sum(p, axis=0)
-        p_r = p.to(kv_lat.dtype).to(tl.float32)
-        acc = acc * alpha + tl.sum(p_r[:, None] * kv_lat.to(tl.float32), axis=0)
-        m = m_new
-    o_lat = (acc / lsum).to(out_ptr.dtype.element_ty).to(tl.float32)  # [RANK_P]
-    o = tl.sum(o_lat[:, None] * w_uv.to(tl.float32), axis=0)  # [BLOCK_V]
-    tl.store(out_ptr + b * (H * V) + h * V + dv, o.to(out_ptr.dtype.element_ty), mask=v_ok)
-
-
 # "row": a program per (row, head, value block), or "block": 16 rows per program with tl.dot; the
 # H200 (tools/kernel_bench.py --mla, lite, length 256) measured row/block 6.8/27.7 µs at batch 1,
 # 9.5/31.9 at 8, 32.0/25.2 at 64 and 108.5/50.1 at 256, hence "row" up to ROW_MERGE_MAX_BATCH rows.
@@ -192,14 +144,6 @@ ROW_MERGE_MAX_BATCH = 32
 
 
 SPLIT_PROGRAMS = 264  # ~2 programs per SM on an H200
-
-# The one-pass form (_one_pass_kernel: no splits, no merge launch) up to this many rows and this
-# static context bound, with W_UV applied; its tiling
-ONE_PASS_MAX_ROWS = 1
-ONE_PASS_MAX_LENGTH = 256
-ONE_PASS_BLOCK_N = 32
-ONE_PASS_BLOCK_V = 32
-ONE_PASS_WARPS = 8
 
 
 def auto_split(batch: int, length: int, programs: int | None = None, block: int = 32) -> int:
@@ -212,28 +156,13 @@ def auto_split(batch: int, length: int, programs: int | None = None, block: int 
 
 def mla_decode(q: torch.Tensor, cache_layer: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
                length: int, scale: float, rank: int, split_len: int | None = None,
-               w_uv_t: torch.Tensor | None = None, merge: str | None = None, one_pass: bool | None = None
-               ) -> torch.Tensor:
+               w_uv_t: torch.Tensor | None = None, merge: str | None = None) -> torch.Tensor:
     """q: [B, H, rank+rope] (absorbed query: latent part then RoPE part); cache_layer: [S, N, rank+rope];
     slots, lens: [B]; length: static bound >= every len; split_len: keys per split program (default
     auto_split); merge: "row" or "block" (both compute the same; default by batch size). Returns o_lat [B, H, rank]; or, given
     w_uv_t [H, rank, V], the value heads o_lat (rounded to q's dtype) @ w_uv_t[h] with float32
-    accumulation, rounded: [B, H*V], ready for o_proj. Two launches, graph-safe; with W_UV, one_pass
-    (default: up to ONE_PASS_MAX_ROWS rows and ONE_PASS_MAX_LENGTH) computes the same in one."""
+    accumulation, rounded: [B, H*V], ready for o_proj. Two launches, graph-safe."""
     b, h, width = q.shape
-    if one_pass is None:
-        one_pass = w_uv_t is not None and b <= ONE_PASS_MAX_ROWS and length <= ONE_PASS_MAX_LENGTH
-    if one_pass:
-        assert w_uv_t is not None and w_uv_t.is_contiguous() and w_uv_t.shape[:2] == (h, rank)
-        v = w_uv_t.shape[2]
-        out = torch.empty(b, h * v, dtype=q.dtype, device=q.device)  # [B, H*V]
-        block_v = min(ONE_PASS_BLOCK_V, triton.next_power_of_2(v))
-        _one_pass_kernel[(b, h, triton.cdiv(v, block_v))](
-            q.contiguous(), cache_layer, slots, lens, w_uv_t, out, scale, cache_layer.stride(0), cache_layer.stride(1),
-            H=h, RANK=rank, ROPE=width - rank, V=v, RANK_P=triton.next_power_of_2(rank),
-            ROPE_P=triton.next_power_of_2(width - rank), BLOCK_N=ONE_PASS_BLOCK_N, BLOCK_V=block_v,
-            num_warps=ONE_PASS_WARPS)
-        return out
     split_len = split_len or auto_split(b, length)
     n_splits = triton.cdiv(length, split_len)
     part_o = torch.empty(b, n_splits, h, rank, dtype=torch.float32, device=q.device)  # [B, S, H, rank] per split

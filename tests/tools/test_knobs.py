@@ -39,15 +39,12 @@ def test_tiling_and_split_flags(monkeypatch):
     from engine.kernels import mla_decode, moe_experts
     for name in ("FEW_ROWS_TILING", "DENSE_TILING", "DENSE_MAX_ROWS"):
         monkeypatch.setattr(moe_experts, name, getattr(moe_experts, name))
-    for name in ("SPLIT_PROGRAMS", "ONE_PASS_MAX_ROWS", "ONE_PASS_BLOCK_V"):
-        monkeypatch.setattr(mla_decode, name, getattr(mla_decode, name))
+    monkeypatch.setattr(mla_decode, "SPLIT_PROGRAMS", mla_decode.SPLIT_PROGRAMS)
     p = argparse.ArgumentParser()
     knobs.add_arguments(p)
     few, dense = moe_experts.FEW_ROWS_TILING, moe_experts.DENSE_TILING
     knobs.apply(p.parse_args(["--expert-down-n", "32", "--expert-up-n", "16", "--expert-k", "256",
-                              "--split-programs", "8", "--dense-rows", "0", "--dense-n", "64", "--dense-warps", "8",
-                              "--one-pass-rows", "0", "--one-pass-block-v", "64"]))
-    assert (mla_decode.ONE_PASS_MAX_ROWS, mla_decode.ONE_PASS_BLOCK_V) == (0, 64)
+                              "--split-programs", "8", "--dense-rows", "0", "--dense-n", "64", "--dense-warps", "8"]))
     assert moe_experts.FEW_ROWS_TILING == dataclasses.replace(few, down_n=32, up_n=16, block_k=256)
     assert moe_experts.DENSE_TILING == dataclasses.replace(dense, up_n=64, num_warps=8)
     assert moe_experts.DENSE_MAX_ROWS == 0

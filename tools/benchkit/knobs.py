@@ -15,11 +15,6 @@ of the engine before anything is built, so one GPU call can time a change agains
     --dense-n             engine.kernels.moe_experts.DENSE_TILING    its column block
     --dense-k             engine.kernels.moe_experts.DENSE_TILING    its K block
     --dense-warps         engine.kernels.moe_experts.DENSE_TILING    its warps per program
-    --one-pass-rows       engine.kernels.mla_decode.ONE_PASS_MAX_ROWS   rows of the one-pass attention (0: split + merge)
-    --one-pass-length     engine.kernels.mla_decode.ONE_PASS_MAX_LENGTH its context bound
-    --one-pass-block-n    engine.kernels.mla_decode.ONE_PASS_BLOCK_N    its keys per step
-    --one-pass-block-v    engine.kernels.mla_decode.ONE_PASS_BLOCK_V    its value columns per program
-    --one-pass-warps      engine.kernels.mla_decode.ONE_PASS_WARPS      its warps per program
     --prefetch            engine.kernels.l2_prefetch.WEIGHTS         a layer's weights pulled into L2, a bit per
                                                                      l2_prefetch.NAMES entry (1: q_kv_a ... 32); 0: off
     --prefetch-next       engine.kernels.l2_prefetch.NEXT_WEIGHTS    the next layer's, likewise
@@ -51,7 +46,6 @@ def _names(v: int, default):
 
 EXPERTS = "engine.kernels.moe_experts"
 PREFETCH = "engine.kernels.l2_prefetch"
-MLA = "engine.kernels.mla_decode"
 # flag -> (module, constant, the constant's value from the flag's and the constant's default)
 KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", _as_is),
          "argmax_launches": ("engine.kernels.argmax", "MAX_ROWS", lambda v, default: 0 if v == 4 else default),
@@ -61,16 +55,11 @@ KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", _as_is),
          "expert_up_n": (EXPERTS, "FEW_ROWS_TILING", _tiling("up_n")),
          "expert_down_n": (EXPERTS, "FEW_ROWS_TILING", _tiling("down_n")),
          "expert_k": (EXPERTS, "FEW_ROWS_TILING", _tiling("block_k")),
-         "split_programs": (MLA, "SPLIT_PROGRAMS", _as_is),
+         "split_programs": ("engine.kernels.mla_decode", "SPLIT_PROGRAMS", _as_is),
          "dense_rows": (EXPERTS, "DENSE_MAX_ROWS", _as_is),
          "dense_n": (EXPERTS, "DENSE_TILING", _tiling("up_n")),
          "dense_k": (EXPERTS, "DENSE_TILING", _tiling("block_k")),
          "dense_warps": (EXPERTS, "DENSE_TILING", _tiling("num_warps")),
-         "one_pass_rows": (MLA, "ONE_PASS_MAX_ROWS", _as_is),
-         "one_pass_length": (MLA, "ONE_PASS_MAX_LENGTH", _as_is),
-         "one_pass_block_n": (MLA, "ONE_PASS_BLOCK_N", _as_is),
-         "one_pass_block_v": (MLA, "ONE_PASS_BLOCK_V", _as_is),
-         "one_pass_warps": (MLA, "ONE_PASS_WARPS", _as_is),
          "prefetch": (PREFETCH, "WEIGHTS", _names),
          "prefetch_next": (PREFETCH, "NEXT_WEIGHTS", _names),
          "prefetch_rows": (PREFETCH, "MAX_ROWS", _as_is),
