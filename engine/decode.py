@@ -68,7 +68,7 @@ def _decode_fused(model: DeepseekV2, x: torch.Tensor, inp: DecodeInputs, cache: 
     from engine.kernels import norm_proj
     one_row = x.shape[0] <= norm_proj.MAX_ROWS  # the norm in the q/kv_a projection's launch
     delta = None  # what the next norm adds to the residual stream
-    for i, layer in enumerate(model.layers):
+    for layer in model.layers:
         with phase("attention"):
             qkv = None
             if one_row and layer.attn.fused_decode:
@@ -76,30 +76,9 @@ def _decode_fused(model: DeepseekV2, x: torch.Tensor, inp: DecodeInputs, cache: 
                 h = None
             else:
                 h, x = norm(delta, layer.input_norm, x)
-            _prefetch(model, i, x.shape[0])
             h, x = layer.attn.decode_norm(h, x, layer.post_attn_norm, eps, inp.positions, inp.slots, inp.ctx_lens,
                                           inp.length, cache, qkv=qkv)
         delta = layer.mlp.parts(h, model.side_stream) if isinstance(layer.mlp, MoE) else layer.mlp.fused(h)
     with phase("lm_head"):
-        if model.prefetch_stream is not None:
-            torch.cuda.current_stream().wait_stream(model.prefetch_stream)  # joined (a graph's capture needs it)
         h, _ = norm(delta, model.norm, x)
         return F.linear(h, model.lm_head)  # [B, V]
-
-
-def _prefetch(model: DeepseekV2, i: int, rows: int) -> None:
-    """Layer i's weights that its attention chain's latency leaves time to pull into L2 (and the
-    next layer's, per l2_prefetch.NEXT_WEIGHTS), asked for on the prefetch stream, forked from the
-    main one after the layer's first launch; joined before the LM head. Changes no result."""
-    from engine.kernels import l2_prefetch
-    if model.prefetch_stream is None or rows > l2_prefetch.MAX_ROWS:
-        return
-    tensors = model.layers[i].decode_weights(l2_prefetch.WEIGHTS)
-    if i + 1 < len(model.layers):
-        tensors += model.layers[i + 1].decode_weights(l2_prefetch.NEXT_WEIGHTS)
-    if not tensors:
-        return
-    model.prefetch_stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(model.prefetch_stream):
-        for t in tensors:
-            l2_prefetch.prefetch(t)

@@ -141,19 +141,11 @@ def build_engine(spec: EngineSpec) -> Engine:
               attention=("mla_absorbed_triton" if model.layers[0].attn.fused_decode else "mla_absorbed")
               if graphs else "mla_expand",
               experts=getattr(backend, "kernel", "per_rank"), shared_experts_stream=model.side_stream is not None,
-              l2_prefetch=prefetch_plan() if model.prefetch_stream is not None else None,
               **(one_launch_sizes(backend, cfg) if kernels else {}))
     log_event("engine_ready", backend=entry.name, maturity=entry.maturity, ep_size=spec.ep_size,
               max_model_len=max_len, kv_slots=slots, kv_bytes=cache.data.numel() * cache.data.element_size(),
               startup_s=round(time.perf_counter() - t0, 4))
     return Engine(spec, cfg, model, cache, backend, graphs, prefill_graphs)
-
-
-def prefetch_plan() -> dict:
-    """What the fused decode step pulls into L2 ahead of use (engine/kernels/l2_prefetch.py)."""
-    from engine.kernels import l2_prefetch as p
-    return dict(weights=list(p.WEIGHTS), next_layer=list(p.NEXT_WEIGHTS), max_rows=p.MAX_ROWS, programs=p.PROGRAMS,
-                evict_last=p.EVICT_LAST)
 
 
 def one_launch_sizes(backend, cfg: ModelConfig) -> dict:

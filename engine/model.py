@@ -66,16 +66,6 @@ class DecoderLayer:
         else:
             self.mlp = MLP(w.pop(f"{m}.gate_proj.weight"), w.pop(f"{m}.up_proj.weight"), w.pop(f"{m}.down_proj.weight"))
 
-    def decode_weights(self, names: tuple[str, ...]) -> list[torch.Tensor]:
-        """The named weights of this layer that it has, in the order named (for
-        engine/kernels/l2_prefetch.py): q_kv_a, w_uv, o_proj, and a MoE layer's gate, shared_gate_up,
-        shared_down."""
-        a, m = self.attn, self.mlp
-        have = dict(q_kv_a=a.q_kv_a, w_uv=a.w_uv_t, o_proj=a.o_proj)
-        if isinstance(m, MoE):
-            have.update(gate=m.gate_weight, shared_gate_up=m.shared.gate_up, shared_down=m.shared.down)
-        return [have[n] for n in names if n in have]
-
     def run(self, x: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """x: [T, H] -> [T, H]: attention (whichever form `attend` computes, on the normed input),
         then the dense MLP or the MoE, each added to the residual stream."""
@@ -104,7 +94,6 @@ class DeepseekV2:
         self.lm_head = self.embed if cfg.tie_word_embeddings else weights.pop("lm_head.weight")  # [V, H]
         self.fused_kernels = False  # Triton RMSNorm/MLA decode kernels in the decode step; see use_kernels
         self.side_stream: torch.cuda.Stream | None = None  # the shared experts' stream in the fused step
-        self.prefetch_stream: torch.cuda.Stream | None = None  # the fused step's L2 prefetches (kernels/l2_prefetch.py)
         self.argmax_ticket: torch.Tensor | None = None  # the fused step's greedy choice (kernels/argmax.py)
         if weights:
             raise ValueError(f"unused tensors after building the model: {sorted(weights)[:3]}")
@@ -113,7 +102,6 @@ class DeepseekV2:
         self.fused_kernels = on
         if on and self.embed.is_cuda and self.side_stream is None:
             self.side_stream = torch.cuda.Stream(device=self.embed.device)
-            self.prefetch_stream = torch.cuda.Stream(device=self.embed.device)
         if on and self.argmax_ticket is None:
             from engine.kernels import argmax, ticket
             self.argmax_ticket = ticket.tickets(argmax.MAX_ROWS, self.embed.device)

@@ -49,18 +49,3 @@ def test_tiling_and_split_flags(monkeypatch):
     assert moe_experts.DENSE_TILING == dataclasses.replace(dense, up_n=64, num_warps=8)
     assert moe_experts.DENSE_MAX_ROWS == 0
     assert mla_decode.auto_split(1, 1024) == 128  # 8 splits of 1,024 keys
-
-
-def test_prefetch_flags(monkeypatch):
-    from engine.kernels import l2_prefetch
-    for name in ("WEIGHTS", "NEXT_WEIGHTS", "MAX_ROWS", "PROGRAMS", "EVICT_LAST"):
-        monkeypatch.setattr(l2_prefetch, name, getattr(l2_prefetch, name))
-    p = argparse.ArgumentParser()
-    knobs.add_arguments(p)
-    knobs.apply(p.parse_args(["--prefetch", "20", "--prefetch-next", "1", "--prefetch-rows", "8",
-                              "--prefetch-programs", "64", "--prefetch-evict-last", "0"]))
-    assert l2_prefetch.WEIGHTS == ("o_proj", "shared_gate_up")  # bits 2 and 4
-    assert l2_prefetch.NEXT_WEIGHTS == ("q_kv_a",)
-    assert (l2_prefetch.MAX_ROWS, l2_prefetch.PROGRAMS, l2_prefetch.EVICT_LAST) == (8, 64, False)
-    knobs.apply(p.parse_args(["--prefetch", "0"]))
-    assert l2_prefetch.WEIGHTS == ()

@@ -15,12 +15,6 @@ of the engine before anything is built, so one GPU call can time a change agains
     --dense-n             engine.kernels.moe_experts.DENSE_TILING    its column block
     --dense-k             engine.kernels.moe_experts.DENSE_TILING    its K block
     --dense-warps         engine.kernels.moe_experts.DENSE_TILING    its warps per program
-    --prefetch            engine.kernels.l2_prefetch.WEIGHTS         a layer's weights pulled into L2, a bit per
-                                                                     l2_prefetch.NAMES entry (1: q_kv_a ... 32); 0: off
-    --prefetch-next       engine.kernels.l2_prefetch.NEXT_WEIGHTS    the next layer's, likewise
-    --prefetch-rows       engine.kernels.l2_prefetch.MAX_ROWS        rows up to which the step prefetches
-    --prefetch-programs   engine.kernels.l2_prefetch.PROGRAMS        programs of a prefetch launch
-    --prefetch-evict-last engine.kernels.l2_prefetch.EVICT_LAST      1: the L2::evict_last hint; 0: none
 """
 from __future__ import annotations
 
@@ -38,14 +32,7 @@ def _tiling(field: str):
     return lambda v, default: dataclasses.replace(default, **{field: v})
 
 
-def _names(v: int, default):
-    """The l2_prefetch.NAMES whose bits are set in v (bit i: NAMES[i])."""
-    from engine.kernels.l2_prefetch import NAMES
-    return tuple(n for i, n in enumerate(NAMES) if v >> i & 1)
-
-
 EXPERTS = "engine.kernels.moe_experts"
-PREFETCH = "engine.kernels.l2_prefetch"
 # flag -> (module, constant, the constant's value from the flag's and the constant's default)
 KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", _as_is),
          "argmax_launches": ("engine.kernels.argmax", "MAX_ROWS", lambda v, default: 0 if v == 4 else default),
@@ -59,13 +46,8 @@ KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", _as_is),
          "dense_rows": (EXPERTS, "DENSE_MAX_ROWS", _as_is),
          "dense_n": (EXPERTS, "DENSE_TILING", _tiling("up_n")),
          "dense_k": (EXPERTS, "DENSE_TILING", _tiling("block_k")),
-         "dense_warps": (EXPERTS, "DENSE_TILING", _tiling("num_warps")),
-         "prefetch": (PREFETCH, "WEIGHTS", _names),
-         "prefetch_next": (PREFETCH, "NEXT_WEIGHTS", _names),
-         "prefetch_rows": (PREFETCH, "MAX_ROWS", _as_is),
-         "prefetch_programs": (PREFETCH, "PROGRAMS", _as_is),
-         "prefetch_evict_last": (PREFETCH, "EVICT_LAST", lambda v, default: bool(v))}
-CHOICES = {"argmax_launches": [1, 4], "norm_proj_rows": [0, 1], "router_launches": [1, 2], "prefetch_evict_last": [0, 1]}
+         "dense_warps": (EXPERTS, "DENSE_TILING", _tiling("num_warps"))}
+CHOICES = {"argmax_launches": [1, 4], "norm_proj_rows": [0, 1], "router_launches": [1, 2]}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
