@@ -22,6 +22,7 @@ from engine.kernels.ticket import last_to_finish
 MAX_ROWS = 1  # above this cuBLAS's o_proj (its weight read once for all rows) and the norm kernel win
 BLOCK_J = 16  # output columns per program: 128 programs at lite's 2048
 BLOCK_K = 512  # input columns per step; with 4 warps a [16, 512] tile is 64 values per thread
+NUM_WARPS = 4
 
 
 @triton.jit
@@ -55,12 +56,14 @@ def _proj_norm_kernel(v_ptr, w_o_ptr, res_ptr, norm_w_ptr, o_ptr, h_out_ptr, x_o
 
 
 def proj_norm(v: torch.Tensor, o_proj: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-              count: torch.Tensor, block_j: int = BLOCK_J, block_k: int = BLOCK_K, num_warps: int = 4
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+              count: torch.Tensor, block_j: int | None = None, block_k: int | None = None,
+              num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """v [B, nh*V]: the merged value heads; o_proj [HID, nh*V]; residual [B, HID]; norm_weight [HID];
     count: engine/kernels/ticket.py's tickets, one per row. With delta = o_proj(v) returns
     (norm(residual + delta) * norm_weight, residual + delta), as rmsnorm(delta, norm_weight, eps,
-    residual=residual). One launch, graph-safe."""
+    residual=residual). One launch, graph-safe. The tiling defaults to the module's BLOCK_J, BLOCK_K
+    and NUM_WARPS."""
+    block_j, block_k, num_warps = block_j or BLOCK_J, block_k or BLOCK_K, num_warps or NUM_WARPS
     b, k = v.shape
     hid = o_proj.shape[0]
     assert b <= count.numel() and v.is_contiguous() and o_proj.is_contiguous() and o_proj.shape[1] == k

@@ -29,39 +29,57 @@ def _norm_proj_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr
                       BLOCK_K: tl.constexpr):
     j = tl.program_id(0)
     dtype = x_out_ptr.dtype.element_ty
-    # pass 1: the new residual row (program 0 stores it) and its sum of squares
-    sq = tl.zeros([BLOCK_K], tl.float32)
-    for k0 in tl.static_range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
+    r = j * BLOCK_J + tl.arange(0, BLOCK_J)
+    r_ok = r < N
+    if BLOCK_K >= K:
+        # the block's whole rows of the projection in one tile, asked for before the norm so that
+        # their latency overlaps it (a store comes first otherwise, and loads are not moved above it)
+        ks = tl.arange(0, BLOCK_K)
         k_ok = ks < K
+        w = tl.load(w_ptr + r[:, None] * K + ks[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
         x = residual_sum(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K, MODE, dtype)
         if MODE != 0 and j == 0:
             tl.store(x_out_ptr + ks, x, mask=k_ok)
         xf = x.to(tl.float32)
-        sq += xf * xf
-    scale = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
-    # pass 2: the normalised row (inputs again, from L1/L2) into this block of the projection
-    r = j * BLOCK_J + tl.arange(0, BLOCK_J)
-    r_ok = r < N
-    acc = tl.zeros([BLOCK_J, BLOCK_K], tl.float32)
-    for k0 in tl.static_range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < K
-        w = tl.load(w_ptr + r[:, None] * K + ks[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
-        x = residual_sum(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K, MODE, dtype)
-        h = (x.to(tl.float32) * scale).to(dtype)
+        h = (xf * tl.rsqrt(tl.sum(xf * xf, axis=0) / K + eps)).to(dtype)
         nw = tl.load(norm_w_ptr + ks, mask=k_ok, other=0.0)
         h = (nw.to(tl.float32) * h.to(tl.float32)).to(dtype)
-        acc += w.to(tl.float32) * h.to(tl.float32)[None, :]
-    tl.store(out_ptr + r, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=r_ok)
+        out = tl.sum(w.to(tl.float32) * h.to(tl.float32)[None, :], axis=1)
+        tl.store(out_ptr + r, out.to(out_ptr.dtype.element_ty), mask=r_ok)
+    else:
+        # pass 1: the new residual row (program 0 stores it) and its sum of squares
+        sq = tl.zeros([BLOCK_K], tl.float32)
+        for k0 in tl.static_range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < K
+            x = residual_sum(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K, MODE, dtype)
+            if MODE != 0 and j == 0:
+                tl.store(x_out_ptr + ks, x, mask=k_ok)
+            xf = x.to(tl.float32)
+            sq += xf * xf
+        scale = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
+        # pass 2: the normalised row (inputs again, from L1/L2) into this block of the projection
+        acc = tl.zeros([BLOCK_J, BLOCK_K], tl.float32)
+        for k0 in tl.static_range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < K
+            w = tl.load(w_ptr + r[:, None] * K + ks[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
+            x = residual_sum(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K, MODE, dtype)
+            h = (x.to(tl.float32) * scale).to(dtype)
+            nw = tl.load(norm_w_ptr + ks, mask=k_ok, other=0.0)
+            h = (nw.to(tl.float32) * h.to(tl.float32)).to(dtype)
+            acc += w.to(tl.float32) * h.to(tl.float32)[None, :]
+        tl.store(out_ptr + r, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=r_ok)
 
 
 def norm_proj(delta, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-              block_j: int = BLOCK_J, block_k: int = BLOCK_K, num_warps: int = NUM_WARPS
+              block_j: int | None = None, block_k: int | None = None, num_warps: int | None = None
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """delta: None, a [1, K] tensor, or a MoE layer's (routed [1, k, K] float32, shared [1, K]);
     residual [1, K]; norm_weight [K]; weight [N, K]. With x = residual + delta, returns
-    (F.linear(norm(x) * norm_weight, weight) [1, N], x [1, K]). One launch, graph-safe."""
+    (F.linear(norm(x) * norm_weight, weight) [1, N], x [1, K]). One launch, graph-safe. The tiling
+    defaults to the module's BLOCK_J, BLOCK_K (K or more: the one-tile form) and NUM_WARPS."""
+    block_j, block_k, num_warps = block_j or BLOCK_J, block_k or BLOCK_K, num_warps or NUM_WARPS
     t, k = residual.shape
     n = weight.shape[0]
     assert t == 1 and weight.is_contiguous() and weight.shape[1] == k

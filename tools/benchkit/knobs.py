@@ -5,8 +5,14 @@ of the engine before anything is built, so one GPU call can time a change agains
     --capture-priority    engine.cuda_graphs.CAPTURE_PRIORITY        stream priority (0: the side stream's)
     --argmax-launches     engine.kernels.argmax.MAX_ROWS             1: one launch (default); 4: the torch form
     --norm-proj-rows      engine.kernels.norm_proj.MAX_ROWS          1: input norm inside q/kv_a at one row; 0: apart
+    --norm-proj-k         engine.kernels.norm_proj.BLOCK_K           its K block (K or more: the row in one tile, loaded first)
+    --norm-proj-j         engine.kernels.norm_proj.BLOCK_J           its projection rows per program
+    --norm-proj-warps     engine.kernels.norm_proj.NUM_WARPS         its warps per program
     --router-launches     engine.kernels.moe_route.ONE_LAUNCH        1: logits and selection in one launch; 2: two
     --mla-output-rows     engine.kernels.mla_output.MAX_ROWS         rows of the o_proj + add + norm kernel (0: apart)
+    --mla-output-k        engine.kernels.mla_output.BLOCK_K          its K block
+    --mla-output-j        engine.kernels.mla_output.BLOCK_J          its output columns per program
+    --mla-output-warps    engine.kernels.mla_output.NUM_WARPS        its warps per program
     --expert-up-n         engine.kernels.moe_experts.FEW_ROWS_TILING  gate-up column block up to 512 routes
     --expert-down-n       engine.kernels.moe_experts.FEW_ROWS_TILING  down column block up to 512 routes
     --expert-k            engine.kernels.moe_experts.FEW_ROWS_TILING  K block of both up to 512 routes
@@ -37,8 +43,14 @@ EXPERTS = "engine.kernels.moe_experts"
 KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", _as_is),
          "argmax_launches": ("engine.kernels.argmax", "MAX_ROWS", lambda v, default: 0 if v == 4 else default),
          "norm_proj_rows": ("engine.kernels.norm_proj", "MAX_ROWS", _as_is),
+         "norm_proj_k": ("engine.kernels.norm_proj", "BLOCK_K", _as_is),
+         "norm_proj_j": ("engine.kernels.norm_proj", "BLOCK_J", _as_is),
+         "norm_proj_warps": ("engine.kernels.norm_proj", "NUM_WARPS", _as_is),
          "router_launches": ("engine.kernels.moe_route", "ONE_LAUNCH", lambda v, default: v == 1),
          "mla_output_rows": ("engine.kernels.mla_output", "MAX_ROWS", _as_is),
+         "mla_output_k": ("engine.kernels.mla_output", "BLOCK_K", _as_is),
+         "mla_output_j": ("engine.kernels.mla_output", "BLOCK_J", _as_is),
+         "mla_output_warps": ("engine.kernels.mla_output", "NUM_WARPS", _as_is),
          "expert_up_n": (EXPERTS, "FEW_ROWS_TILING", _tiling("up_n")),
          "expert_down_n": (EXPERTS, "FEW_ROWS_TILING", _tiling("down_n")),
          "expert_k": (EXPERTS, "FEW_ROWS_TILING", _tiling("block_k")),
