@@ -19,7 +19,9 @@ from engine.kernels.rmsnorm import residual_sum
 
 MAX_ROWS = 1  # the decode step uses it at one row (0: the norm kernel and cuBLAS's GEMV)
 BLOCK_J = 16  # projection rows per program: 228 programs for lite's 3,648
-BLOCK_K = 512  # input columns per step
+# input columns per step; K or more: the block's rows in one tile, loaded before the norm (measured
+# on the H200, docs/perf-notes.md row 36: 8.3 -> 7.0 µs a layer at lite's K = 2048)
+BLOCK_K = 2048
 NUM_WARPS = 4
 
 
