@@ -95,27 +95,11 @@ def _slot(active_ptr, counts_ptr, starts_ptr):
 
 
 @triton.jit
-def _l2_prefetch_rows(base, rows, n_rows, row_len, LINES: tl.constexpr, LINE_ELEMS: tl.constexpr):
-    """Ask L2 for rows `rows` ([R], clamped below n_rows) of row_len elements at base, a 128-byte
-    line at a time (LINES >= the lines of a row), and wait for nothing: the program's weights start
-    streaming in while it is still reading its routes (the loads that fetch them come later)."""
-    c = tl.minimum(tl.arange(0, LINES) * LINE_ELEMS, row_len - 1)
-    at = base + tl.minimum(rows, n_rows - 1)[:, None].to(tl.int64) * row_len + c[None, :]  # [R, LINES]
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [at], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
-@triton.jit
 def _gate_up_kernel(x_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, act_ptr, H, I, stride_we, TOPK,
-                    BY_ROUTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    PREFETCH: tl.constexpr = False, LINES: tl.constexpr = 1, LINE_ELEMS: tl.constexpr = 1):
+                    BY_ROUTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     e, count, start = _slot(active_ptr, counts_ptr, starts_ptr)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < I
-    if PREFETCH:  # this program's gate and up rows
-        w_e = w_ptr + e.to(tl.int64) * stride_we
-        _l2_prefetch_rows(w_e, n, I, H, LINES, LINE_ELEMS)
-        _l2_prefetch_rows(w_e + I * H, n, I, H, LINES, LINE_ELEMS)
     w_gate = w_ptr + e.to(tl.int64) * stride_we + n[None, :] * H  # rows [0, I) gate, [I, 2I) up
     w_up = w_gate + I * H
     for m0 in range(0, count, BLOCK_M):
@@ -143,13 +127,10 @@ def _gate_up_kernel(x_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr,
 
 @triton.jit
 def _down_kernel(act_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, weight_ptr, out_ptr, H, I, stride_we,
-                 BY_ROUTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 PREFETCH: tl.constexpr = False, LINES: tl.constexpr = 1, LINE_ELEMS: tl.constexpr = 1):
+                 BY_ROUTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     e, count, start = _slot(active_ptr, counts_ptr, starts_ptr)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < H
-    if PREFETCH:  # this program's rows of w2[e]
-        _l2_prefetch_rows(w_ptr + e.to(tl.int64) * stride_we, n, H, I, LINES, LINE_ELEMS)
     w_base = w_ptr + e.to(tl.int64) * stride_we + n[None, :] * I  # w2[e]: [H, I]
     for m0 in range(0, count, BLOCK_M):
         rows = m0 + tl.arange(0, BLOCK_M)
@@ -180,26 +161,12 @@ def _mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, al: Alignment, sl
     _gate_up_kernel[(slots, triton.cdiv(i, tiling.up_n))](
         x, w13, al.order, al.starts, al.counts, al.active, act, h, i, w13.stride(0), topk, BY_ROUTE=by_route,
         BLOCK_M=tiling.block_m,
-        BLOCK_N=tiling.up_n, BLOCK_K=tiling.block_k, num_warps=tiling.num_warps, num_stages=tiling.num_stages,
-        **_prefetch_args(EXPERT_PREFETCH, w13, h))
+        BLOCK_N=tiling.up_n, BLOCK_K=tiling.block_k, num_warps=tiling.num_warps, num_stages=tiling.num_stages)
     _down_kernel[(slots, triton.cdiv(h, tiling.down_n))](
         act, w2, al.order, al.starts, al.counts, al.active, weight, out, h, i, w2.stride(0), BY_ROUTE=by_route,
         BLOCK_M=tiling.block_m, BLOCK_N=tiling.down_n, BLOCK_K=tiling.block_k, num_warps=tiling.num_warps,
-        num_stages=tiling.num_stages, **_prefetch_args(EXPERT_PREFETCH, w2, i))
+        num_stages=tiling.num_stages)
     return out
-
-
-# The expert kernels ask L2 for their program's weight rows first thing (_l2_prefetch_rows; CUDA
-# only, Triton's interpreter runs no PTX): routed experts, and the dense SwiGLU's launch
-EXPERT_PREFETCH = False
-DENSE_PREFETCH = False
-
-
-def _prefetch_args(on: bool, w: torch.Tensor, row_len: int) -> dict:
-    if not (on and w.is_cuda):
-        return {}
-    return dict(PREFETCH=True, LINES=triton.next_power_of_2(triton.cdiv(row_len * w.element_size(), 128)),
-                LINE_ELEMS=128 // w.element_size())
 
 
 def fused_experts_token_major(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
@@ -253,7 +220,7 @@ def dense_swiglu(x: torch.Tensor, gate_up: torch.Tensor, al: Alignment, tiling: 
     _gate_up_kernel[(1, triton.cdiv(i, tiling.up_n))](
         x.contiguous(), gate_up, al.order, al.starts, al.counts, al.active, act, h, i, two_i * h, 1, BY_ROUTE=False,
         BLOCK_M=tiling.block_m, BLOCK_N=tiling.up_n, BLOCK_K=tiling.block_k, num_warps=tiling.num_warps,
-        num_stages=tiling.num_stages, **_prefetch_args(DENSE_PREFETCH, gate_up, h))
+        num_stages=tiling.num_stages)
     return act
 
 

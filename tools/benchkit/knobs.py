@@ -17,8 +17,9 @@ of the engine before anything is built, so one GPU call can time a change agains
     --expert-down-n       engine.kernels.moe_experts.FEW_ROWS_TILING  down column block up to 512 routes
     --expert-k            engine.kernels.moe_experts.FEW_ROWS_TILING  K block of both up to 512 routes
     --split-programs      engine.kernels.mla_decode.SPLIT_PROGRAMS   programs the split attention aims at
-    --expert-prefetch     engine.kernels.moe_experts.EXPERT_PREFETCH routed kernels ask L2 for their weights first (1/0)
-    --dense-prefetch      engine.kernels.moe_experts.DENSE_PREFETCH  the one-launch SwiGLU likewise (1/0)
+    --expert-stages       engine.kernels.moe_experts.FEW_ROWS_TILING  pipeline stages of both up to 512 routes
+    --expert-warps        engine.kernels.moe_experts.FEW_ROWS_TILING  warps per program of both up to 512 routes
+    --dense-stages        engine.kernels.moe_experts.DENSE_TILING    the one-launch SwiGLU's pipeline stages
     --dense-rows          engine.kernels.moe_experts.DENSE_MAX_ROWS  rows of the one-launch SwiGLU (0: cuBLAS)
     --dense-n             engine.kernels.moe_experts.DENSE_TILING    its column block
     --dense-k             engine.kernels.moe_experts.DENSE_TILING    its K block
@@ -57,14 +58,14 @@ KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", _as_is),
          "expert_down_n": (EXPERTS, "FEW_ROWS_TILING", _tiling("down_n")),
          "expert_k": (EXPERTS, "FEW_ROWS_TILING", _tiling("block_k")),
          "split_programs": ("engine.kernels.mla_decode", "SPLIT_PROGRAMS", _as_is),
-         "expert_prefetch": (EXPERTS, "EXPERT_PREFETCH", lambda v, default: bool(v)),
-         "dense_prefetch": (EXPERTS, "DENSE_PREFETCH", lambda v, default: bool(v)),
+         "expert_stages": (EXPERTS, "FEW_ROWS_TILING", _tiling("num_stages")),
+         "expert_warps": (EXPERTS, "FEW_ROWS_TILING", _tiling("num_warps")),
+         "dense_stages": (EXPERTS, "DENSE_TILING", _tiling("num_stages")),
          "dense_rows": (EXPERTS, "DENSE_MAX_ROWS", _as_is),
          "dense_n": (EXPERTS, "DENSE_TILING", _tiling("up_n")),
          "dense_k": (EXPERTS, "DENSE_TILING", _tiling("block_k")),
          "dense_warps": (EXPERTS, "DENSE_TILING", _tiling("num_warps"))}
-CHOICES = {"argmax_launches": [1, 4], "norm_proj_rows": [0, 1], "router_launches": [1, 2], "expert_prefetch": [0, 1],
-           "dense_prefetch": [0, 1]}
+CHOICES = {"argmax_launches": [1, 4], "norm_proj_rows": [0, 1], "router_launches": [1, 2]}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
