@@ -45,7 +45,16 @@ COMPACT_MAX_TOKENS = 16  # up to this many tokens the router lists the active ex
 MAX_ROUTES = 2048
 
 
+# One token's routes (a batch-1 decode step): four pipeline stages rather than three (one program
+# per SM then, where a batch-1 step launches about one wave); measured on the H200 (docs/perf-notes.md
+# row 38): batch-1 graph 2,026/2,040 µs with three, 2,011 with four, 2,054 with five, 2,251 with two.
+ONE_TOKEN_MAX_ROUTES = 8
+ONE_TOKEN_STAGES = 4
+
+
 def tiling_for(total_routes: int) -> Tiling:
+    if total_routes <= ONE_TOKEN_MAX_ROUTES:
+        return dataclasses.replace(FEW_ROWS_TILING, num_stages=ONE_TOKEN_STAGES)
     return FEW_ROWS_TILING if total_routes <= FEW_ROWS_MAX_ROUTES else TILING
 
 
@@ -189,7 +198,7 @@ def fused_experts_token_major(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tens
 # reduce and the SwiGLU launch. Up to DENSE_MAX_ROWS rows: measured on the H200 (docs/perf-notes.md
 # row 32) -45 µs a step at one row, +80 µs at eight.
 DENSE_MAX_ROWS = 1
-DENSE_TILING = Tiling(block_m=16, up_n=32)
+DENSE_TILING = Tiling(block_m=16, up_n=32, num_stages=4)  # 4 stages: 2,015 µs against 2,026/2,040 (row 38)
 
 
 class DenseRows:
