@@ -34,3 +34,44 @@ def test_norm_proj_matches_the_norm_kernel_and_cublas():
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(out[0], got)
+
+
+def test_norm_proj_with_the_prep_tails_matches_mla_prep():
+    """At lite's shapes, MLA's prep step in the launch's tails (FUSED_PREP) against the launch
+    without it then mla_prep: the absorbed query and the cache entry to bf16 rounding (another order
+    of sums), nothing else of the cache written, the same bits on each of 300 graph replays, the
+    tickets back at zero."""
+    from engine.cuda_graphs import capture
+    from engine.kernels.mla_prep import Prep, mla_prep
+    from engine.kernels.norm_proj import norm_proj
+    from engine.kernels.ticket import tickets
+    g = torch.Generator(device="cuda").manual_seed(1)
+    bf = torch.bfloat16
+    w = (torch.randn(3648, 2048, device="cuda", generator=g) * 0.02).to(bf)
+    nw = (1 + 0.1 * torch.randn(2048, device="cuda", generator=g)).to(bf)
+    res = torch.randn(1, 2048, device="cuda", generator=g).to(bf)
+    moe = (torch.randn(1, 6, 2048, device="cuda", generator=g), torch.randn(1, 2048, device="cuda", generator=g).to(bf))
+    w_uk = (torch.randn(16, 128, 512, device="cuda", generator=g) * 0.05).to(bf)
+    kv_norm = (1 + 0.1 * torch.randn(512, device="cuda", generator=g)).to(bf)
+    table = torch.polar(torch.ones(512, 32, device="cuda"), torch.randn(512, 32, device="cuda", generator=g))
+    pos, slot = torch.tensor([300], device="cuda"), torch.tensor([3], device="cuda")
+    cache_ref = torch.zeros(4, 512, 576, device="cuda", dtype=bf)
+    cache_got = cache_ref.clone()
+    qkv, x_ref = norm_proj(moe, res, nw, 1e-6, w)
+    q_ref = mla_prep(qkv[:, :3072], qkv[:, 3072:], kv_norm, w_uk, table, pos, slot, cache_ref).float()
+    tk = tickets(17, "cuda")
+    prep = Prep(w_uk, kv_norm, table, pos, slot, cache_got, tk)
+    q_got, x_got = norm_proj(moe, res, nw, 1e-6, w, prep=prep)
+    torch.cuda.synchronize()
+    assert torch.equal(x_got, x_ref) and not tk.any()
+    assert float((q_got.float() - q_ref).norm() / q_ref.norm()) < 1e-2
+    entry_ref, entry = cache_ref[3, 300].float(), cache_got[3, 300].float()
+    assert float((entry - entry_ref).norm() / entry_ref.norm()) < 1e-2
+    cache_got[3, 300] = 0
+    assert not cache_got.any()
+    graph, out = capture(lambda: norm_proj(moe, res, nw, 1e-6, w, prep=prep), None)
+    for _ in range(300):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out[0], q_got) and not tk.any()
+    assert torch.equal(cache_got[3, 300].float(), entry)
