@@ -35,7 +35,6 @@ class MLAttention:
         self.fused_decode = False  # the Triton MLA decode kernel (CUDA); set by the engine at start-up (use_kernels)
         self.fused_prefill = False  # the Triton packed-prompt attention kernel (CUDA); likewise
         self.out_count = None  # the output kernel's tickets (engine/kernels/mla_output.py), with fused_decode
-        self.prep_count = None  # the prep tails' tickets in the q/kv_a launch (kernels/norm_proj.py), likewise
         if cfg.q_lora_rank is None:
             q_in = w.pop(f"{a}.q_proj.weight")  # [nh*192, H]
             self.q_a_norm = self.q_b = None
@@ -64,17 +63,6 @@ class MLAttention:
         if self.fused_decode and self.out_count is None:
             from engine.kernels import mla_output, ticket
             self.out_count = ticket.tickets(mla_output.MAX_ROWS, self.o_proj.device)
-            if self.q_b is None:  # q straight from the projection: its heads are the launch's rows
-                self.prep_count = ticket.tickets(self.nh + 1, self.o_proj.device)
-
-    def prep_args(self, positions: torch.Tensor, slots: torch.Tensor, cache: MLACache):
-        """The prep step's inputs for the q/kv_a launch's tails (one row), or None where they cannot
-        run there (no fused decode, or a q LoRA between the projection and the heads)."""
-        if self.prep_count is None:
-            return None
-        from engine.kernels.mla_prep import Prep
-        return Prep(self.w_uk, self.kv_a_norm, self.rope.table, positions, slots, cache.data[self.layer],
-                    self.prep_count)
 
     def _project(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                  cache: MLACache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -145,29 +133,24 @@ class MLAttention:
 
     def decode_norm(self, x: torch.Tensor | None, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                     positions: torch.Tensor, slots: torch.Tensor, ctx_lens: torch.Tensor, length: int,
-                    cache: MLACache, qkv: torch.Tensor | None = None, q_full: torch.Tensor | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    cache: MLACache, qkv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """decode_absorbed, then its residual add and the post-attention RMSNorm: x [B, H] (normed),
         residual [B, H] -> (norm(residual + attention) * norm_weight, residual + attention). Fused at up
         to mla_output.MAX_ROWS rows: o_proj, the add and the norm in one launch. qkv: x's q_kv_a
-        projection, already made (engine/kernels/norm_proj.py; x is then not read); q_full: the
-        absorbed query, made with the cache entry in that launch (prep_args)."""
+        projection, already made (engine/kernels/norm_proj.py; x is then not read)."""
         from engine.kernels import mla_output
         from engine.kernels.rmsnorm import rmsnorm
         if not (self.fused_decode and residual.shape[0] <= mla_output.MAX_ROWS):
             return rmsnorm(self.decode_absorbed(x, positions, slots, ctx_lens, length, cache, qkv), norm_weight, eps,
                            residual=residual)
-        v = self._fused_values(x, positions, slots, ctx_lens, length, cache, qkv, q_full)
+        v = self._fused_values(x, positions, slots, ctx_lens, length, cache, qkv)
         return mla_output.proj_norm(v, self.o_proj, residual, norm_weight, eps, self.out_count)
 
     def _fused_values(self, x: torch.Tensor | None, positions: torch.Tensor, slots: torch.Tensor,
-                      ctx_lens: torch.Tensor, length: int, cache: MLACache, qkv: torch.Tensor | None,
-                      q_full: torch.Tensor | None = None) -> torch.Tensor:
-        """The Triton decode up to the value heads: absorbed query (unless given), split, merge with
-        W_UV -> [B, nh*128]."""
+                      ctx_lens: torch.Tensor, length: int, cache: MLACache, qkv: torch.Tensor | None) -> torch.Tensor:
+        """The Triton decode up to the value heads: absorbed query, split, merge with W_UV -> [B, nh*128]."""
         from engine.kernels.mla_decode import mla_decode
-        if q_full is None:
-            q_full = self.absorbed_query(x, positions, slots, cache, qkv)  # [B, nh, 576]
+        q_full = self.absorbed_query(x, positions, slots, cache, qkv)  # [B, nh, 576]
         return mla_decode(q_full, cache.data[self.layer], slots, ctx_lens, length, self.scale, self.rank,
                           w_uv_t=self.w_uv_t)
 

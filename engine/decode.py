@@ -70,17 +70,14 @@ def _decode_fused(model: DeepseekV2, x: torch.Tensor, inp: DecodeInputs, cache: 
     delta = None  # what the next norm adds to the residual stream
     for layer in model.layers:
         with phase("attention"):
-            qkv = q_full = None
+            qkv = None
             if one_row and layer.attn.fused_decode:
-                prep = layer.attn.prep_args(inp.positions, inp.slots, cache) if norm_proj.FUSED_PREP else None
-                qkv, x = norm_proj.norm_proj(delta, x, layer.input_norm, eps, layer.attn.q_kv_a, prep=prep)
-                if prep is not None:  # the launch made the absorbed query and the cache entry too
-                    qkv, q_full = None, qkv
+                qkv, x = norm_proj.norm_proj(delta, x, layer.input_norm, eps, layer.attn.q_kv_a)
                 h = None
             else:
                 h, x = norm(delta, layer.input_norm, x)
             h, x = layer.attn.decode_norm(h, x, layer.post_attn_norm, eps, inp.positions, inp.slots, inp.ctx_lens,
-                                          inp.length, cache, qkv=qkv, q_full=q_full)
+                                          inp.length, cache, qkv=qkv)
         delta = layer.mlp.parts(h, model.side_stream) if isinstance(layer.mlp, MoE) else layer.mlp.fused(h)
     with phase("lm_head"):
         h, _ = norm(delta, model.norm, x)

@@ -8,8 +8,6 @@ float32 by the complex table row and rounds; q_nope @ W_UK accumulates in float3
 torch.bmm does."""
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import triton
 import triton.language as tl
@@ -105,82 +103,3 @@ def mla_prep(q: torch.Tensor, kv: torch.Tensor, kv_norm: torch.Tensor, w_uk: tor
                        RANK_P=triton.next_power_of_2(rank), BLOCK_B=BLOCK_B, BLOCK_R=block_r, N_RCHUNK=n_rchunk,
                        INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     return q_out
-
-
-# The same step as tails of the q/kv_a launch at one row (engine/kernels/norm_proj.py, FUSED_PREP):
-# the last program to finish a head's rows of the projection makes that head's absorbed query, the
-# last of the kv rows normalises and ropes the latent into the cache. Same rounding as above; the
-# sums run in another order (q_nope @ W_UK as float32 multiply-adds, not tl.dot).
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Prep:
-    """What the prep tails need: w_uk [nh, nope, rank]; kv_norm [rank]; rope_table complex64
-    [max_len, rope/2]; positions, slots [1]; cache_layer [S, N, rank+rope]; tickets [nh + 1]
-    (engine/kernels/ticket.py, zero at rest)."""
-    w_uk: torch.Tensor
-    kv_norm: torch.Tensor
-    rope_table: torch.Tensor
-    positions: torch.Tensor
-    slots: torch.Tensor
-    cache_layer: torch.Tensor
-    tickets: torch.Tensor
-    eps: float = 1e-6
-
-
-@triton.jit
-def _rope_pairs_cg(src, table, i, mask):
-    """_rope_pairs for one row whose values other programs of the launch wrote (read past L1)."""
-    a = tl.load(src + 2 * i, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-    b = tl.load(src + 2 * i + 1, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-    c = tl.load(table + 2 * i, mask=mask, other=0.0)
-    s = tl.load(table + 2 * i + 1, mask=mask, other=0.0)
-    return a * c - b * s, a * s + b * c
-
-
-@triton.jit
-def prep_head_tail(q_ptr, w_uk_ptr, table, q_out_ptr, h, NOPE: tl.constexpr, ROPE: tl.constexpr,
-                   RANK: tl.constexpr, RANK_P: tl.constexpr, HALF_P: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Head h of one row: q_nope (q_ptr + h*(NOPE+ROPE)) @ W_UK[h] and the roped q_pe into
-    q_out [nh, RANK+ROPE]. W_UK is read in BLOCK_D-row steps with no store between them, so its
-    loads can all be in flight at once."""
-    dtype = q_out_ptr.dtype.element_ty
-    q_head = q_ptr + h * (NOPE + ROPE)
-    dr = tl.arange(0, RANK_P)
-    r_ok = dr < RANK
-    acc = tl.zeros([RANK_P], tl.float32)
-    for d0 in tl.static_range(0, NOPE, BLOCK_D):
-        dn = d0 + tl.arange(0, BLOCK_D)
-        d_ok = dn < NOPE
-        q = tl.load(q_head + dn, mask=d_ok, other=0.0, cache_modifier=".cg").to(tl.float32)  # [BD]
-        w = tl.load(w_uk_ptr + h * NOPE * RANK + dn[:, None] * RANK + dr[None, :], mask=d_ok[:, None] & r_ok[None, :],
-                    other=0.0)  # [BD, RANK_P]
-        acc += tl.sum(q[:, None] * w.to(tl.float32), axis=0)
-    out = q_out_ptr + h * (RANK + ROPE)
-    tl.store(out + dr, acc.to(dtype), mask=r_ok)
-    i = tl.arange(0, HALF_P)
-    pm = i < ROPE // 2
-    even, odd = _rope_pairs_cg(q_head + NOPE, table, i, pm)
-    tl.store(out + RANK + 2 * i, even.to(dtype), mask=pm)
-    tl.store(out + RANK + 2 * i + 1, odd.to(dtype), mask=pm)
-
-
-@triton.jit
-def prep_kv_tail(kv_ptr, norm_w_ptr, table, dst, eps, ROPE: tl.constexpr, RANK: tl.constexpr, RANK_P: tl.constexpr,
-                 HALF_P: tl.constexpr):
-    """The row's latent (kv_ptr: RANK values, then ROPE) normalised and times the weight, and its
-    roped key, written to the cache entry at dst."""
-    dtype = kv_ptr.dtype.element_ty
-    dl = tl.arange(0, RANK_P)
-    lm = dl < RANK
-    h = tl.load(kv_ptr + dl, mask=lm, other=0.0, cache_modifier=".cg").to(tl.float32)
-    h = (h * tl.rsqrt(tl.sum(h * h, axis=0) / RANK + eps)).to(dtype)
-    w = tl.load(norm_w_ptr + dl, mask=lm, other=0.0)
-    latent = (w.to(tl.float32) * h.to(tl.float32)).to(dtype)
-    i = tl.arange(0, HALF_P)
-    pm = i < ROPE // 2
-    even, odd = _rope_pairs_cg(kv_ptr + RANK, table, i, pm)
-    cdt = dst.dtype.element_ty
-    tl.store(dst + dl, latent.to(cdt), mask=lm)
-    tl.store(dst + RANK + 2 * i, even.to(dtype).to(cdt), mask=pm)
-    tl.store(dst + RANK + 2 * i + 1, odd.to(dtype).to(cdt), mask=pm)

@@ -15,9 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.mla_prep import Prep, prep_head_tail, prep_kv_tail
 from engine.kernels.rmsnorm import residual_sum
-from engine.kernels.ticket import last_to_finish
 
 MAX_ROWS = 1  # the decode step uses it at one row (0: the norm kernel and cuBLAS's GEMV)
 BLOCK_J = 16  # projection rows per program: 228 programs for lite's 3,648
@@ -25,19 +23,12 @@ BLOCK_J = 16  # projection rows per program: 228 programs for lite's 3,648
 # on the H200, docs/perf-notes.md row 36: 8.3 -> 7.0 µs a layer at lite's K = 2048)
 BLOCK_K = 2048
 NUM_WARPS = 4
-# MLA's prep step (engine/kernels/mla_prep.py) in this launch's tails, where the decode step passes
-# a Prep (MLAttention.prep_args); then no prep launch
-FUSED_PREP = True
 
 
 @triton.jit
 def _norm_proj_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr, x_out_ptr, N, eps,
-                      ticket_ptr, w_uk_ptr, kv_norm_ptr, table_ptr, pos_ptr, slots_ptr, cache_ptr, q_out_ptr,
-                      stride_cs, stride_cn, kv_eps,
                       K: tl.constexpr, TOP_K: tl.constexpr, MODE: tl.constexpr, BLOCK_J: tl.constexpr,
-                      BLOCK_K: tl.constexpr, PREP: tl.constexpr = False, NH: tl.constexpr = 1,
-                      NOPE: tl.constexpr = 1, ROPE: tl.constexpr = 2, RANK: tl.constexpr = 1,
-                      RANK_P: tl.constexpr = 1, HALF_P: tl.constexpr = 1, BLOCK_D: tl.constexpr = 1):
+                      BLOCK_K: tl.constexpr):
     j = tl.program_id(0)
     dtype = x_out_ptr.dtype.element_ty
     r = j * BLOCK_J + tl.arange(0, BLOCK_J)
@@ -81,34 +72,15 @@ def _norm_proj_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr
             h = (nw.to(tl.float32) * h.to(tl.float32)).to(dtype)
             acc += w.to(tl.float32) * h.to(tl.float32)[None, :]
         tl.store(out_ptr + r, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=r_ok)
-    if PREP:
-        # group g < NH: head g's NOPE+ROPE rows of q (a whole number of blocks); g == NH: the kv rows
-        per_head = (NOPE + ROPE) // BLOCK_J
-        g = tl.minimum(j // per_head, NH)
-        members = tl.where(g < NH, per_head, tl.num_programs(0) - NH * per_head)
-        if last_to_finish(ticket_ptr + g, members):
-            pos = tl.load(pos_ptr)
-            table = table_ptr + pos.to(tl.int64) * ROPE  # float32 (cos, sin) pairs of the row's position
-            if g < NH:
-                prep_head_tail(out_ptr, w_uk_ptr, table, q_out_ptr, g, NOPE, ROPE, RANK, RANK_P, HALF_P, BLOCK_D)
-            else:
-                slot = tl.load(slots_ptr)
-                dst = cache_ptr + slot.to(tl.int64) * stride_cs + pos.to(tl.int64) * stride_cn
-                prep_kv_tail(out_ptr + NH * (NOPE + ROPE), kv_norm_ptr, table, dst, kv_eps, ROPE, RANK, RANK_P,
-                             HALF_P)
-            tl.store(ticket_ptr + g, 0)  # every member has taken its ticket: ready for the next launch
 
 
 def norm_proj(delta, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-              block_j: int | None = None, block_k: int | None = None, num_warps: int | None = None,
-              prep: Prep | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              block_j: int | None = None, block_k: int | None = None, num_warps: int | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """delta: None, a [1, K] tensor, or a MoE layer's (routed [1, k, K] float32, shared [1, K]);
     residual [1, K]; norm_weight [K]; weight [N, K]. With x = residual + delta, returns
     (F.linear(norm(x) * norm_weight, weight) [1, N], x [1, K]). One launch, graph-safe. The tiling
-    defaults to the module's BLOCK_J, BLOCK_K (K or more: the one-tile form) and NUM_WARPS.
-    prep: the projection is MLA's q (nh heads of nope + rope rows) then kv_a (rank + rope rows); the
-    launch's tails also do mla_prep's work (the latent and roped key into the cache) and it returns
-    (the absorbed query [1, nh, rank + rope], x) instead; blocks shrink to fit a head's rows."""
+    defaults to the module's BLOCK_J, BLOCK_K (K or more: the one-tile form) and NUM_WARPS."""
     block_j, block_k, num_warps = block_j or BLOCK_J, block_k or BLOCK_K, num_warps or NUM_WARPS
     t, k = residual.shape
     n = weight.shape[0]
@@ -123,22 +95,7 @@ def norm_proj(delta, residual: torch.Tensor, norm_weight: torch.Tensor, eps: flo
         mode, routed, d, top_k = 1, residual, delta.contiguous(), 1
     out = torch.empty(t, n, dtype=weight.dtype, device=weight.device)  # [1, N]
     x_out = torch.empty_like(residual) if mode else residual
-    args, extra, q_out = (out,) * 8 + (0, 0, 0.0), {}, None  # the prep arguments, unused without prep
-    if prep is not None:
-        nh, nope, rank = prep.w_uk.shape
-        rope = 2 * prep.rope_table.shape[1]
-        head = (n - rank - rope) // nh  # nope + rope
-        assert head == nope + rope and nh * head + rank + rope == n and prep.tickets.numel() > nh
-        assert prep.w_uk.is_contiguous() and prep.cache_layer.stride(2) == 1
-        block_j = min(block_j, head & -head)  # the largest power of two dividing a head's rows
-        table = torch.view_as_real(prep.rope_table)  # [max_len, rope/2, 2] float32
-        q_out = torch.empty(t, nh, rank + rope, dtype=weight.dtype, device=weight.device)  # [1, nh, rank+rope]
-        c = prep.cache_layer
-        args = (prep.tickets, prep.w_uk, prep.kv_norm, table, prep.positions, prep.slots, c, q_out, c.stride(0),
-                c.stride(1), prep.eps)
-        extra = dict(PREP=True, NH=nh, NOPE=nope, ROPE=rope, RANK=rank, RANK_P=triton.next_power_of_2(rank),
-                     HALF_P=triton.next_power_of_2(rope // 2), BLOCK_D=min(16, triton.next_power_of_2(nope)))
     _norm_proj_kernel[(triton.cdiv(n, block_j),)](
-        routed, d, residual, norm_weight, weight, out, x_out, n, eps, *args, K=k, TOP_K=top_k, MODE=mode,
-        BLOCK_J=block_j, BLOCK_K=min(block_k, triton.next_power_of_2(k)), num_warps=num_warps, **extra)
-    return (out if q_out is None else q_out), x_out
+        routed, d, residual, norm_weight, weight, out, x_out, n, eps, K=k, TOP_K=top_k, MODE=mode, BLOCK_J=block_j,
+        BLOCK_K=min(block_k, triton.next_power_of_2(k)), num_warps=num_warps)
+    return out, x_out

@@ -130,34 +130,6 @@ for dt in (torch.float32, torch.bfloat16):
             assert got.shape == (1, n) and got.dtype == dt and torch.allclose(got.float(), want, rtol=tol, atol=tol), (
                 dt, type(delta), block_k, (got.float() - want).abs().max())
 
-# ... with MLA's prep step in the launch's tails: the absorbed query and the cache entry against
-# norm_proj then mla_prep, the tickets back at zero; heads of 24 rows (so blocks of 8), a rank and
-# a width that are not powers of two
-from engine.kernels.mla_prep import Prep, mla_prep
-from engine.kernels.ticket import tickets
-nh, nope, rope, rank, hid = 3, 16, 8, 40, 200
-n = nh * (nope + rope) + rank + rope
-w = torch.randn(n, hid, generator=g) / 8
-nw = 1 + 0.1 * torch.randn(hid, generator=g)
-res = torch.randn(1, hid, generator=g)
-w_uk = torch.randn(nh, nope, rank, generator=g) / 4
-kv_norm = 1 + 0.1 * torch.randn(rank, generator=g)
-table = torch.polar(torch.ones(64, rope // 2), torch.randn(64, rope // 2, generator=g))
-pos, slot = torch.tensor([37]), torch.tensor([2])
-for delta in (None, (torch.randn(1, 3, hid, generator=g), torch.randn(1, hid, generator=g))):
-    cache_ref = torch.zeros(4, 64, rank + rope)
-    cache_got = cache_ref.clone()
-    qkv, x_ref = norm_proj(delta, res, nw, 1e-6, w)
-    q_ref = mla_prep(qkv[:, :nh * (nope + rope)], qkv[:, nh * (nope + rope):], kv_norm, w_uk, table, pos, slot,
-                     cache_ref)
-    tk = tickets(nh + 1, "cpu")
-    q_got, x_got = norm_proj(delta, res, nw, 1e-6, w, prep=Prep(w_uk, kv_norm, table, pos, slot, cache_got, tk))
-    assert torch.equal(x_got, x_ref) and not tk.any()
-    assert q_got.shape == q_ref.shape and torch.allclose(q_got, q_ref, rtol=1e-5, atol=1e-5), (
-        (q_got - q_ref).abs().max())
-    assert torch.allclose(cache_got, cache_ref, rtol=1e-5, atol=1e-5) and cache_got[2, 37].abs().sum() > 0
-    assert cache_got[:, :37].abs().sum() == 0 and cache_got[:2].abs().sum() == 0  # nothing else written
-
 # the one-launch greedy choice: torch.argmax, ties (the first of equal maxima, across and inside
 # chunks), -inf rows, NaN (the first NaN wins, as in torch), strided rows; the tickets back at zero
 from engine.kernels.argmax import MAX_ROWS, argmax

@@ -8,7 +8,6 @@ of the engine before anything is built, so one GPU call can time a change agains
     --norm-proj-k         engine.kernels.norm_proj.BLOCK_K           its K block (K or more: the row in one tile, loaded first)
     --norm-proj-j         engine.kernels.norm_proj.BLOCK_J           its projection rows per program
     --norm-proj-warps     engine.kernels.norm_proj.NUM_WARPS         its warps per program
-    --norm-proj-prep      engine.kernels.norm_proj.FUSED_PREP        1: MLA's prep in its tails at one row; 0: a launch
     --router-launches     engine.kernels.moe_route.ONE_LAUNCH        1: logits and selection in one launch; 2: two
     --mla-output-rows     engine.kernels.mla_output.MAX_ROWS         rows of the o_proj + add + norm kernel (0: apart)
     --mla-output-k        engine.kernels.mla_output.BLOCK_K          its K block
@@ -50,7 +49,6 @@ KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", _as_is),
          "norm_proj_k": ("engine.kernels.norm_proj", "BLOCK_K", _as_is),
          "norm_proj_j": ("engine.kernels.norm_proj", "BLOCK_J", _as_is),
          "norm_proj_warps": ("engine.kernels.norm_proj", "NUM_WARPS", _as_is),
-         "norm_proj_prep": ("engine.kernels.norm_proj", "FUSED_PREP", lambda v, default: bool(v)),
          "router_launches": ("engine.kernels.moe_route", "ONE_LAUNCH", lambda v, default: v == 1),
          "mla_output_rows": ("engine.kernels.mla_output", "MAX_ROWS", _as_is),
          "mla_output_k": ("engine.kernels.mla_output", "BLOCK_K", _as_is),
@@ -67,7 +65,7 @@ KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", _as_is),
          "dense_n": (EXPERTS, "DENSE_TILING", _tiling("up_n")),
          "dense_k": (EXPERTS, "DENSE_TILING", _tiling("block_k")),
          "dense_warps": (EXPERTS, "DENSE_TILING", _tiling("num_warps"))}
-CHOICES = {"argmax_launches": [1, 4], "norm_proj_rows": [0, 1], "router_launches": [1, 2], "norm_proj_prep": [0, 1]}
+CHOICES = {"argmax_launches": [1, 4], "norm_proj_rows": [0, 1], "router_launches": [1, 2]}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
