@@ -5,7 +5,7 @@ of the engine before anything is built, so one GPU call can time a change agains
     --capture-priority    engine.cuda_graphs.CAPTURE_PRIORITY        stream priority (0: the side stream's)
     --argmax-launches     engine.kernels.argmax.MAX_ROWS             1: one launch (default); 4: the torch form
     --norm-proj-rows      engine.kernels.norm_proj.MAX_ROWS          1: input norm inside q/kv_a at one row; 0: apart
-    --norm-proj-k         engine.kernels.norm_proj.BLOCK_K           its K block (K or more: the row in one tile, loaded first)
+    --norm-proj-k         engine.kernels.norm_proj.BLOCK_K           its K block (K or more: one tile, loaded first)
     --norm-proj-j         engine.kernels.norm_proj.BLOCK_J           its projection rows per program
     --norm-proj-warps     engine.kernels.norm_proj.NUM_WARPS         its warps per program
     --router-launches     engine.kernels.moe_route.ONE_LAUNCH        1: logits and selection in one launch; 2: two
