@@ -14,6 +14,7 @@ backend that runs its experts here gets the same bits for the same route."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import triton
@@ -54,8 +55,14 @@ ONE_TOKEN_STAGES = 4
 
 def tiling_for(total_routes: int) -> Tiling:
     if total_routes <= ONE_TOKEN_MAX_ROUTES:
-        return dataclasses.replace(FEW_ROWS_TILING, num_stages=ONE_TOKEN_STAGES)
+        return _staged(FEW_ROWS_TILING, ONE_TOKEN_STAGES)
     return FEW_ROWS_TILING if total_routes <= FEW_ROWS_MAX_ROUTES else TILING
+
+
+@functools.cache
+def _staged(tiling: Tiling, stages: int) -> Tiling:
+    """tiling with `stages` pipeline stages, made once per pair (tiling_for runs at every MoE call)."""
+    return dataclasses.replace(tiling, num_stages=stages)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

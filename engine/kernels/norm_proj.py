@@ -26,6 +26,15 @@ NUM_WARPS = 4
 
 
 @triton.jit
+def _normed(x, scale, norm_w_ptr, ks, k_ok, dtype: tl.constexpr):
+    """Columns ks of the normalised row: x times the row's scale, rounded, times the norm weight,
+    rounded (rmsnorm.py's order)."""
+    h = (x.to(tl.float32) * scale).to(dtype)
+    nw = tl.load(norm_w_ptr + ks, mask=k_ok, other=0.0)
+    return (nw.to(tl.float32) * h.to(tl.float32)).to(dtype)
+
+
+@triton.jit
 def _norm_proj_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr, x_out_ptr, N, eps,
                       K: tl.constexpr, TOP_K: tl.constexpr, MODE: tl.constexpr, BLOCK_J: tl.constexpr,
                       BLOCK_K: tl.constexpr):
@@ -43,9 +52,7 @@ def _norm_proj_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr
         if MODE != 0 and j == 0:
             tl.store(x_out_ptr + ks, x, mask=k_ok)
         xf = x.to(tl.float32)
-        h = (xf * tl.rsqrt(tl.sum(xf * xf, axis=0) / K + eps)).to(dtype)
-        nw = tl.load(norm_w_ptr + ks, mask=k_ok, other=0.0)
-        h = (nw.to(tl.float32) * h.to(tl.float32)).to(dtype)
+        h = _normed(x, tl.rsqrt(tl.sum(xf * xf, axis=0) / K + eps), norm_w_ptr, ks, k_ok, dtype)
         out = tl.sum(w.to(tl.float32) * h.to(tl.float32)[None, :], axis=1)
         tl.store(out_ptr + r, out.to(out_ptr.dtype.element_ty), mask=r_ok)
     else:
@@ -67,9 +74,7 @@ def _norm_proj_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr
             k_ok = ks < K
             w = tl.load(w_ptr + r[:, None] * K + ks[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
             x = residual_sum(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K, MODE, dtype)
-            h = (x.to(tl.float32) * scale).to(dtype)
-            nw = tl.load(norm_w_ptr + ks, mask=k_ok, other=0.0)
-            h = (nw.to(tl.float32) * h.to(tl.float32)).to(dtype)
+            h = _normed(x, scale, norm_w_ptr, ks, k_ok, dtype)
             acc += w.to(tl.float32) * h.to(tl.float32)[None, :]
         tl.store(out_ptr + r, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=r_ok)
 
