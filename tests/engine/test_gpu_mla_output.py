@@ -61,3 +61,58 @@ def test_output_kernel_matches_the_separate_kernels_and_replays_the_same_bits():
         assert all(torch.equal(a, b) for a, b in zip(first, out)), rows
         assert torch.equal(first[0], h_got) and torch.equal(first[1], x_got), rows
         assert not attn.out_count.any()
+
+
+def test_output_kernel_makes_the_moe_gate_and_replays_the_same_bits():
+    # lite's gate (64 experts, top 6, greedy) in the output launch at one row (moe_route.TailGate):
+    # the row's outputs are those of the launch without it; the routes are the top 6 of the float32
+    # logits W (w * x) / rms that it computes (checked in float64 where the 6th and 7th are not tied),
+    # with weights a bf16 rounding step from the router kernel's over the rounded output; the
+    # expert listing is the router's; 300 graph replays give the same bits, the ticket at zero
+    from engine.cuda_graphs import capture
+    from engine.kernels.moe_experts import Alignment
+    from engine.kernels.moe_route import TailGate, fused_route
+    from engine.kv_cache import MLACache
+    cfg, attn = lite_attention()
+    g = torch.Generator(device="cuda").manual_seed(1)
+    cache = MLACache(LAYER + 1, SLOTS, MAX_LEN, cfg.cache_width, "cuda", torch.bfloat16)
+    cache.data.copy_(torch.randn(cache.data.shape, generator=g, device="cuda"))
+    h, e, k = cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok
+    norm_w = (1 + 0.1 * torch.randn(h, generator=g, device="cuda")).to(torch.bfloat16)
+    gate_w = torch.randn(e, h, generator=g, device="cuda") / h ** 0.5  # [E, H] float32
+    tied = 0
+    for trial, p in enumerate((150, 0, 900, 33, 511)):
+        pos, slots = torch.tensor([p], device="cuda"), torch.arange(1, device="cuda")
+        x = torch.randn(1, h, generator=g, device="cuda").to(torch.bfloat16)
+        res = torch.randn(1, h, generator=g, device="cuda").to(torch.bfloat16)
+        tail = TailGate.make(gate_w, Alignment.empty(1, k, torch.zeros(e, dtype=torch.int64, device="cuda")), top_k=k,
+                             scaling=cfg.routed_scaling_factor)
+
+        def run(gate=None, x=x, res=res, pos=pos):
+            return attn.decode_norm(x, res, norm_w, 1e-6, pos, slots, pos + 1, 1024, cache, gate=gate)
+        h_plain, x_plain = run()
+        h_got, x_got = run(tail)
+        assert torch.equal(h_got, h_plain) and torch.equal(x_got, x_plain) and not attn.out_count.any()
+        xf = x_got.double()
+        exact = (gate_w.double() @ (norm_w.double() * xf[0])) * torch.rsqrt(xf.pow(2).mean() + 1e-6)  # [E]
+        top = exact.topk(k + 1).values
+        if float(top[k - 1] - top[k]) > 1e-4 * float(top.abs().max()):
+            assert tail.ids[0].tolist() == sorted(exact.topk(k).indices.tolist()), trial
+        else:
+            tied += 1
+        ref = Alignment.empty(1, k, torch.zeros(e, dtype=torch.int64, device="cuda"))
+        w_ref, e_ref = fused_route(h_got, gate_w, top_k=k, scaling=cfg.routed_scaling_factor, aligned=ref)
+        if torch.equal(e_ref, tail.ids):
+            torch.testing.assert_close(tail.weights, w_ref, rtol=2e-2, atol=2e-2)
+            for name in ("counts", "active", "totals"):
+                assert torch.equal(getattr(tail.aligned, name), getattr(ref, name)), name
+        graph, out = capture(lambda: run(tail), None)
+        graph.replay()
+        torch.cuda.synchronize()
+        first = [t.clone() for t in (*out, tail.weights, tail.ids, tail.aligned.counts)]
+        for _ in range(300):
+            graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, b) for a, b in zip(first, (*out, tail.weights, tail.ids, tail.aligned.counts)))
+        assert not attn.out_count.any()
+    assert tied <= 1, tied
