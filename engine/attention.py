@@ -133,28 +133,18 @@ class MLAttention:
 
     def decode_norm(self, x: torch.Tensor | None, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                     positions: torch.Tensor, slots: torch.Tensor, ctx_lens: torch.Tensor, length: int,
-                    cache: MLACache, qkv: torch.Tensor | None = None, gate=None) -> tuple[torch.Tensor, torch.Tensor]:
+                    cache: MLACache, qkv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """decode_absorbed, then its residual add and the post-attention RMSNorm: x [B, H] (normed),
         residual [B, H] -> (norm(residual + attention) * norm_weight, residual + attention). Fused at up
         to mla_output.MAX_ROWS rows: o_proj, the add and the norm in one launch. qkv: x's q_kv_a
-        projection, already made (engine/kernels/norm_proj.py; x is then not read). gate: the MoE
-        layer's gate made in that launch too (a moe_route.TailGate, filled; only where
-        takes_gate(rows))."""
+        projection, already made (engine/kernels/norm_proj.py; x is then not read)."""
         from engine.kernels import mla_output
         from engine.kernels.rmsnorm import rmsnorm
-        if not self.takes_gate(residual.shape[0]) and gate is not None:
-            raise ValueError(f"attention's output launch makes no gate at {residual.shape[0]} rows")
         if not (self.fused_decode and residual.shape[0] <= mla_output.MAX_ROWS):
             return rmsnorm(self.decode_absorbed(x, positions, slots, ctx_lens, length, cache, qkv), norm_weight, eps,
                            residual=residual)
         v = self._fused_values(x, positions, slots, ctx_lens, length, cache, qkv)
-        return mla_output.proj_norm(v, self.o_proj, residual, norm_weight, eps, self.out_count, gate=gate)
-
-    def takes_gate(self, rows: int) -> bool:
-        """Whether decode_norm at this many rows can make the next MoE layer's gate in its output
-        launch (one row, fused)."""
-        from engine.kernels import mla_output
-        return self.fused_decode and rows == 1 <= mla_output.MAX_ROWS
+        return mla_output.proj_norm(v, self.o_proj, residual, norm_weight, eps, self.out_count)
 
     def _fused_values(self, x: torch.Tensor | None, positions: torch.Tensor, slots: torch.Tensor,
                       ctx_lens: torch.Tensor, length: int, cache: MLACache, qkv: torch.Tensor | None) -> torch.Tensor:

@@ -54,8 +54,7 @@ def decode_logits(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torc
 def _decode_fused(model: DeepseekV2, x: torch.Tensor, inp: DecodeInputs, cache: MLACache) -> torch.Tensor:
     """The same layers as Triton-fused steps: each residual add folds into the next RMSNorm, a MoE
     layer's combine (routes in order, then the shared experts) folds in with it, and attention's
-    own output kernel adds and normalises at a few rows (MLAttention.decode_norm) and, at one row,
-    makes the MoE gate's selection too (MoE.tail_gate)."""
+    own output kernel adds and normalises at a few rows (MLAttention.decode_norm)."""
     from engine.kernels.rmsnorm import moe_rmsnorm, rmsnorm
     eps = model.cfg.rms_norm_eps
 
@@ -77,11 +76,9 @@ def _decode_fused(model: DeepseekV2, x: torch.Tensor, inp: DecodeInputs, cache: 
                 h = None
             else:
                 h, x = norm(delta, layer.input_norm, x)
-            moe = isinstance(layer.mlp, MoE)
-            gate = layer.mlp.tail_gate(x.shape[0]) if moe and layer.attn.takes_gate(x.shape[0]) else None
             h, x = layer.attn.decode_norm(h, x, layer.post_attn_norm, eps, inp.positions, inp.slots, inp.ctx_lens,
-                                          inp.length, cache, qkv=qkv, gate=gate)
-        delta = layer.mlp.parts(h, model.side_stream, gate) if moe else layer.mlp.fused(h)
+                                          inp.length, cache, qkv=qkv)
+        delta = layer.mlp.parts(h, model.side_stream) if isinstance(layer.mlp, MoE) else layer.mlp.fused(h)
     with phase("lm_head"):
         h, _ = norm(delta, model.norm, x)
         return F.linear(h, model.lm_head)  # [B, V]

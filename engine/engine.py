@@ -150,15 +150,12 @@ def build_engine(spec: EngineSpec) -> Engine:
 
 def one_launch_sizes(backend, cfg: ModelConfig) -> dict:
     """Up to how many rows the decode step's one-launch kernels run (engine/kernels: the layer input
-    in the q/kv_a launch, attention's output with the add and norm (and the MoE gate in it), the
-    router where the backend holds its ticket, the shared experts' and dense layers' gate-up with
-    SwiGLU, the argmax)."""
+    in the q/kv_a launch, attention's output with the add and norm, the router where the backend
+    holds its ticket, the shared experts' and dense layers' gate-up with SwiGLU, the argmax)."""
     from engine.kernels import argmax, mla_output, moe_experts, moe_route, norm_proj
     al = backend.alignment(1, cfg.num_experts_per_tok) if cfg.n_routed_experts else None
     router = moe_route.SMALL if moe_route.ONE_LAUNCH and al is not None and al.ticket is not None else 0
-    in_output = 1 if moe_route.IN_ATTENTION_OUTPUT and al is not None and mla_output.MAX_ROWS >= 1 else 0
-    return dict(norm_proj_rows=norm_proj.MAX_ROWS, mla_output_rows=mla_output.MAX_ROWS,
-                gate_in_attention_output_rows=in_output, router_one_launch_rows=router,
+    return dict(norm_proj_rows=norm_proj.MAX_ROWS, mla_output_rows=mla_output.MAX_ROWS, router_one_launch_rows=router,
                 dense_swiglu_rows=moe_experts.DENSE_MAX_ROWS, argmax_rows=argmax.MAX_ROWS)
 
 

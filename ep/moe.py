@@ -25,23 +25,7 @@ class MoE:
         self.shared = shared
         self.backend = backend
 
-    def tail_gate(self, tokens: int):
-        """The gate as attention's output launch makes it at one token (engine/kernels/moe_route.py
-        TailGate: logits and selection with no launch of their own), where the backend's expert
-        kernels read an alignment; else None (parts makes the gate)."""
-        from engine.kernels import moe_route
-        if tokens != 1 or not moe_route.IN_ATTENTION_OUTPUT:
-            return None
-        aligned = self.backend.alignment(tokens, self.cfg.num_experts_per_tok)
-        if aligned is None:
-            return None
-        c = self.cfg
-        return moe_route.TailGate.make(self.gate_weight, aligned, top_k=c.num_experts_per_tok, method=c.topk_method,
-                                       n_group=c.n_group, topk_group=c.topk_group, norm_topk_prob=c.norm_topk_prob,
-                                       scaling=c.routed_scaling_factor)
-
-    def parts(self, x: torch.Tensor, side: torch.cuda.Stream | None = None,
-              gate=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def parts(self, x: torch.Tensor, side: torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The decode step's fused form (CUDA, Triton): x [T, H] -> (routed [T, k, H] float32, one
         weighted output per route, and shared [T, H]). The caller adds them in the next norm's
         kernel (engine/kernels/rmsnorm.py moe_rmsnorm), in the same route order as `combine`.
@@ -49,10 +33,12 @@ class MoE:
         experts (a CUDA graph captures the two branches; SGLang overlaps DeepSeek's shared experts
         the same way). Forking after the gate measured worse on the H200 at batch 1 (docs/perf-notes.md,
         rows 15-17, `tools/gpu_probe.py --timeline`): the shared experts then compete with the
-        routed expert kernels for bandwidth, where forked first they overlap the latency-bound gate.
-        gate: tail_gate's, already filled by attention's output launch (no routing launch here)."""
+        routed expert kernels for bandwidth, where forked first they overlap the latency-bound gate."""
+        from engine.kernels.moe_route import fused_route
+        aligned = self.backend.alignment(x.shape[0], self.cfg.num_experts_per_tok)  # None unless its kernels take it
         if side is None:
-            weights, ids, aligned = self._routes(x, gate)
+            with phase("routing"):
+                weights, ids = self._gate(fused_route, x, aligned=aligned)  # [T, k] each
             routed = self._experts(x, weights, ids, aligned)
             with phase("shared_experts"):
                 return routed, self.shared.fused(x)
@@ -60,21 +46,12 @@ class MoE:
         side.wait_stream(main)
         with torch.cuda.stream(side), phase("shared_experts"):
             shared = self.shared.fused(x)
-        weights, ids, aligned = self._routes(x, gate)
+        with phase("routing"):
+            weights, ids = self._gate(fused_route, x, aligned=aligned)  # [T, k] each
         routed = self._experts(x, weights, ids, aligned)
         main.wait_stream(side)
         shared.record_stream(main)  # made on the side stream, read on the main one
         return routed, shared
-
-    def _routes(self, x: torch.Tensor, gate) -> tuple:
-        """(weights [T, k], ids [T, k], the alignment or None): the gate's, made here unless given."""
-        if gate is not None:
-            return gate.weights, gate.ids, gate.aligned
-        from engine.kernels.moe_route import fused_route
-        aligned = self.backend.alignment(x.shape[0], self.cfg.num_experts_per_tok)  # None unless its kernels take it
-        with phase("routing"):
-            weights, ids = self._gate(fused_route, x, aligned=aligned)  # [T, k] each
-        return weights, ids, aligned
 
     def _experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, aligned) -> torch.Tensor:
         with phase("experts"):

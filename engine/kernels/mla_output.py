@@ -16,7 +16,6 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.moe_route import TailGate, choose, select_all
 from engine.kernels.rmsnorm import norm_store
 from engine.kernels.ticket import last_to_finish
 
@@ -24,32 +23,20 @@ MAX_ROWS = 1  # above this cuBLAS's o_proj (its weight read once for all rows) a
 BLOCK_J = 8  # output columns per program: 256 at lite's 2048 (16: 6.5 µs a layer on the H200, 8: 5.8, row 36)
 BLOCK_K = 512  # input columns per step; with 4 warps an [8, 512] tile is 32 values per thread
 NUM_WARPS = 4
-PART_ROWS = 32  # the gate's per-block shares added up [32, E] at a time in the routing tail
 
 
 @triton.jit
 def _proj_norm_kernel(v_ptr, w_o_ptr, res_ptr, norm_w_ptr, o_ptr, h_out_ptr, x_out_ptr, count_ptr, eps,
-                      gate_ptr, part_ptr, weights_ptr, ids_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr,
-                      totals_ptr, E, scaling,
                       K: tl.constexpr, HID: tl.constexpr, HID_P: tl.constexpr, BLOCK_J: tl.constexpr,
-                      BLOCK_K: tl.constexpr, ROUTE: tl.constexpr, NJ_P: tl.constexpr, PART_ROWS: tl.constexpr,
-                      E_PAD: tl.constexpr,
-                      TOP_K: tl.constexpr, N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, NORM: tl.constexpr):
+                      BLOCK_K: tl.constexpr):
     # program (row, j): o_proj's output block j over the whole value row; the row's last block adds
-    # the residual and normalises. ROUTE (one row, a TailGate): block j also adds its columns' share
-    # of the gate's logits, and the last block selects
+    # the residual and normalises
     b = tl.program_id(0)
     j = tl.program_id(1)
     nj = tl.num_programs(1)
     dtype = o_ptr.dtype.element_ty
     r = j * BLOCK_J + tl.arange(0, BLOCK_J)  # [BJ] output columns
     r_ok = r < HID
-    lane = tl.arange(0, E_PAD)  # experts
-    if ROUTE:  # asked for first: in flight with o_proj's weight
-        gate = tl.load(gate_ptr + lane[None, :] * HID + r[:, None], mask=r_ok[:, None] & (lane < E)[None, :],
-                       other=0.0)  # [BJ, E_PAD] float32
-        res_j = tl.load(res_ptr + b * HID + r, mask=r_ok, other=0.0).to(tl.float32)
-        norm_j = tl.load(norm_w_ptr + r, mask=r_ok, other=0.0).to(tl.float32)
     acc = tl.zeros([BLOCK_J, BLOCK_K], tl.float32)  # per-lane sums over the steps, added up once
     for k0 in tl.static_range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
@@ -57,11 +44,7 @@ def _proj_norm_kernel(v_ptr, w_o_ptr, res_ptr, norm_w_ptr, o_ptr, h_out_ptr, x_o
         w_o = tl.load(w_o_ptr + r[:, None] * K + ks[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
         v = tl.load(v_ptr + b * K + ks, mask=k_ok, other=0.0).to(tl.float32)
         acc += w_o.to(tl.float32) * v[None, :]
-    o_j = tl.sum(acc, axis=1).to(dtype)  # [BJ]
-    tl.store(o_ptr + b * HID + r, o_j, mask=r_ok)
-    if ROUTE:  # the residual stream's new values at these columns, rounded as the tail rounds them
-        x_j = (o_j.to(tl.float32) + res_j).to(dtype).to(tl.float32)
-        tl.store(part_ptr + j * E_PAD + lane, tl.sum(gate * (norm_j * x_j)[:, None], axis=0))  # [E_PAD]
+    tl.store(o_ptr + b * HID + r, tl.sum(acc, axis=1).to(dtype), mask=r_ok)
     if last_to_finish(count_ptr + b, nj):
         cols = tl.arange(0, HID_P)
         ok = cols < HID
@@ -69,50 +52,25 @@ def _proj_norm_kernel(v_ptr, w_o_ptr, res_ptr, norm_w_ptr, o_ptr, h_out_ptr, x_o
         x = (delta + tl.load(res_ptr + b * HID + cols, mask=ok, other=0.0).to(tl.float32)).to(dtype)
         tl.store(x_out_ptr + b * HID + cols, x, mask=ok)
         norm_store(x, norm_w_ptr, h_out_ptr + b * HID, cols, ok, HID, eps)
-        if ROUTE:  # the blocks' shares in block order, scaled by the norm's 1/rms
-            xf = x.to(tl.float32)
-            inv_rms = tl.rsqrt(tl.sum(xf * xf, axis=0) / HID + eps)
-            logits = tl.zeros([E_PAD], tl.float32)
-            for j0 in tl.static_range(0, NJ_P, PART_ROWS):
-                jj = j0 + tl.arange(0, PART_ROWS)
-                logits += tl.sum(tl.load(part_ptr + jj[:, None] * E_PAD + lane[None, :], mask=(jj < nj)[:, None],
-                                         other=0.0, cache_modifier=".cg"), axis=0)
-            t = tl.arange(0, 1)  # the one token
-            chosen, w = choose((logits * inv_rms)[None, :], t, 1, E, scaling, E_PAD, TOP_K, N_GROUP, TOPK_GROUP,
-                               NORM)
-            select_all(chosen, w, t, 1, E, weights_ptr, ids_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr,
-                       totals_ptr, E_PAD, TOP_K)
         tl.store(count_ptr + b, 0)  # every block has taken its ticket: ready for the next launch
 
 
 def proj_norm(v: torch.Tensor, o_proj: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
               count: torch.Tensor, block_j: int | None = None, block_k: int | None = None,
-              num_warps: int | None = None, gate: TailGate | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """v [B, nh*V]: the merged value heads; o_proj [HID, nh*V]; residual [B, HID]; norm_weight [HID];
     count: engine/kernels/ticket.py's tickets, one per row. With delta = o_proj(v) returns
     (norm(residual + delta) * norm_weight, residual + delta), as rmsnorm(delta, norm_weight, eps,
-    residual=residual). gate (one row): the next MoE layer's gate, selected in the same launch into
-    its buffers (engine/kernels/moe_route.py TailGate). One launch, graph-safe. The tiling defaults
-    to the module's BLOCK_J, BLOCK_K and NUM_WARPS."""
+    residual=residual). One launch, graph-safe. The tiling defaults to the module's BLOCK_J, BLOCK_K
+    and NUM_WARPS."""
     block_j, block_k, num_warps = block_j or BLOCK_J, block_k or BLOCK_K, num_warps or NUM_WARPS
     b, k = v.shape
     hid = o_proj.shape[0]
     assert b <= count.numel() and v.is_contiguous() and o_proj.is_contiguous() and o_proj.shape[1] == k
     residual = residual.contiguous()
     o, h_out, x_out = torch.empty_like(residual), torch.empty_like(residual), torch.empty_like(residual)
-    nj = triton.cdiv(hid, block_j)
-    if gate is None:  # the routing arguments are not read without ROUTE
-        route, e_pad, sel = (o,) * 9 + (0, 1.0), 1, dict(TOP_K=1, N_GROUP=1, TOPK_GROUP=1, NORM=False)
-    else:
-        if b != 1 or gate.weight.shape[1] != hid:
-            raise ValueError(f"a TailGate routes one row of width {gate.weight.shape[1]}, got {tuple(residual.shape)}")
-        e_pad, sel, al = triton.next_power_of_2(gate.weight.shape[0]), gate.selection, gate.aligned
-        part = torch.empty(nj, e_pad, dtype=torch.float32, device=v.device)  # [NJ, E_PAD] each block's share
-        route = (gate.weight, part, gate.weights, gate.ids, al.order, al.starts, al.counts, al.active, al.totals,
-                 gate.weight.shape[0], gate.scaling)
-    _proj_norm_kernel[(b, nj)](
-        v, o_proj, residual, norm_weight, o, h_out, x_out, count, eps, *route, K=k, HID=hid,
+    _proj_norm_kernel[(b, triton.cdiv(hid, block_j))](
+        v, o_proj, residual, norm_weight, o, h_out, x_out, count, eps, K=k, HID=hid,
         HID_P=triton.next_power_of_2(hid), BLOCK_J=block_j, BLOCK_K=min(block_k, triton.next_power_of_2(k)),
-        ROUTE=gate is not None, NJ_P=triton.next_power_of_2(nj),
-        PART_ROWS=min(PART_ROWS, triton.next_power_of_2(nj)), E_PAD=e_pad, num_warps=num_warps, **sel)
+        num_warps=num_warps)
     return h_out, x_out

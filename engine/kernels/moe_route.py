@@ -13,8 +13,6 @@ ep/router.py `route` followed by the per-token sort of ep/plan.py; replaces abou
 kernels per layer."""
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import triton
 import triton.language as tl
@@ -47,23 +45,14 @@ def _logits_kernel(x_ptr, w_ptr, logits_ptr, H, E, BLOCK_E: tl.constexpr, BLOCK_
 
 
 @triton.jit
-def _choose_at(logits_ptr, t, T, E, scaling, E_PAD: tl.constexpr, TOP_K: tl.constexpr, N_GROUP: tl.constexpr,
+def _choose(logits_ptr, t, T, E, scaling, E_PAD: tl.constexpr, TOP_K: tl.constexpr, N_GROUP: tl.constexpr,
             TOPK_GROUP: tl.constexpr, NORM: tl.constexpr):
-    """Tokens t ([BLOCK_T]): choose over their logits at logits_ptr ([T, E] float32)."""
+    """Tokens t ([BLOCK_T]): softmax, selection, top-k, renormalisation and scaling. Returns
+    (chosen [BLOCK_T, E_PAD] bool, weight [BLOCK_T, E_PAD] float32 where chosen)."""
     lane = tl.arange(0, E_PAD)
     live = (t[:, None] < T) & (lane[None, :] < E)  # [BLOCK_T, E_PAD]
     logits = tl.load(logits_ptr + t[:, None] * E + lane[None, :], mask=live, other=float("-inf"),
                      cache_modifier=".cg")  # other programs of the launch may have written them (one-launch form)
-    return choose(logits, t, T, E, scaling, E_PAD, TOP_K, N_GROUP, TOPK_GROUP, NORM)
-
-
-@triton.jit
-def choose(logits, t, T, E, scaling, E_PAD: tl.constexpr, TOP_K: tl.constexpr, N_GROUP: tl.constexpr,
-            TOPK_GROUP: tl.constexpr, NORM: tl.constexpr):
-    """logits [BLOCK_T, E_PAD] float32 of tokens t: softmax, selection, top-k, renormalisation and
-    scaling. Returns (chosen [BLOCK_T, E_PAD] bool, weight [BLOCK_T, E_PAD] float32 where chosen)."""
-    lane = tl.arange(0, E_PAD)
-    live = (t[:, None] < T) & (lane[None, :] < E)  # [BLOCK_T, E_PAD]
     logits = tl.where(live, logits, float("-inf"))
     p = tl.exp(logits - tl.max(logits, axis=1)[:, None])
     scores = p / tl.sum(p, axis=1)[:, None]  # 0 on padding lanes (NaN on padding rows: never chosen)
@@ -124,7 +113,7 @@ def _select_kernel(logits_ptr, weights_ptr, ids_ptr, order_ptr, starts_ptr, coun
     list (experts with routes ascending, then -1)."""
     lane = tl.arange(0, E_PAD)
     t = (0 if ALIGN else tl.program_id(0) * BLOCK_T) + tl.arange(0, BLOCK_T)
-    chosen, w = _choose_at(logits_ptr, t, T, E, scaling, E_PAD, TOP_K, N_GROUP, TOPK_GROUP, NORM)
+    chosen, w = _choose(logits_ptr, t, T, E, scaling, E_PAD, TOP_K, N_GROUP, TOPK_GROUP, NORM)
     route = _route_ids(chosen, t, TOP_K)  # [BLOCK_T, E_PAD]
     if (not ALIGN) or tl.program_id(0) == 0:
         tl.store(ids_ptr + route, lane[None, :] + 0 * route, mask=chosen)
@@ -154,37 +143,26 @@ def _route_small_kernel(x_ptr, w_ptr, logits_ptr, weights_ptr, ids_ptr, order_pt
     e0, logit = _logits_block(x_ptr, w_ptr, t0, tl.program_id(1), H, E, 1, BLOCK_H)
     tl.store(logits_ptr + t0 * E + e0, logit)
     if last_to_finish(ticket_ptr, T * E):
+        lane = tl.arange(0, E_PAD)
         t = tl.arange(0, BLOCK_T)
-        chosen, w = _choose_at(logits_ptr, t, T, E, scaling, E_PAD, TOP_K, N_GROUP, TOPK_GROUP, NORM)
-        select_all(chosen, w, t, T, E, weights_ptr, ids_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr,
-                   totals_ptr, E_PAD, TOP_K)
+        chosen, w = _choose(logits_ptr, t, T, E, scaling, E_PAD, TOP_K, N_GROUP, TOPK_GROUP, NORM)
+        route = _route_ids(chosen, t, TOP_K)  # [BLOCK_T, E_PAD]
+        tl.store(ids_ptr + route, lane[None, :] + 0 * route, mask=chosen)
+        tl.store(weights_ptr + route, w, mask=chosen)
+        # every expert's routes token-major at order[e*T...], its count, its slot among the active
+        col = chosen.to(tl.int32)
+        tl.store(order_ptr + lane[None, :] * T + tl.cumsum(col, axis=0) - 1, route, mask=chosen)
+        n = tl.sum(col, axis=0)  # [E_PAD]
+        e_ok = lane < E
+        tl.store(starts_ptr + lane, lane * T, mask=e_ok)
+        tl.store(counts_ptr + lane, n, mask=e_ok)
+        tl.store(totals_ptr + lane, tl.load(totals_ptr + lane, mask=e_ok, other=0) + n, mask=e_ok)
+        present = (n > 0) & e_ok
+        absent = (n == 0) & e_ok
+        slot = tl.where(present, tl.cumsum(present.to(tl.int32), axis=0) - 1,
+                        tl.sum(present.to(tl.int32), axis=0) + tl.cumsum(absent.to(tl.int32), axis=0) - 1)
+        tl.store(active_ptr + slot, tl.where(present, lane, -1), mask=e_ok)
         tl.store(ticket_ptr, 0)  # every program has taken its ticket: ready for the next launch
-
-
-@triton.jit
-def select_all(chosen, w, t, T, E, weights_ptr, ids_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, totals_ptr,
-               E_PAD: tl.constexpr, TOP_K: tl.constexpr):
-    """The tail of a one-launch router, in the one program that holds every token's selection
-    (choose of tokens t, all T of the step): their routes, then every expert's routes listed
-    token-major at order[e*T...], its count, its slot among the active experts, as the programs of
-    _select_kernel do between them."""
-    lane = tl.arange(0, E_PAD)
-    route = _route_ids(chosen, t, TOP_K)  # [BLOCK_T, E_PAD]
-    tl.store(ids_ptr + route, lane[None, :] + 0 * route, mask=chosen)
-    tl.store(weights_ptr + route, w, mask=chosen)
-    # every expert's routes token-major at order[e*T...], its count, its slot among the active
-    col = chosen.to(tl.int32)
-    tl.store(order_ptr + lane[None, :] * T + tl.cumsum(col, axis=0) - 1, route, mask=chosen)
-    n = tl.sum(col, axis=0)  # [E_PAD]
-    e_ok = lane < E
-    tl.store(starts_ptr + lane, lane * T, mask=e_ok)
-    tl.store(counts_ptr + lane, n, mask=e_ok)
-    tl.store(totals_ptr + lane, tl.load(totals_ptr + lane, mask=e_ok, other=0) + n, mask=e_ok)
-    present = (n > 0) & e_ok
-    absent = (n == 0) & e_ok
-    slot = tl.where(present, tl.cumsum(present.to(tl.int32), axis=0) - 1,
-                    tl.sum(present.to(tl.int32), axis=0) + tl.cumsum(absent.to(tl.int32), axis=0) - 1)
-    tl.store(active_ptr + slot, tl.where(present, lane, -1), mask=e_ok)
 
 
 @triton.jit
@@ -205,43 +183,6 @@ def _align_kernel(ids_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, totals
 SMALL = COMPACT_MAX_TOKENS  # up to this many tokens: one expert per logits program, the one-launch selection
 MAX_TOKENS = 1024  # the listing reads every token's ids at once: decode batches, not prompts
 ONE_LAUNCH = True  # up to SMALL tokens with a ticket: logits and selection in _route_small_kernel
-IN_ATTENTION_OUTPUT = True  # at one token: the logits and the selection in attention's output launch (TailGate)
-
-
-def _selection(top_k: int, method: str, n_group: int | None, topk_group: int | None, norm_topk_prob: bool) -> dict:
-    """The selection's constexprs (choose) from the model's settings."""
-    grouped = method == "group_limited_greedy"
-    return dict(TOP_K=top_k, N_GROUP=n_group if grouped else 1, TOPK_GROUP=topk_group if grouped else 1,
-                NORM=bool(norm_topk_prob and top_k > 1))
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TailGate:
-    """A decode step's gate at one token, made inside attention's output launch (engine/kernels/
-    mla_output.py proj_norm) rather than a launch of its own: each program of that launch adds its
-    output columns' share of the float32 logits, and the program that normalises the row scales
-    their sum by the norm's 1/rms, selects and lists (select_all) into `weights`, `ids` and
-    `aligned`. The logits are those of norm(x) * norm_weight before that product is rounded to the
-    model dtype (W (w * x) / rms in float32), where the separate router reads the rounded product: in
-    bf16 the two are a rounding step of the gate's input apart."""
-    weight: torch.Tensor  # [E, H] float32
-    selection: dict  # _selection's constexprs
-    scaling: float
-    weights: torch.Tensor  # [1, k] float32, filled by the launch
-    ids: torch.Tensor  # [1, k] int32
-    aligned: Alignment
-
-    @classmethod
-    def make(cls, gate_weight: torch.Tensor, aligned: Alignment, *, top_k: int, method: str = "greedy",
-             n_group: int | None = None, topk_group: int | None = None, norm_topk_prob: bool = False,
-             scaling: float = 1.0) -> TailGate:
-        """fused_route's arguments for one token; aligned: Alignment.empty(1, top_k, totals)."""
-        if aligned.order.shape[0] != gate_weight.shape[0]:
-            raise ValueError("a TailGate routes one token: its alignment must be made for one")
-        dev = gate_weight.device
-        return cls(gate_weight.contiguous(), _selection(top_k, method, n_group, topk_group, norm_topk_prob),
-                   float(scaling), torch.empty(1, top_k, dtype=torch.float32, device=dev),
-                   torch.empty(1, top_k, dtype=torch.int32, device=dev), aligned)
 
 
 def fused_route(hidden: torch.Tensor, gate_weight: torch.Tensor, *, top_k: int, method: str = "greedy",
@@ -259,7 +200,7 @@ def fused_route(hidden: torch.Tensor, gate_weight: torch.Tensor, *, top_k: int, 
     logits = torch.empty(t, e, dtype=torch.float32, device=dev)  # [T, E]
     weights = torch.empty(t, top_k, dtype=torch.float32, device=dev)  # [T, k]
     ids = torch.empty(t, top_k, dtype=torch.int32, device=dev)  # [T, k]
-    sel = _selection(top_k, method, n_group, topk_group, norm_topk_prob)
+    grouped = method == "group_limited_greedy"
     al = aligned or Alignment(ids, ids, ids, ids, ids, 0)  # not touched without an alignment to fill
     if aligned is not None and aligned.order.shape[0] != e * t:
         raise ValueError(f"the alignment was made for {aligned.order.shape[0] // e} tokens, not {t}")
@@ -268,7 +209,9 @@ def fused_route(hidden: torch.Tensor, gate_weight: torch.Tensor, *, top_k: int, 
         _route_small_kernel[(t, e)](
             hidden.contiguous(), gate_weight.contiguous(), logits, weights, ids, al.order, al.starts, al.counts,
             al.active, al.totals, aligned.ticket, t, e, h, float(scaling), BLOCK_T=triton.next_power_of_2(t),
-            E_PAD=triton.next_power_of_2(e), BLOCK_H=min(triton.next_power_of_2(h), 2048), num_warps=2, **sel)
+            E_PAD=triton.next_power_of_2(e), BLOCK_H=min(triton.next_power_of_2(h), 2048), TOP_K=top_k,
+            N_GROUP=n_group if grouped else 1, TOPK_GROUP=topk_group if grouped else 1,
+            NORM=bool(norm_topk_prob and top_k > 1), num_warps=2)
         return weights, ids
     if t <= SMALL:  # one expert per program, the row in one load: many programs, one round trip each
         block_e, block_h, warps = 1, min(triton.next_power_of_2(h), 2048), 2
@@ -279,8 +222,9 @@ def fused_route(hidden: torch.Tensor, gate_weight: torch.Tensor, *, top_k: int, 
     block_t = triton.next_power_of_2(t) if one_launch else min(SMALL, triton.next_power_of_2(t))
     _select_kernel[(e,) if one_launch else (triton.cdiv(t, block_t),)](
         logits, weights, ids, al.order, al.starts, al.counts, al.active, al.totals, t, e, float(scaling),
-        BLOCK_T=block_t, E_PAD=triton.next_power_of_2(e), ALIGN=one_launch, num_warps=1 if block_t <= 4 else 2,
-        **sel)
+        BLOCK_T=block_t, E_PAD=triton.next_power_of_2(e), TOP_K=top_k, N_GROUP=n_group if grouped else 1,
+        TOPK_GROUP=topk_group if grouped else 1, NORM=bool(norm_topk_prob and top_k > 1), ALIGN=one_launch,
+        num_warps=1 if block_t <= 4 else 2)
     if aligned is not None and not one_launch:
         _align_kernel[(e,)](ids, al.order, al.starts, al.counts, al.active, al.totals, t,
                             T_PAD=triton.next_power_of_2(t), TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),

@@ -109,12 +109,11 @@ def test_one_launch_sizes_name_each_kernel_and_the_router_follows_the_backend(en
     from engine.kernels import argmax, mla_output, moe_experts, norm_proj
     sizes = one_launch_sizes(engine.model.backend, engine.cfg)
     assert sizes == dict(norm_proj_rows=norm_proj.MAX_ROWS, mla_output_rows=mla_output.MAX_ROWS,
-                         gate_in_attention_output_rows=0, router_one_launch_rows=0,
-                         dense_swiglu_rows=moe_experts.DENSE_MAX_ROWS, argmax_rows=argmax.MAX_ROWS)
+                         router_one_launch_rows=0, dense_swiglu_rows=moe_experts.DENSE_MAX_ROWS,
+                         argmax_rows=argmax.MAX_ROWS)
     backend = engine.model.backend
     kernel, backend.kernel = backend.kernel, "triton"  # the fused expert kernels, as chosen on CUDA
     try:
-        on_cuda = one_launch_sizes(backend, engine.cfg)
-        assert on_cuda["router_one_launch_rows"] == 16 and on_cuda["gate_in_attention_output_rows"] == 1
+        assert one_launch_sizes(backend, engine.cfg)["router_one_launch_rows"] == 16
     finally:
         backend.kernel = kernel

@@ -20,8 +20,7 @@ def test_every_knob_names_an_existing_constant():
 
 def test_flags_set_their_constants_and_only_those(monkeypatch):
     from engine.kernels import argmax, mla_output, moe_route, norm_proj
-    for module, name in ((argmax, "MAX_ROWS"), (moe_route, "ONE_LAUNCH"), (moe_route, "IN_ATTENTION_OUTPUT"),
-                         (norm_proj, "MAX_ROWS"),
+    for module, name in ((argmax, "MAX_ROWS"), (moe_route, "ONE_LAUNCH"), (norm_proj, "MAX_ROWS"),
                          (mla_output, "MAX_ROWS"), (norm_proj, "BLOCK_K"), (norm_proj, "NUM_WARPS")):
         monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
     p = argparse.ArgumentParser()
@@ -34,9 +33,6 @@ def test_flags_set_their_constants_and_only_those(monkeypatch):
     assert argmax.MAX_ROWS == 0 and moe_route.ONE_LAUNCH is False and norm_proj.MAX_ROWS == 1
     with pytest.raises(SystemExit):
         p.parse_args(["--router-launches", "3"])
-    done = knobs.apply(p.parse_args(["--gate-in-output", "0"]))
-    assert done == {"engine.kernels.moe_route.IN_ATTENTION_OUTPUT": False}
-    assert moe_route.IN_ATTENTION_OUTPUT is False and moe_route.ONE_LAUNCH is False
     knobs.apply(p.parse_args(["--norm-proj-k", "2048", "--norm-proj-warps", "8"]))
     assert (norm_proj.BLOCK_K, norm_proj.NUM_WARPS) == (2048, 8)
 

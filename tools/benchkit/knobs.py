@@ -9,7 +9,6 @@ of the engine before anything is built, so one GPU call can time a change agains
     --norm-proj-j         engine.kernels.norm_proj.BLOCK_J           its projection rows per program
     --norm-proj-warps     engine.kernels.norm_proj.NUM_WARPS         its warps per program
     --router-launches     engine.kernels.moe_route.ONE_LAUNCH        1: logits and selection in one launch; 2: two
-    --gate-in-output      engine.kernels.moe_route.IN_ATTENTION_OUTPUT  1: one token's gate in that kernel; 0: apart
     --mla-output-rows     engine.kernels.mla_output.MAX_ROWS         rows of the o_proj + add + norm kernel (0: apart)
     --mla-output-k        engine.kernels.mla_output.BLOCK_K          its K block
     --mla-output-j        engine.kernels.mla_output.BLOCK_J          its output columns per program
@@ -51,7 +50,6 @@ KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", _as_is),
          "norm_proj_j": ("engine.kernels.norm_proj", "BLOCK_J", _as_is),
          "norm_proj_warps": ("engine.kernels.norm_proj", "NUM_WARPS", _as_is),
          "router_launches": ("engine.kernels.moe_route", "ONE_LAUNCH", lambda v, default: v == 1),
-         "gate_in_output": ("engine.kernels.moe_route", "IN_ATTENTION_OUTPUT", lambda v, default: v == 1),
          "mla_output_rows": ("engine.kernels.mla_output", "MAX_ROWS", _as_is),
          "mla_output_k": ("engine.kernels.mla_output", "BLOCK_K", _as_is),
          "mla_output_j": ("engine.kernels.mla_output", "BLOCK_J", _as_is),
@@ -67,7 +65,7 @@ KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", _as_is),
          "dense_n": (EXPERTS, "DENSE_TILING", _tiling("up_n")),
          "dense_k": (EXPERTS, "DENSE_TILING", _tiling("block_k")),
          "dense_warps": (EXPERTS, "DENSE_TILING", _tiling("num_warps"))}
-CHOICES = {"argmax_launches": [1, 4], "norm_proj_rows": [0, 1], "router_launches": [1, 2], "gate_in_output": [0, 1]}
+CHOICES = {"argmax_launches": [1, 4], "norm_proj_rows": [0, 1], "router_launches": [1, 2]}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
