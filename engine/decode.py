@@ -43,15 +43,15 @@ def decode_logits(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torc
     def attend(attn, h: torch.Tensor) -> torch.Tensor:
         return attn.decode_absorbed(h, inp.positions, inp.slots, inp.ctx_lens, inp.length, cache)
 
-    x = F.embedding(inp.token_ids, model.embed)  # [B, H]
     if model.fused_kernels:
-        return _decode_fused(model, x, inp, cache)
+        return _decode_fused(model, inp, cache)
+    x = F.embedding(inp.token_ids, model.embed)  # [B, H]
     for layer in model.layers:
         x = layer.run(x, lambda h, a=layer.attn: attend(a, h))
     return model.head(x)  # [B, V]
 
 
-def _decode_fused(model: DeepseekV2, x: torch.Tensor, inp: DecodeInputs, cache: MLACache) -> torch.Tensor:
+def _decode_fused(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torch.Tensor:
     """The same layers as Triton-fused steps: each residual add folds into the next RMSNorm, a MoE
     layer's combine (routes in order, then the shared experts) folds in with it, and attention's
     own output kernel adds and normalises at a few rows (MLAttention.decode_norm)."""
@@ -66,12 +66,18 @@ def _decode_fused(model: DeepseekV2, x: torch.Tensor, inp: DecodeInputs, cache: 
         return rmsnorm(delta, weight, eps, residual=x)
 
     from engine.kernels import norm_proj
-    one_row = x.shape[0] <= norm_proj.MAX_ROWS  # the norm in the q/kv_a projection's launch
+    one_row = inp.token_ids.shape[0] <= norm_proj.MAX_ROWS  # the norm in the q/kv_a projection's launch
+    embed_in_norm = one_row and norm_proj.EMBED and model.layers[0].attn.fused_decode
+    x = None if embed_in_norm else F.embedding(inp.token_ids, model.embed)  # [B, H]
     delta = None  # what the next norm adds to the residual stream
     for layer in model.layers:
         with phase("attention"):
             qkv = None
-            if one_row and layer.attn.fused_decode:
+            if x is None:  # the first layer's launch reads the token's embedding row itself
+                qkv, x = norm_proj.norm_proj(None, model.embed, layer.input_norm, eps, layer.attn.q_kv_a,
+                                             token=inp.token_ids)
+                h = None
+            elif one_row and layer.attn.fused_decode:
                 qkv, x = norm_proj.norm_proj(delta, x, layer.input_norm, eps, layer.attn.q_kv_a)
                 h = None
             else:

@@ -18,6 +18,7 @@ import triton.language as tl
 from engine.kernels.rmsnorm import residual_sum
 
 MAX_ROWS = 1  # the decode step uses it at one row (0: the norm kernel and cuBLAS's GEMV)
+EMBED = True  # the first layer's launch reads its row from the embedding table itself (no gather launch)
 BLOCK_J = 16  # projection rows per program: 228 programs for lite's 3,648
 # input columns per step; K or more: the block's rows in one tile, loaded before the norm (measured
 # on the H200, docs/perf-notes.md row 36: 8.3 -> 7.0 µs a layer at lite's K = 2048)
@@ -35,11 +36,14 @@ def _normed(x, scale, norm_w_ptr, ks, k_ok, dtype: tl.constexpr):
 
 
 @triton.jit
-def _norm_proj_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr, x_out_ptr, N, eps,
+def _norm_proj_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr, x_out_ptr, ids_ptr, N, eps,
                       K: tl.constexpr, TOP_K: tl.constexpr, MODE: tl.constexpr, BLOCK_J: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
+                      BLOCK_K: tl.constexpr, EMBED: tl.constexpr):
+    # EMBED (MODE 0): res_ptr is the embedding table and the row is the token's, ids_ptr[0]
     j = tl.program_id(0)
     dtype = x_out_ptr.dtype.element_ty
+    if EMBED:
+        res_ptr += tl.load(ids_ptr).to(tl.int64) * K
     r = j * BLOCK_J + tl.arange(0, BLOCK_J)
     r_ok = r < N
     if BLOCK_K >= K:
@@ -49,7 +53,7 @@ def _norm_proj_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr
         k_ok = ks < K
         w = tl.load(w_ptr + r[:, None] * K + ks[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
         x = residual_sum(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K, MODE, dtype)
-        if MODE != 0 and j == 0:
+        if (MODE != 0 or EMBED) and j == 0:
             tl.store(x_out_ptr + ks, x, mask=k_ok)
         xf = x.to(tl.float32)
         h = _normed(x, tl.rsqrt(tl.sum(xf * xf, axis=0) / K + eps), norm_w_ptr, ks, k_ok, dtype)
@@ -62,7 +66,7 @@ def _norm_proj_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < K
             x = residual_sum(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K, MODE, dtype)
-            if MODE != 0 and j == 0:
+            if (MODE != 0 or EMBED) and j == 0:
                 tl.store(x_out_ptr + ks, x, mask=k_ok)
             xf = x.to(tl.float32)
             sq += xf * xf
@@ -80,16 +84,20 @@ def _norm_proj_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr
 
 
 def norm_proj(delta, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-              block_j: int | None = None, block_k: int | None = None, num_warps: int | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+              block_j: int | None = None, block_k: int | None = None, num_warps: int | None = None,
+              token: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """delta: None, a [1, K] tensor, or a MoE layer's (routed [1, k, K] float32, shared [1, K]);
     residual [1, K]; norm_weight [K]; weight [N, K]. With x = residual + delta, returns
-    (F.linear(norm(x) * norm_weight, weight) [1, N], x [1, K]). One launch, graph-safe. The tiling
-    defaults to the module's BLOCK_J, BLOCK_K (K or more: the one-tile form) and NUM_WARPS."""
+    (F.linear(norm(x) * norm_weight, weight) [1, N], x [1, K]). token ([1] int64, delta None): the
+    first layer's form, residual is then the embedding table [V, K] and x its row token[0] (as
+    F.embedding, no launch of its own). One launch, graph-safe. The tiling defaults to the module's
+    BLOCK_J, BLOCK_K (K or more: the one-tile form) and NUM_WARPS."""
     block_j, block_k, num_warps = block_j or BLOCK_J, block_k or BLOCK_K, num_warps or NUM_WARPS
-    t, k = residual.shape
+    t, k = (1, residual.shape[1]) if token is not None else residual.shape
     n = weight.shape[0]
     assert t == 1 and weight.is_contiguous() and weight.shape[1] == k
+    if token is not None and (delta is not None or token.shape != (1,)):
+        raise ValueError("norm_proj reads an embedding row for one token and no delta")
     residual = residual.contiguous()
     if delta is None:
         mode, routed, d, top_k = 0, residual, residual, 1
@@ -99,8 +107,9 @@ def norm_proj(delta, residual: torch.Tensor, norm_weight: torch.Tensor, eps: flo
     else:
         mode, routed, d, top_k = 1, residual, delta.contiguous(), 1
     out = torch.empty(t, n, dtype=weight.dtype, device=weight.device)  # [1, N]
-    x_out = torch.empty_like(residual) if mode else residual
+    x_out = torch.empty(t, k, dtype=residual.dtype, device=residual.device) if mode or token is not None else residual
     _norm_proj_kernel[(triton.cdiv(n, block_j),)](
-        routed, d, residual, norm_weight, weight, out, x_out, n, eps, K=k, TOP_K=top_k, MODE=mode, BLOCK_J=block_j,
-        BLOCK_K=min(block_k, triton.next_power_of_2(k)), num_warps=num_warps)
+        routed, d, residual, norm_weight, weight, out, x_out, residual if token is None else token, n, eps, K=k,
+        TOP_K=top_k, MODE=mode, BLOCK_J=block_j, BLOCK_K=min(block_k, triton.next_power_of_2(k)),
+        EMBED=token is not None, num_warps=num_warps)
     return out, x_out

@@ -34,3 +34,23 @@ def test_norm_proj_matches_the_norm_kernel_and_cublas():
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(out[0], got)
+
+
+def test_first_layer_reads_the_embedding_row_itself():
+    # the token's row of lite's embedding table, the same bits as F.embedding then the launch, and
+    # the same bits on each graph replay with a new token written into the graph's input
+    from engine.cuda_graphs import capture
+    from engine.kernels.norm_proj import norm_proj
+    g = torch.Generator(device="cuda").manual_seed(1)
+    bf = torch.bfloat16
+    table = torch.randn(102400, 2048, device="cuda", generator=g).to(bf)  # [V, H]
+    w = (torch.randn(3648, 2048, device="cuda", generator=g) * 0.02).to(bf)
+    nw = (1 + 0.1 * torch.randn(2048, device="cuda", generator=g)).to(bf)
+    tok = torch.tensor([7], device="cuda")
+    graph, out = capture(lambda: norm_proj(None, table, nw, 1e-6, w, token=tok), None)
+    for t in (7, 102399, 0, 5000):
+        tok.fill_(t)
+        graph.replay()
+        torch.cuda.synchronize()
+        want, x_want = norm_proj(None, F.embedding(tok, table), nw, 1e-6, w)
+        assert torch.equal(out[1], x_want) and torch.equal(out[0], want) and torch.equal(out[1][0], table[t]), t

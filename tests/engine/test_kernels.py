@@ -129,6 +129,19 @@ for dt in (torch.float32, torch.bfloat16):
             tol = 1e-5 if dt == torch.float32 else 2e-2
             assert got.shape == (1, n) and got.dtype == dt and torch.allclose(got.float(), want, rtol=tol, atol=tol), (
                 dt, type(delta), block_k, (got.float() - want).abs().max())
+    # the first layer's form: the row read from the embedding table by the token id, the same bits as
+    # F.embedding then the launch; a delta beside a token is refused
+    table = torch.randn(50, hid, generator=g).to(dt)  # [V, K]
+    tok = torch.tensor([41])
+    for block_k in (64, 256):
+        got, x_got = norm_proj(None, table, nw, 1e-6, w, block_j=16, block_k=block_k, token=tok)
+        want, x_want = norm_proj(None, F.embedding(tok, table), nw, 1e-6, w, block_j=16, block_k=block_k)
+        assert torch.equal(x_got, x_want) and torch.equal(got, want) and torch.equal(x_got[0], table[41]), (dt, block_k)
+    try:
+        norm_proj(dense, table, nw, 1e-6, w, token=tok)
+        raise AssertionError("a delta beside a token was accepted")
+    except ValueError as err:
+        assert "embedding row" in str(err)
 
 # the one-launch greedy choice: torch.argmax, ties (the first of equal maxima, across and inside
 # chunks), -inf rows, NaN (the first NaN wins, as in torch), strided rows; the tickets back at zero

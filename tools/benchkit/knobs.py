@@ -6,6 +6,7 @@ of the engine before anything is built, so one GPU call can time a change agains
     --argmax-launches     engine.kernels.argmax.MAX_ROWS             1: one launch (default); 4: the torch form
     --norm-proj-rows      engine.kernels.norm_proj.MAX_ROWS          1: input norm inside q/kv_a at one row; 0: apart
     --norm-proj-k         engine.kernels.norm_proj.BLOCK_K           its K block (K or more: one tile, loaded first)
+    --embed-in-norm       engine.kernels.norm_proj.EMBED             1: layer 0's launch reads the embedding; 0: apart
     --norm-proj-j         engine.kernels.norm_proj.BLOCK_J           its projection rows per program
     --norm-proj-warps     engine.kernels.norm_proj.NUM_WARPS         its warps per program
     --router-launches     engine.kernels.moe_route.ONE_LAUNCH        1: logits and selection in one launch; 2: two
@@ -46,6 +47,7 @@ EXPERTS = "engine.kernels.moe_experts"
 KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", _as_is),
          "argmax_launches": ("engine.kernels.argmax", "MAX_ROWS", lambda v, default: 0 if v == 4 else default),
          "norm_proj_rows": ("engine.kernels.norm_proj", "MAX_ROWS", _as_is),
+         "embed_in_norm": ("engine.kernels.norm_proj", "EMBED", lambda v, default: v == 1),
          "norm_proj_k": ("engine.kernels.norm_proj", "BLOCK_K", _as_is),
          "norm_proj_j": ("engine.kernels.norm_proj", "BLOCK_J", _as_is),
          "norm_proj_warps": ("engine.kernels.norm_proj", "NUM_WARPS", _as_is),
@@ -65,7 +67,8 @@ KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", _as_is),
          "dense_n": (EXPERTS, "DENSE_TILING", _tiling("up_n")),
          "dense_k": (EXPERTS, "DENSE_TILING", _tiling("block_k")),
          "dense_warps": (EXPERTS, "DENSE_TILING", _tiling("num_warps"))}
-CHOICES = {"argmax_launches": [1, 4], "norm_proj_rows": [0, 1], "router_launches": [1, 2]}
+CHOICES = {"argmax_launches": [1, 4], "norm_proj_rows": [0, 1], "router_launches": [1, 2],
+           "embed_in_norm": [0, 1]}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
