@@ -46,23 +46,26 @@ COMPACT_MAX_TOKENS = 16  # up to this many tokens the router lists the active ex
 MAX_ROUTES = 2048
 
 
-# One token's routes (a batch-1 decode step): four pipeline stages rather than three (one program
-# per SM then, where a batch-1 step launches about one wave); measured on the H200 (docs/perf-notes.md
-# row 38): batch-1 graph 2,026/2,040 µs with three, 2,011 with four, 2,054 with five, 2,251 with two.
+# One token's routes (a batch-1 decode step), measured on the H200 (docs/perf-notes.md): four
+# pipeline stages rather than three (row 38: batch-1 graph 2,026/2,040 µs with three, 2,011 with
+# four, 2,054 with five, 2,251 with two), and 32-column gate-up blocks, two programs per SM for the
+# 6 x 1,408 columns (row 41: 2,010 µs against 2,026 with 64, 2,096 with 128).
 ONE_TOKEN_MAX_ROUTES = 8
 ONE_TOKEN_STAGES = 4
+ONE_TOKEN_UP_N = 32
 
 
 def tiling_for(total_routes: int) -> Tiling:
     if total_routes <= ONE_TOKEN_MAX_ROUTES:
-        return _staged(FEW_ROWS_TILING, ONE_TOKEN_STAGES)
+        return _one_token(FEW_ROWS_TILING, ONE_TOKEN_STAGES, ONE_TOKEN_UP_N)
     return FEW_ROWS_TILING if total_routes <= FEW_ROWS_MAX_ROUTES else TILING
 
 
 @functools.cache
-def _staged(tiling: Tiling, stages: int) -> Tiling:
-    """tiling with `stages` pipeline stages, made once per pair (tiling_for runs at every MoE call)."""
-    return dataclasses.replace(tiling, num_stages=stages)
+def _one_token(tiling: Tiling, stages: int, up_n: int) -> Tiling:
+    """tiling with `stages` pipeline stages and `up_n` gate-up columns per program, made once per
+    triple (tiling_for runs at every MoE call)."""
+    return dataclasses.replace(tiling, num_stages=stages, up_n=up_n)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -39,7 +39,7 @@ def test_flags_set_their_constants_and_only_those(monkeypatch):
 
 def test_tiling_and_split_flags(monkeypatch):
     from engine.kernels import mla_decode, moe_experts
-    for name in ("FEW_ROWS_TILING", "DENSE_TILING", "DENSE_MAX_ROWS", "ONE_TOKEN_STAGES"):
+    for name in ("FEW_ROWS_TILING", "DENSE_TILING", "DENSE_MAX_ROWS", "ONE_TOKEN_STAGES", "ONE_TOKEN_UP_N"):
         monkeypatch.setattr(moe_experts, name, getattr(moe_experts, name))
     monkeypatch.setattr(mla_decode, "SPLIT_PROGRAMS", mla_decode.SPLIT_PROGRAMS)
     p = argparse.ArgumentParser()
@@ -47,9 +47,11 @@ def test_tiling_and_split_flags(monkeypatch):
     few, dense = moe_experts.FEW_ROWS_TILING, moe_experts.DENSE_TILING
     knobs.apply(p.parse_args(["--expert-down-n", "32", "--expert-up-n", "16", "--expert-k", "256",
                               "--split-programs", "8", "--dense-rows", "0", "--dense-n", "64", "--dense-warps", "8",
-                              "--expert-stages", "4", "--expert-warps", "8", "--dense-stages", "5"]))
+                              "--expert-stages", "4", "--expert-warps", "8", "--dense-stages", "5",
+                              "--one-token-up-n", "128"]))
     assert moe_experts.FEW_ROWS_TILING == dataclasses.replace(few, down_n=32, up_n=16, block_k=256, num_warps=8)
-    assert moe_experts.tiling_for(6).num_stages == 4 and moe_experts.tiling_for(9).num_stages == few.num_stages
+    assert moe_experts.tiling_for(6) == dataclasses.replace(moe_experts.FEW_ROWS_TILING, num_stages=4, up_n=128)
+    assert moe_experts.tiling_for(9) == moe_experts.FEW_ROWS_TILING  # one token's routes only
     assert moe_experts.DENSE_TILING == dataclasses.replace(dense, up_n=64, num_warps=8, num_stages=5)
     assert moe_experts.DENSE_MAX_ROWS == 0
     assert mla_decode.auto_split(1, 1024) == 128  # 8 splits of 1,024 keys

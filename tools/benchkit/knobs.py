@@ -19,6 +19,7 @@ of the engine before anything is built, so one GPU call can time a change agains
     --expert-k            engine.kernels.moe_experts.FEW_ROWS_TILING  K block of both up to 512 routes
     --split-programs      engine.kernels.mla_decode.SPLIT_PROGRAMS   programs the split attention aims at
     --expert-stages       engine.kernels.moe_experts.ONE_TOKEN_STAGES pipeline stages of both at one token's routes
+    --one-token-up-n      engine.kernels.moe_experts.ONE_TOKEN_UP_N   gate-up column block at one token's routes
     --expert-warps        engine.kernels.moe_experts.FEW_ROWS_TILING  warps per program of both up to 512 routes
     --dense-stages        engine.kernels.moe_experts.DENSE_TILING    the one-launch SwiGLU's pipeline stages
     --dense-rows          engine.kernels.moe_experts.DENSE_MAX_ROWS  rows of the one-launch SwiGLU (0: cuBLAS)
@@ -61,6 +62,7 @@ KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", _as_is),
          "expert_k": (EXPERTS, "FEW_ROWS_TILING", _tiling("block_k")),
          "split_programs": ("engine.kernels.mla_decode", "SPLIT_PROGRAMS", _as_is),
          "expert_stages": (EXPERTS, "ONE_TOKEN_STAGES", _as_is),
+         "one_token_up_n": (EXPERTS, "ONE_TOKEN_UP_N", _as_is),
          "expert_warps": (EXPERTS, "FEW_ROWS_TILING", _tiling("num_warps")),
          "dense_stages": (EXPERTS, "DENSE_TILING", _tiling("num_stages")),
          "dense_rows": (EXPERTS, "DENSE_MAX_ROWS", _as_is),
