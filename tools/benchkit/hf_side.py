@@ -43,8 +43,10 @@ def _target(params: dict[str, torch.Tensor], name: str) -> tuple[str, torch.Tens
     return name, params[name]
 
 
-def from_preset(preset: str, seed: int, dtype: torch.dtype, device: str):
-    """HF model of a preset's shapes with the engine's random weights (same seed, device, dtype)."""
+def from_preset(preset: str, seed: int, dtype: torch.dtype, device: str, weights_dtype: torch.dtype | None = None):
+    """HF model of a preset's shapes with the engine's random weights (same seed, device, dtype).
+    weights_dtype: draw the weights in it and widen them into `dtype` (a float32 model of a bf16
+    checkpoint: the same numbers, computed in float32)."""
     from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
     raw = preset_config(preset)
     cfg = ModelConfig.from_dict(raw, f"preset {preset}")
@@ -54,7 +56,7 @@ def from_preset(preset: str, seed: int, dtype: torch.dtype, device: str):
     params = dict(model.named_parameters())
     written = dict.fromkeys(params, 0)
     with torch.no_grad():
-        for name, tensor in random_tensors(cfg, seed, device=device, dtype=dtype):
+        for name, tensor in random_tensors(cfg, seed, device=device, dtype=weights_dtype or dtype):
             target, view = _target(params, name)
             if tuple(view.shape) != tuple(tensor.shape):
                 raise HFSideError(f"{name}: ours {list(tensor.shape)}, HF's {target} slice {list(view.shape)}")
