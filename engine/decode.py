@@ -28,12 +28,20 @@ class DecodeInputs:
 def decode_step(model: DeepseekV2, inp: DecodeInputs, cache: MLACache, out: torch.Tensor | None = None) -> torch.Tensor:
     """Returns the greedy next token of every row, [B] int64, on the device (written into `out`
     when given: the graphs keep every step's tokens in one place)."""
-    logits = decode_logits(model, inp, cache)
-    with phase("sampling"):
-        if model.fused_kernels:  # one launch (engine/kernels/argmax.py) where its tickets reach
-            from engine.kernels import argmax
-            if logits.shape[0] <= argmax.MAX_ROWS:
-                return argmax.argmax(logits, model.argmax_ticket, out=out)
+    if not model.fused_kernels:
+        logits = decode_logits(model, inp, cache)
+        with phase("sampling"):
+            return argmax_rows(logits, out=out)
+    from engine.kernels import argmax, head_argmax
+    h = _decode_fused(model, inp, cache)  # [B, H] after the final norm
+    if h.shape[0] <= head_argmax.MAX_ROWS and head_argmax.fits(model.lm_head):  # the head and the choice in one launch
+        with phase("lm_head"):
+            return head_argmax.head_argmax(h, model.lm_head, model.argmax_ticket, out=out)
+    with phase("lm_head"):
+        logits = F.linear(h, model.lm_head)  # [B, V]
+    with phase("sampling"):  # one launch (engine/kernels/argmax.py) where its tickets reach
+        if logits.shape[0] <= argmax.MAX_ROWS:
+            return argmax.argmax(logits, model.argmax_ticket, out=out)
         return argmax_rows(logits, out=out)
 
 
@@ -44,7 +52,9 @@ def decode_logits(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torc
         return attn.decode_absorbed(h, inp.positions, inp.slots, inp.ctx_lens, inp.length, cache)
 
     if model.fused_kernels:
-        return _decode_fused(model, inp, cache)
+        h = _decode_fused(model, inp, cache)
+        with phase("lm_head"):
+            return F.linear(h, model.lm_head)  # [B, V]
     x = F.embedding(inp.token_ids, model.embed)  # [B, H]
     for layer in model.layers:
         x = layer.run(x, lambda h, a=layer.attn: attend(a, h))
@@ -52,8 +62,8 @@ def decode_logits(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torc
 
 
 def _decode_fused(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torch.Tensor:
-    """The same layers as Triton-fused steps: each residual add folds into the next RMSNorm, a MoE
-    layer's combine (routes in order, then the shared experts) folds in with it, and attention's
+    """[B, H]: every row's final norm, ready for the LM head. The same layers as Triton-fused steps:
+    each residual add folds into the next RMSNorm, a MoE layer's combine (routes in order, then the shared experts) folds in with it, and attention's
     own output kernel adds and normalises at a few rows (MLAttention.decode_norm). At one row the
     first layer's q/kv_a launch reads the token's embedding row itself (norm_proj's token form)."""
     from engine.kernels.rmsnorm import moe_rmsnorm, rmsnorm
@@ -88,4 +98,4 @@ def _decode_fused(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torc
         delta = layer.mlp.parts(h, model.side_stream) if isinstance(layer.mlp, MoE) else layer.mlp.fused(h)
     with phase("lm_head"):
         h, _ = norm(delta, model.norm, x)
-        return F.linear(h, model.lm_head)  # [B, V]
+    return h

@@ -152,14 +152,15 @@ def one_launch_sizes(backend, cfg: ModelConfig) -> dict:
     """Up to how many rows the decode step's one-launch kernels run (engine/kernels: the layer input
     in the q/kv_a launch, the first layer's reading the embedding row itself; attention's output
     with the add and norm, the router where the backend holds its ticket, the shared experts' and
-    dense layers' gate-up with SwiGLU, the argmax)."""
-    from engine.kernels import argmax, mla_output, moe_experts, moe_route, norm_proj
+    dense layers' gate-up with SwiGLU, the LM head with the argmax, the argmax)."""
+    from engine.kernels import argmax, head_argmax, mla_output, moe_experts, moe_route, norm_proj
     al = backend.alignment(1, cfg.num_experts_per_tok) if cfg.n_routed_experts else None
     router = moe_route.SMALL if moe_route.ONE_LAUNCH and al is not None and al.ticket is not None else 0
     embedding = bool(norm_proj.EMBED and norm_proj.MAX_ROWS)
     return dict(norm_proj_rows=norm_proj.MAX_ROWS, embedding_in_norm_proj=embedding,
                 mla_output_rows=mla_output.MAX_ROWS, router_one_launch_rows=router,
-                dense_swiglu_rows=moe_experts.DENSE_MAX_ROWS, argmax_rows=argmax.MAX_ROWS)
+                dense_swiglu_rows=moe_experts.DENSE_MAX_ROWS, head_argmax_rows=head_argmax.MAX_ROWS,
+                argmax_rows=argmax.MAX_ROWS)
 
 
 def _random_tensors(cfg: ModelConfig, spec: EngineSpec, keep, device, dtype) -> tuple[dict, LoadStats]:

@@ -106,12 +106,12 @@ def test_one_launch_sizes_name_each_kernel_and_the_router_follows_the_backend(en
     # what the start-up log's decode_path event carries on CUDA; on CPU the local backend runs its
     # experts in a loop and hands out no alignment, so the router's one-launch form does not apply
     from engine.engine import one_launch_sizes
-    from engine.kernels import argmax, mla_output, moe_experts, norm_proj
+    from engine.kernels import argmax, head_argmax, mla_output, moe_experts, norm_proj
     sizes = one_launch_sizes(engine.model.backend, engine.cfg)
     assert sizes == dict(norm_proj_rows=norm_proj.MAX_ROWS, embedding_in_norm_proj=norm_proj.EMBED,
                          mla_output_rows=mla_output.MAX_ROWS,
                          router_one_launch_rows=0, dense_swiglu_rows=moe_experts.DENSE_MAX_ROWS,
-                         argmax_rows=argmax.MAX_ROWS)
+                         head_argmax_rows=head_argmax.MAX_ROWS, argmax_rows=argmax.MAX_ROWS)
     backend = engine.model.backend
     kernel, backend.kernel = backend.kernel, "triton"  # the fused expert kernels, as chosen on CUDA
     try:

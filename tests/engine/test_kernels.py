@@ -159,6 +159,30 @@ for logits in (x, x.to(torch.bfloat16), wide, x[:1]):
     assert not ticket.any()
 out = torch.full((6,), -1, dtype=torch.int64)
 assert argmax(x, ticket, out=out) is out and torch.equal(out, torch.argmax(x, dim=-1))
+
+# the LM head and the choice in one launch: torch.argmax(F.linear(h, w)) with the logits rounded to
+# the model dtype; a tie across blocks (the first wins), a NaN logit (the first NaN wins), a vocabulary
+# that is no whole number of blocks, the ticket back at zero; one row only
+from engine.kernels import head_argmax as ha
+hw = torch.randn(1000, 64, generator=g)
+hh = torch.randn(1, 64, generator=g)
+for tiling in (ha.Tiling(32, 256), ha.Tiling(16, 32), ha.Tiling(64, 16)):
+    assert ha.fits(hw, tiling)
+    for dt in (torch.float32, torch.bfloat16):
+        want = torch.argmax(F.linear(hh.to(dt), hw.to(dt)), dim=-1)
+        assert torch.equal(ha.head_argmax(hh.to(dt), hw.to(dt), ticket, tiling=tiling), want), (tiling, dt)
+        assert not ticket.any()
+tied = hw.clone(); tied[900] = tied[37] = hh[0] * 3  # equal rows: equal logits in blocks 1 and 28
+assert ha.head_argmax(hh, tied, ticket).item() == 37 == torch.argmax(F.linear(hh, tied)).item()
+nan_w = hw.clone(); nan_w[600, 3] = float("nan"); nan_w[800, 0] = float("nan")
+assert ha.head_argmax(hh, nan_w, ticket).item() == 600 == torch.argmax(F.linear(hh, nan_w)).item()
+assert not ticket.any()
+try:
+    ha.head_argmax(torch.randn(2, 64), hw, ticket)
+    raise AssertionError("two rows accepted")
+except ValueError as err:
+    assert "one row" in str(err)
+assert not ha.fits(torch.randn(64, 1000)[:, :48].contiguous(), ha.Tiling(32, 32)) and not ha.fits(hw.T)
 print("ok")
 """
 

@@ -55,3 +55,18 @@ def test_tiling_and_split_flags(monkeypatch):
     assert moe_experts.DENSE_TILING == dataclasses.replace(dense, up_n=64, num_warps=8, num_stages=5)
     assert moe_experts.DENSE_MAX_ROWS == 0
     assert mla_decode.auto_split(1, 1024) == 128  # 8 splits of 1,024 keys
+
+
+def test_head_argmax_flags(monkeypatch):
+    from engine.kernels import head_argmax
+    for name in ("MAX_ROWS", "TILING"):
+        monkeypatch.setattr(head_argmax, name, getattr(head_argmax, name))
+    p = argparse.ArgumentParser()
+    knobs.add_arguments(p)
+    tiling = head_argmax.TILING
+    done = knobs.apply(p.parse_args(["--head-argmax-rows", "0", "--head-n", "64", "--head-k", "512",
+                                     "--head-warps", "8", "--head-stages", "4"]))
+    assert head_argmax.MAX_ROWS == 0 and done["engine.kernels.head_argmax.MAX_ROWS"] == 0
+    assert head_argmax.TILING == dataclasses.replace(tiling, block_n=64, block_k=512, num_warps=8, num_stages=4)
+    with pytest.raises(SystemExit):
+        p.parse_args(["--head-argmax-rows", "2"])

@@ -4,6 +4,11 @@ of the engine before anything is built, so one GPU call can time a change agains
     flag                  constant                                  values
     --capture-priority    engine.cuda_graphs.CAPTURE_PRIORITY        stream priority (0: the side stream's)
     --argmax-launches     engine.kernels.argmax.MAX_ROWS             1: one launch (default); 4: the torch form
+    --head-argmax-rows    engine.kernels.head_argmax.MAX_ROWS        1: LM head + argmax in one launch; 0: apart
+    --head-n              engine.kernels.head_argmax.TILING          its vocabulary rows per program
+    --head-k              engine.kernels.head_argmax.TILING          its K block
+    --head-warps          engine.kernels.head_argmax.TILING          its warps per program
+    --head-stages         engine.kernels.head_argmax.TILING          its pipeline stages
     --norm-proj-rows      engine.kernels.norm_proj.MAX_ROWS          1: input norm inside q/kv_a at one row; 0: apart
     --norm-proj-k         engine.kernels.norm_proj.BLOCK_K           its K block (K or more: one tile, loaded first)
     --embed-in-norm       engine.kernels.norm_proj.EMBED             1: layer 0's launch reads the embedding; 0: apart
@@ -44,9 +49,15 @@ def _tiling(field: str):
 
 
 EXPERTS = "engine.kernels.moe_experts"
+HEAD = "engine.kernels.head_argmax"
 # flag -> (module, constant, the constant's value from the flag's and the constant's default)
 KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", _as_is),
          "argmax_launches": ("engine.kernels.argmax", "MAX_ROWS", lambda v, default: 0 if v == 4 else default),
+         "head_argmax_rows": (HEAD, "MAX_ROWS", _as_is),
+         "head_n": (HEAD, "TILING", _tiling("block_n")),
+         "head_k": (HEAD, "TILING", _tiling("block_k")),
+         "head_warps": (HEAD, "TILING", _tiling("num_warps")),
+         "head_stages": (HEAD, "TILING", _tiling("num_stages")),
          "norm_proj_rows": ("engine.kernels.norm_proj", "MAX_ROWS", _as_is),
          "embed_in_norm": ("engine.kernels.norm_proj", "EMBED", lambda v, default: v == 1),
          "norm_proj_k": ("engine.kernels.norm_proj", "BLOCK_K", _as_is),
@@ -69,8 +80,8 @@ KNOBS = {"capture_priority": ("engine.cuda_graphs", "CAPTURE_PRIORITY", _as_is),
          "dense_n": (EXPERTS, "DENSE_TILING", _tiling("up_n")),
          "dense_k": (EXPERTS, "DENSE_TILING", _tiling("block_k")),
          "dense_warps": (EXPERTS, "DENSE_TILING", _tiling("num_warps"))}
-CHOICES = {"argmax_launches": [1, 4], "norm_proj_rows": [0, 1], "router_launches": [1, 2],
-           "embed_in_norm": [0, 1]}
+CHOICES = {"argmax_launches": [1, 4], "head_argmax_rows": [0, 1], "norm_proj_rows": [0, 1],
+           "router_launches": [1, 2], "embed_in_norm": [0, 1]}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
