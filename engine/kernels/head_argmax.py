@@ -22,11 +22,14 @@ from engine.kernels.ticket import last_to_finish
 MAX_ROWS = 1  # rows of the fused form (0: F.linear, then engine/kernels/argmax.py)
 
 
+# The H200 (docs/perf-notes.md row 44; gpu_probe timelines at one row, lite): 64 rows x 256 columns
+# with 8 warps 105.6-106.1 µs a step; 32 x 256 with 4 warps 106.5, 16 x 512 133.8, 128 x 128 117.3,
+# 128 x 64 117.8; cuBLAS's GEMV and the argmax kernel 104.8-105.4 + 3.5-3.6.
 @dataclasses.dataclass(frozen=True, slots=True)
 class Tiling:
-    block_n: int = 32  # vocabulary rows per program: 3,200 programs at lite's 102,400
+    block_n: int = 64  # vocabulary rows per program: 1,600 programs at lite's 102,400
     block_k: int = 256
-    num_warps: int = 4
+    num_warps: int = 8
     num_stages: int = 3
 
 
