@@ -63,8 +63,8 @@ def decode_logits(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torc
 
 def _decode_fused(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torch.Tensor:
     """[B, H]: every row's final norm, ready for the LM head. The same layers as Triton-fused steps:
-    each residual add folds into the next RMSNorm, a MoE layer's combine (routes in order, then the shared experts) folds in with it, and attention's
-    own output kernel adds and normalises at a few rows (MLAttention.decode_norm). At one row the
+    each residual add folds into the next RMSNorm, a MoE layer's combine (routes in order, then the
+    shared experts) folds in with it, and attention's own output kernel adds and normalises at a few rows (MLAttention.decode_norm). At one row the
     first layer's q/kv_a launch reads the token's embedding row itself (norm_proj's token form)."""
     from engine.kernels.rmsnorm import moe_rmsnorm, rmsnorm
     eps = model.cfg.rms_norm_eps

@@ -40,7 +40,7 @@ from engine.presets import DTYPES, PRESETS  # noqa: E402
 from engine.sampler import Draw  # noqa: E402
 from engine.tokenizer import Tokenizer  # noqa: E402
 from tools.benchkit import hardware, hf_side  # noqa: E402
-from tools.hf_oracle import DEFAULT_CASES, GateError, checkpoint_hash, load_cases  # noqa: E402
+from tools.hf_oracle import DEFAULT_CASES, GateError, checkpoint_hash, hf_greedy, load_cases  # noqa: E402
 
 TARGET = 0.99  # issue #9: bf16 greedy agreement with HF bf16 on the case set, 64 steps
 
@@ -100,11 +100,7 @@ class HFRun:
         with hf_side.routing_patch(self.model, self.norm_topk), torch.inference_mode():
             rows = [p for c in cases for p in c["prompts"]]
             for i, prompt in enumerate(rows):
-                ids = torch.tensor([prompt], device=self.device)  # [1, P]
-                out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                                          min_new_tokens=0, do_sample=False, use_cache=True, eos_token_id=None,
-                                          pad_token_id=0)  # [1, P + max_tokens]
-                free.append(out[0, len(prompt):].tolist())
+                free.append(hf_greedy(self.model, prompt, max_tokens, self.device))
                 if forced_on is not None:
                     seq = torch.tensor([prompt + forced_on[i][:-1]], device=self.device)  # [1, P + T - 1]
                     logits = self.model(seq).logits[0, len(prompt) - 1:]  # [T, V]

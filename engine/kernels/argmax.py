@@ -14,6 +14,35 @@ from engine.kernels.ticket import last_to_finish
 
 CHUNKS = 64  # column chunks per row: 1,600 columns each at lite's 102,400
 MAX_ROWS = 1024  # rows one ticket buffer serves (ticket.tickets(MAX_ROWS)); the torch form above (0: always)
+BIG = tl.constexpr(2147483647)  # "no such index" (int32)
+
+
+@triton.jit
+def block_best(x, cols, ok):
+    """One block of values x [N] at columns cols: its max (NaN left out), the first column holding
+    it, and the first NaN's column (BIG if none). Masked-out entries (not ok) never count."""
+    nan = (x != x) & ok
+    first_nan = tl.min(tl.where(nan, cols, BIG), axis=0)
+    m = tl.max(tl.where(nan, float("-inf"), x), axis=0)
+    first_max = tl.min(tl.where(ok & (x == m), cols, BIG), axis=0)
+    return m, first_max, first_nan
+
+
+@triton.jit
+def first_best(part_v_ptr, part_i_ptr, n_parts, N_P: tl.constexpr):
+    """From n_parts blocks' (max, first max, first NaN), read past L1 (the tail of a ticketed launch):
+    the first NaN's column if any block holds one, else the first max of the first block holding the
+    row's max: torch.argmax's pick."""
+    k = tl.arange(0, N_P)
+    k_ok = k < n_parts
+    ms = tl.load(part_v_ptr + k, mask=k_ok, other=float("-inf"), cache_modifier=".cg")
+    idx = tl.load(part_i_ptr + k * 2, mask=k_ok, other=0, cache_modifier=".cg")
+    nans = tl.load(part_i_ptr + k * 2 + 1, mask=k_ok, other=BIG, cache_modifier=".cg")
+    best = tl.max(ms, axis=0)
+    first = tl.min(tl.where(k_ok & (ms == best), k, N_P), axis=0)  # the first block holding it
+    pick = tl.sum(tl.where(k == first, idx, 0), axis=0)
+    any_nan = tl.min(nans, axis=0)
+    return tl.where(any_nan < BIG, any_nan, pick)
 
 
 @triton.jit
@@ -21,31 +50,17 @@ def _argmax_kernel(x_ptr, part_v_ptr, part_i_ptr, out_ptr, ticket_ptr, V, stride
                    N_CHUNKS: tl.constexpr, N_CHUNKS_P: tl.constexpr):
     b = tl.program_id(0)
     c = tl.program_id(1)
-    big = 2147483647
     cols = c * CHUNK + tl.arange(0, CHUNK)
     ok = cols < V
     x = tl.load(x_ptr + b * stride + cols, mask=ok, other=float("-inf")).to(tl.float32)
-    nan = (x != x) & ok
-    first_nan = tl.min(tl.where(nan, cols, big), axis=0)
-    m = tl.max(tl.where(nan, float("-inf"), x), axis=0)
-    first_max = tl.min(tl.where(ok & (x == m), cols, big), axis=0)
+    m, first_max, first_nan = block_best(x, cols, ok)
     part = b * N_CHUNKS + c
     tl.store(part_v_ptr + part, m)
     tl.store(part_i_ptr + part * 2, first_max)
     tl.store(part_i_ptr + part * 2 + 1, first_nan)
     if last_to_finish(ticket_ptr + b, N_CHUNKS):
-        k = tl.arange(0, N_CHUNKS_P)
-        k_ok = k < N_CHUNKS
-        row = b * N_CHUNKS + k
-        ms = tl.load(part_v_ptr + row, mask=k_ok, other=float("-inf"), cache_modifier=".cg")
-        idx = tl.load(part_i_ptr + row * 2, mask=k_ok, other=0, cache_modifier=".cg")
-        nans = tl.load(part_i_ptr + row * 2 + 1, mask=k_ok, other=big, cache_modifier=".cg")
-        nans = tl.where(k_ok, nans, big)
-        best = tl.max(ms, axis=0)
-        first = tl.min(tl.where(k_ok & (ms == best), k, N_CHUNKS_P), axis=0)  # the first chunk holding it
-        pick = tl.sum(tl.where(k == first, idx, 0), axis=0)
-        any_nan = tl.min(nans, axis=0)
-        tl.store(out_ptr + b, tl.where(any_nan < big, any_nan, pick).to(tl.int64))
+        row = b * N_CHUNKS
+        tl.store(out_ptr + b, first_best(part_v_ptr + row, part_i_ptr + row * 2, N_CHUNKS, N_CHUNKS_P).to(tl.int64))
         tl.store(ticket_ptr + b, 0)  # every chunk has taken its ticket: ready for the next launch
 
 

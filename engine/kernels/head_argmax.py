@@ -2,8 +2,9 @@
 logits of vocabulary rows [j*BLOCK_N, (j+1)*BLOCK_N) from the final hidden row (float32 sums over K
 in BLOCK_K steps, rounded to the model dtype as F.linear's logits are), keeps their max and its first
 index, and the program taking the last ticket (engine/kernels/ticket.py) picks the first block
-holding the row's max: torch.argmax(F.linear(h, W), -1) without the [V] logits in memory or a
-second launch. NaN logits pick the first NaN, as torch does.
+holding the row's max (both steps are engine/kernels/argmax.py's block_best and first_best):
+torch.argmax(F.linear(h, W), -1) without the [V] logits in memory or a second launch. NaN logits
+pick the first NaN, as torch does.
 
 The sums run in another order than cuBLAS's GEMV, so a logit can round to the neighbouring bf16
 value: where two logits tie within that rounding the pick can differ from F.linear's (as any two
@@ -17,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.argmax import block_best, first_best
 from engine.kernels.ticket import last_to_finish
 
 MAX_ROWS = 1  # rows of the fused form (0: F.linear, then engine/kernels/argmax.py)
@@ -41,7 +43,6 @@ def _head_argmax_kernel(h_ptr, w_ptr, part_v_ptr, part_i_ptr, out_ptr, ticket_pt
                         K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         N_PROGS: tl.constexpr, N_PROGS_P: tl.constexpr):
     j = tl.program_id(0)
-    big = 2147483647
     n = j * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = n < V
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
@@ -51,25 +52,12 @@ def _head_argmax_kernel(h_ptr, w_ptr, part_v_ptr, part_i_ptr, out_ptr, ticket_pt
         x = tl.load(h_ptr + ks)  # [BK]
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
     logit = tl.sum(acc, axis=1).to(h_ptr.dtype.element_ty).to(tl.float32)  # [BN], rounded as the logits are
-    logit = tl.where(ok, logit, float("-inf"))
-    nan = (logit != logit) & ok
-    first_nan = tl.min(tl.where(nan, n, big), axis=0)
-    m = tl.max(tl.where(nan, float("-inf"), logit), axis=0)
-    first_max = tl.min(tl.where(ok & (logit == m), n, big), axis=0)
+    m, first_max, first_nan = block_best(tl.where(ok, logit, float("-inf")), n, ok)
     tl.store(part_v_ptr + j, m)
     tl.store(part_i_ptr + j * 2, first_max)
     tl.store(part_i_ptr + j * 2 + 1, first_nan)
     if last_to_finish(ticket_ptr, N_PROGS):
-        p = tl.arange(0, N_PROGS_P)
-        p_ok = p < N_PROGS
-        ms = tl.load(part_v_ptr + p, mask=p_ok, other=float("-inf"), cache_modifier=".cg")
-        idx = tl.load(part_i_ptr + p * 2, mask=p_ok, other=0, cache_modifier=".cg")
-        nans = tl.load(part_i_ptr + p * 2 + 1, mask=p_ok, other=big, cache_modifier=".cg")
-        best = tl.max(ms, axis=0)
-        first = tl.min(tl.where(p_ok & (ms == best), p, N_PROGS_P), axis=0)  # the first block holding it
-        pick = tl.sum(tl.where(p == first, idx, 0), axis=0)
-        any_nan = tl.min(nans, axis=0)
-        tl.store(out_ptr, tl.where(any_nan < big, any_nan, pick).to(tl.int64))
+        tl.store(out_ptr, first_best(part_v_ptr, part_i_ptr, N_PROGS, N_PROGS_P).to(tl.int64))
         tl.store(ticket_ptr, 0)  # every program has taken its ticket: ready for the next launch
 
 

@@ -2,7 +2,7 @@
 shape ([102,400, 2,048] bf16), skipped without a GPU: the index of torch.argmax(F.linear(h, W)) where
 the winner stands clear of rounding, the first of equal maxima, a logit within one bf16 step of
 F.linear's max otherwise, the ticket back at zero, the same bits on each of 300 CUDA-graph replays,
-and the decode step of a one-row graph choosing what the F.linear + argmax step chooses.
+and the tiny model's one-row graphed steps choosing what the F.linear + argmax form chooses.
 Run on a GPU machine: pytest tests/engine/test_gpu_head_argmax.py"""
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; on the CPU the kernel runs in "
+                                "Triton's interpreter in tests/engine/test_kernels.py")
 
 V, K = 102400, 2048
 
