@@ -42,6 +42,8 @@ class Request:
     pending_depth_at_admit: int = 0  # requests still queued behind this one when it was admitted
     active_set_size_max: int = 0  # most requests held by the engine at once while this one was
     decode_batch_size_max: int = 0  # largest batch among the decode steps that made its tokens
+    # who sent it, as the daemon identifies callers (a digest of the API key); only they may cancel it
+    owner: str | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -68,13 +70,15 @@ class Request:
         *,
         finish_reason: FinishReason | None = None,
         error: str | None = None,
+        code: str | None = None,
     ) -> SinkEnd:
         """Move to a terminal state, record why, and return the sink's terminal item (the caller
-        closes the sink, after its observers have seen the move)."""
+        closes the sink, after its observers have seen the move). `code`: a stable cause the client
+        is told (e.g. "server_shutdown"), where the state alone does not say it."""
         reason = terminal_reason(new, finish_reason)  # validates before anything changes
         self.state = advance(self.state, new)
         self.finish_reason = finish_reason
         self.terminal_reason = reason
         self.error = error
         self.finished_at = now
-        return SinkEnd(state=new, reason=reason, finish_reason=finish_reason, message=error)
+        return SinkEnd(state=new, reason=reason, finish_reason=finish_reason, message=error, code=code)

@@ -1,11 +1,10 @@
 """The scheduler: admission, FCFS deferral and every request's walk to exactly one terminal state.
 
-Lives on the asyncio loop thread only. Requests come in through `submit`; engine events arrive as
-plain method calls (the daemon translates the GPU thread's typed events); the API side cancels or
-reports disconnects. Every terminal path goes through `_end`: it frees the active slot at most
-once, closes the sink with its one terminal item, and admits the head of the queue, so a slot is
-never idle while a request waits. Admission is FCFS: admitted at once only if a slot is free and
-nobody is queued, else PENDING if the queue has room, else QueueFull.
+Lives on the asyncio loop thread only. Requests come in through `submit`; engine events arrive as plain method
+calls (the daemon translates the GPU thread's typed events); the API side cancels or reports disconnects. Every
+terminal path goes through `_end`: it frees the active slot at most once, closes the sink with its one terminal
+item, and admits the head of the queue, so a slot is never idle while a request waits. Admission is FCFS:
+admitted at once only if a slot is free and nobody is queued, else PENDING if the queue has room, else QueueFull.
 
 Engine events for unknown or already-terminal ids are the normal race between a cancel and tokens
 in flight: counted in `late_events`, otherwise ignored. An event the request's state cannot take
@@ -24,6 +23,7 @@ from lifecycle.engine_client import EngineClient
 from lifecycle.observer import LifecycleObserver, NullObserver
 from lifecycle.rejection import Draining, NotReady, QueueFull, Rejection
 from lifecycle.request import Request
+from lifecycle.service_rate import ServiceRate
 from lifecycle.states import ENGINE_HELD, FinishReason, RequestState
 
 SLOW_READER = "client too slow to read"
@@ -38,7 +38,7 @@ class Scheduler:
         max_pending: int,
         clock: Callable[[], float] = time.monotonic,
         observer: LifecycleObserver | None = None,
-        retry_after_s: float = 1.0,
+        retry_after_s: float = 1.0,  # the Retry-After hint until a service rate is known
     ) -> None:
         if max_active < 1:
             raise ValueError(f"max_active must be >= 1, got {max_active}")
@@ -50,6 +50,7 @@ class Scheduler:
         self._clock = clock
         self._observer: LifecycleObserver = observer if observer is not None else NullObserver()
         self._retry_after_s = retry_after_s
+        self._rate = ServiceRate(clock)
         self._running: dict[str, Request] = {}  # engine-held: ADMITTED, PREFILL, DECODE
         self._pending: OrderedDict[str, Request] = OrderedDict()  # PENDING, in arrival order
         self._ready = False
@@ -92,7 +93,7 @@ class Scheduler:
             raise self._refused(request, NotReady(self._retry_after_s))
         slot_free = not self._pending and len(self._running) < self._max_active
         if not slot_free and len(self._pending) >= self._max_pending:
-            raise self._refused(request, QueueFull(self._retry_after_s))
+            raise self._refused(request, QueueFull(self._rate.retry_after_s(len(self._pending), self._retry_after_s)))
         self._move(request, RequestState.PENDING)
         self._pending[rid] = request
         self._idle.clear()
@@ -104,12 +105,12 @@ class Scheduler:
             request.received_at = self._clock()
         self._end(request, RequestState.REJECTED, error=message)
 
-    def cancel(self, request_id: str, message: str = "cancelled") -> bool:
-        """The server or an API call ends a request: CANCELLED. False if it was not live."""
+    def cancel(self, request_id: str, message: str = "cancelled", code: str | None = None) -> bool:
+        """The server or an API call ends a request: CANCELLED, `code` its cause. False if not live."""
         request = self._live(request_id)
         if request is None:
             return False
-        self._abort(request, RequestState.CANCELLED, message)
+        self._abort(request, RequestState.CANCELLED, message, code)
         return True
 
     def disconnect(self, request_id: str, message: str = "client disconnected") -> bool:
@@ -120,12 +121,11 @@ class Scheduler:
         self._abort(request, RequestState.DISCONNECTED, message)
         return True
 
-    def cancel_all(self, message: str) -> int:
-        """Cancel every live request (the end of a drain's grace period); returns how many.
-        The queue goes first, so that freed slots do not admit work that is about to be cancelled."""
+    def cancel_all(self, message: str, code: str | None = None) -> int:
+        """Cancel every live request (shutdown), the queue first so that freed slots admit nothing."""
         victims = [*self._pending.values(), *self._running.values()]
         for request in victims:
-            self._abort(request, RequestState.CANCELLED, message)
+            self._abort(request, RequestState.CANCELLED, message, code)
         return len(victims)
 
     # ---- the engine side -------------------------------------------------------------------------
@@ -250,6 +250,7 @@ class Scheduler:
         while self._pending and len(self._running) < self._max_active:
             request = next(iter(self._pending.values()))
             rid = request.request_id
+            self._rate.observe(busy=True)
             self._engine.admit(rid, request.prompt_ids, request.params)
             del self._pending[rid]
             self._running[rid] = request
@@ -264,11 +265,11 @@ class Scheduler:
         request.move(new, self._clock())
         self._observer.on_transition(request, old, new)
 
-    def _abort(self, request: Request, new: RequestState, message: str) -> None:
+    def _abort(self, request: Request, new: RequestState, message: str, code: str | None = None) -> None:
         """End a live request early; if the engine holds it, tell the engine to drop it."""
         if request.state in ENGINE_HELD:
             self._engine.cancel(request.request_id)
-        self._end(request, new, error=message)
+        self._end(request, new, error=message, code=code)
 
     def _end(
         self,
@@ -277,14 +278,16 @@ class Scheduler:
         *,
         finish_reason: FinishReason | None = None,
         error: str | None = None,
+        code: str | None = None,
     ) -> None:
         """The one way to a terminal state: release the slot once, notify, close the sink, refill."""
         old = request.state
-        end = request.end(new, self._clock(), finish_reason=finish_reason, error=error)
+        end = request.end(new, self._clock(), finish_reason=finish_reason, error=error, code=code)
         rid = request.request_id
         freed = self._running.get(rid) is request  # identity: a rejected duplicate id frees nothing
         if freed:
             del self._running[rid]
+            self._rate.departed(busy=bool(self._running))
         elif self._pending.get(rid) is request:
             del self._pending[rid]
         self.counters.terminal[end.reason] += 1

@@ -27,7 +27,8 @@ class SinkEnd:
     state: RequestState
     reason: TerminalReason
     finish_reason: FinishReason | None = None
-    message: str | None = None
+    message: str | None = None  # for the server's records; the daemon decides what the client sees
+    code: str | None = None  # a stable cause chosen by whoever ended it (None: the state's usual one)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
