@@ -1,49 +1,59 @@
-"""The HTTP application: routes for completions, cancel, models, health, readiness and metrics,
-plus bearer-token checking on /v1/*. Handlers stay thin; the work lives in completions.py."""
+"""The HTTP application: routes for completions, cancel, models, health, readiness and metrics, the
+bearer-token check on /v1/* and /debug/* (daemon.access), and OpenAI-shaped JSON for every error the
+framework itself answers (unknown route, wrong method, a trailing slash, an unhandled exception).
+Handlers stay thin; the work lives in completions.py."""
 from __future__ import annotations
 
-import hmac
+import logging
+import math
+from collections.abc import Awaitable, Callable, Mapping
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, request_response
 
+from daemon import access
 from daemon.completions import create_completion, error_response
-from daemon.protocol import APIError
+from daemon.protocol import APIError, bad_request
+from daemon.request_end import LOAD_FAILED_MESSAGE, engine_failure
 from daemon.runtime import Runtime
-from engine.messages import InjectFailure, Stall
+from engine.messages import MAX_STALL_S, InjectFailure, Stall
+
+log = logging.getLogger("pegainfer.daemon")
+
+Endpoint = Callable[[HTTPRequest], Awaitable[Response]]
 
 
 def build_app(rt: Runtime) -> Starlette:
-    def authorised(http: HTTPRequest) -> APIError | None:
-        key = rt.settings.api_key
-        if not key:
-            return None
-        given = http.headers.get("authorization", "")
-        if given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), key.encode()):
-            return None
-        return APIError(401, "invalid or missing API key (Authorization: Bearer ...)", "authentication_error",
-                        None, "invalid_api_key")
+    def guarded(endpoint: Endpoint) -> Endpoint:
+        """The endpoint behind the API key (when one is set)."""
+        async def checked(http: HTTPRequest) -> Response:
+            if (e := access.check_key(http.headers, rt.settings.api_key)) is not None:
+                return error_response(e)
+            return await endpoint(http)
+        return checked
 
     async def completions(http: HTTPRequest) -> Response:
-        if (e := authorised(http)) is not None:
+        e = access.check_key(http.headers, rt.settings.api_key) or content_type_error(http.headers)
+        if e is not None:
             rt.telemetry.on_front_rejection(e.status, e.message, http.headers)
             return error_response(e)
-        return await create_completion(http, rt)
+        return await create_completion(http, rt, owner=access.identity(http.headers, rt.settings.api_key))
 
     async def cancel(http: HTTPRequest) -> Response:
-        if (e := authorised(http)) is not None:
-            return error_response(e)
         rid = http.path_params["request_id"]
-        if rt.scheduler is None or not rt.scheduler.cancel(rid, "cancelled by API request"):
+        request = rt.scheduler.get(rid) if rt.scheduler is not None else None
+        caller = access.identity(http.headers, rt.settings.api_key)
+        # someone else's request answers exactly as a missing one does, so that ids cannot be probed
+        if request is None or not access.owns(request.owner, caller) or \
+                not rt.scheduler.cancel(rid, "cancelled by API request"):
             return error_response(APIError(404, f"no running request with id {rid!r}", "not_found_error",
                                            "request_id", "request_not_found"))
         return JSONResponse({"id": rid, "object": "text_completion.cancel", "cancelled": True})
 
     async def models(http: HTTPRequest) -> Response:
-        if (e := authorised(http)) is not None:
-            return error_response(e)
         engine = rt.engine
         return JSONResponse({"object": "list", "data": [{
             "id": rt.model_name, "object": "model", "created": int(rt.started_wall), "owned_by": "pegainfer",
@@ -55,8 +65,7 @@ def build_app(rt: Runtime) -> Starlette:
     async def health(http: HTTPRequest) -> Response:
         ok = rt.healthy()
         return JSONResponse({"status": "ok" if ok else "unhealthy", "phase": rt.phase.value,
-                             "gpu_thread_alive": bool(rt.gpu and rt.gpu.is_alive()),
-                             "error": rt.load_error or (rt.bridge.died if rt.bridge else None)},
+                             "gpu_thread_alive": bool(rt.gpu and rt.gpu.is_alive()), "error": _public_error(rt)},
                             status_code=200 if ok else 503)
 
     async def ready(http: HTTPRequest) -> Response:
@@ -80,33 +89,96 @@ def build_app(rt: Runtime) -> Starlette:
         return Response(payload, media_type=content_type)
 
     routes = [
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/completions/{request_id}/cancel", cancel, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
+        # counted while they are written, so that a stopping server can let them finish (daemon.open_responses)
+        Route("/v1/completions", rt.open_responses.wrap(request_response(completions)), methods=["POST"]),
+        Route("/v1/completions/{request_id}/cancel", guarded(cancel), methods=["POST"]),
+        Route("/v1/models", guarded(models), methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    routes += rt.telemetry.extra_routes(rt)
+    debug = list(rt.telemetry.extra_routes(rt))
     if rt.settings.debug_hooks:
-        routes += debug_routes(rt)
-    return Starlette(routes=routes)
+        log.warning("debug hooks are on: /debug/stall and /debug/fail stall the engine and fail requests on "
+                    "demand%s; never in production", "" if rt.settings.api_key else ", and no API key guards them")
+        debug += debug_routes(rt)
+    routes += [Route(r.path, guarded(r.endpoint), methods=r.methods) for r in debug]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _server_error})
+    app.router.redirect_slashes = False  # "/v1/completions/" is a JSON 404, not a plain-text 307
+    return app
 
 
 def debug_routes(rt: Runtime) -> list[Route]:
-    """Fault injection for tests and drills: stall the GPU thread, fail one running request."""
+    """Fault injection for tests and drills: stall the GPU thread, fail one running request. build_app
+    puts them behind the API key; their arguments are checked here, because a bad one reaching the
+    GPU thread (time.sleep(-1) raises there) would end the engine and every request with it."""
     async def stall(http: HTTPRequest) -> Response:
-        seconds = float(http.query_params.get("seconds", "5"))
+        raw = http.query_params.get("seconds", "5")
+        try:
+            seconds = float(raw)
+        except ValueError:
+            seconds = math.nan
+        if not (math.isfinite(seconds) and 0 < seconds <= MAX_STALL_S):
+            return error_response(bad_request(f"seconds must be a number in (0, {MAX_STALL_S:g}], got {raw!r}",
+                                              "seconds"))
+        if rt.gpu is None or not rt.gpu.is_alive():
+            return error_response(APIError(503, "the engine is not running", "service_unavailable", None,
+                                           "not_ready"))
         rt.gpu.submit(Stall(seconds))
         return JSONResponse({"stalled_s": seconds})
 
     async def fail(http: HTTPRequest) -> Response:
         rid = http.path_params["request_id"]
+        if rt.scheduler is None or rt.gpu is None or rt.scheduler.get(rid) is None:
+            return error_response(APIError(404, f"no running request with id {rid!r}", "not_found_error",
+                                           "request_id", "request_not_found"))
         rt.gpu.submit(InjectFailure(rid, "injected failure (debug hook)"))
         return JSONResponse({"id": rid, "injected": True})
 
     return [Route("/debug/stall", stall, methods=["POST"]),
             Route("/debug/fail/{request_id}", fail, methods=["POST"])]
+
+
+def content_type_error(headers: Mapping[str, str]) -> APIError | None:
+    """A body that declares a type other than JSON is refused with 415; no Content-Type at all is
+    read as JSON (what scripts that post raw bytes send). application/json takes parameters
+    (charset) and structured-syntax types (application/*+json) are JSON too."""
+    raw = headers.get("content-type", "").strip()
+    if not raw:
+        return None
+    media = raw.split(";", 1)[0].strip().lower()
+    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+        return None
+    return APIError(415, f"unsupported Content-Type {media[:100]!r}: send the body as application/json",
+                    "invalid_request_error", None, "unsupported_media_type")
+
+
+async def _http_error(http: HTTPRequest, exc: HTTPException) -> Response:
+    """Starlette's own 404 (no such route) and 405 (wrong method), as OpenAI error JSON."""
+    path = http.url.path[:200]
+    if exc.status_code == 404:
+        e = APIError(404, f"no route {path!r}", "not_found_error", None, "not_found")
+    elif exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        e = APIError(405, f"method {http.method} is not allowed on {path!r} (allowed: {allowed})",
+                     "invalid_request_error", None, "method_not_allowed", dict(exc.headers or {}))
+    else:
+        e = APIError(exc.status_code, str(exc.detail), "invalid_request_error" if exc.status_code < 500
+                     else "server_error", None, None, dict(exc.headers or {}) or None)
+    return error_response(e)
+
+
+async def _server_error(http: HTTPRequest, exc: Exception) -> Response:
+    """An exception no handler caught: a stable 500 body; the traceback goes to the log (a bug)."""
+    return error_response(APIError(500, "internal server error", "server_error", None, "internal_error"))
+
+
+def _public_error(rt: Runtime) -> str | None:
+    """What /health (open to anyone) says went wrong: never the exception's text, which the log has."""
+    if rt.load_error:
+        return LOAD_FAILED_MESSAGE
+    died = rt.bridge.died if rt.bridge else None
+    return engine_failure(died) if died else None
 
 
 def _maturity(rt: Runtime) -> str:

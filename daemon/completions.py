@@ -6,7 +6,7 @@ started becomes an error chunk and then [DONE]."""
 from __future__ import annotations
 
 import asyncio
-import itertools
+import math
 import time
 
 import orjson
@@ -17,6 +17,7 @@ from daemon import protocol
 from daemon.choices import Choices
 from daemon.chunk_encoder import ChunkEncoder
 from daemon.protocol import APIError, CompletionRequest
+from daemon.request_end import end_error
 from daemon.runtime import Runtime
 from daemon.sse import EventStream
 from lifecycle.params import GenerationParams
@@ -24,15 +25,6 @@ from lifecycle.rejection import Draining, NotReady, QueueFull, Rejection
 from lifecycle.request import Request
 from lifecycle.sink import SinkEnd, TokenSink
 from lifecycle.states import RequestState
-
-_ids = itertools.count()
-
-# How a request that did not finish is reported (HTTP status for a JSON body, error type).
-_END_ERRORS = {
-    RequestState.CANCELLED: (503, "cancelled", "request_cancelled"),
-    RequestState.DISCONNECTED: (499, "disconnected", "client_disconnected"),
-    RequestState.FAILED: (500, "server_error", "engine_failed"),
-}
 
 
 def error_response(e: APIError, request_id: str | None = None) -> JSONResponse:
@@ -44,7 +36,7 @@ def error_response(e: APIError, request_id: str | None = None) -> JSONResponse:
 
 def rejection_error(r: Rejection) -> APIError:
     if isinstance(r, QueueFull):
-        retry = str(max(1, round(r.retry_after_s or 1)))
+        retry = str(max(1, math.ceil(r.retry_after_s or 1)))
         return APIError(429, r.message, "rate_limit_error", None, "queue_full", {"Retry-After": retry})
     if isinstance(r, (NotReady, Draining)):
         code = "draining" if isinstance(r, Draining) else "not_ready"
@@ -67,7 +59,8 @@ async def read_body(http: HTTPRequest, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def create_completion(http: HTTPRequest, rt: Runtime) -> Response:
+async def create_completion(http: HTTPRequest, rt: Runtime, owner: str | None = None) -> Response:
+    """`owner`: the caller's identity (daemon.access), recorded so that only it may cancel."""
     s = rt.settings
     try:
         raw = await read_body(http, s.max_body_bytes)
@@ -86,8 +79,8 @@ async def create_completion(http: HTTPRequest, rt: Runtime) -> Response:
         return error_response(e)
 
     ids = req.prompt_ids if req.prompt_ids is not None else rt.tokenizer.encode(req.prompt)
-    rid = protocol.completion_id(next(_ids))
-    request = Request(rid, ids, generation_params(req), rt.model_name, TokenSink(s.sink_max_buffered))
+    rid = protocol.completion_id()
+    request = Request(rid, ids, generation_params(req), rt.model_name, TokenSink(s.sink_max_buffered), owner=owner)
     rt.telemetry.on_request_start(rid, req, http.headers)
     problem = _context_problem(rt, ids, req)
     if problem is not None:
@@ -139,11 +132,6 @@ def _context_problem(rt: Runtime, ids: list[int], req: CompletionRequest) -> API
     return None
 
 
-def _end_error(end: SinkEnd) -> APIError:
-    status, kind, code = _END_ERRORS[end.state]
-    return APIError(status, end.message or end.reason.value, kind, None, code)
-
-
 def _advance(rt: Runtime, request: Request, choices: Choices) -> list:
     """Take the token details recorded so far; tell the engine about choices that hit a stop string."""
     rid = request.request_id
@@ -174,7 +162,7 @@ async def _stream(rt: Runtime, request: Request, choices: Choices, created: int,
                 deltas += choices.finish(end.finish_reason.value)
             events = [encode(index, d) for index, d in deltas]
             if end.state is not RequestState.FINISHED:
-                events.append(_data(_end_error(end).body()))
+                events.append(_data(end_error(rid, end).body()))
             if include_usage:
                 events.append(_data(protocol.usage_chunk(rid, created, model, len(request.prompt_ids),
                                                          choices.completion_tokens)))
@@ -213,7 +201,7 @@ async def _complete(http: HTTPRequest, rt: Runtime, request: Request, choices: C
         watcher.cancel()
         rt.bridge.details.close(request.request_id)
     if end.state is not RequestState.FINISHED:
-        return error_response(_end_error(end))
+        return error_response(end_error(request.request_id, end), request.request_id)
     choices.finish(end.finish_reason.value)
     return JSONResponse(protocol.completion(request.request_id, created, request.model, choices.final(),
                                             len(request.prompt_ids), choices.completion_tokens),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
+import secrets
 from typing import Any
 
 from lifecycle.params import MAX_CHOICES, MAX_LOGPROBS
@@ -182,8 +182,9 @@ def parse_completion(body: Any, *, max_tokens_default: int) -> CompletionRequest
     return req
 
 
-def completion_id(n: int) -> str:
-    return f"cmpl-{time.time_ns():x}{n:04x}"
+def completion_id() -> str:
+    """A fresh request id: 128 random bits, so that ids cannot be guessed (a cancel needs the id)."""
+    return f"cmpl-{secrets.token_hex(16)}"
 
 
 def chunk(rid: str, created: int, model: str, choices: list[dict]) -> dict:

@@ -1,6 +1,11 @@
 """The daemon's runtime: everything one serving process holds (settings, tokenizer, engine, GPU
 thread, scheduler, telemetry), its phase (loading, ready, draining, stopped, dead) as a small state
-machine, the start-up sequence and the staged drain."""
+machine, the start-up sequence, the staged drain and the forced stop, and the exit status.
+
+Exit status: 1 when the engine failed (or never loaded): a supervisor restarts the service. Else
+EXIT_UNFINISHED when a request the server had accepted did not finish normally because it stopped
+(cancelled when --drain-timeout ran out or on a forced stop, or its response cut off), so that a
+supervisor knows work was lost. Else 0: a drain that completed every request."""
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +18,8 @@ import time
 from pathlib import Path
 
 from daemon.bridge import EngineBridge
+from daemon.open_responses import OpenResponses
+from daemon.request_end import SERVER_SHUTDOWN
 from daemon.settings import Settings
 from engine.engine import Engine, EngineSpec, build_engine, default_model_dir, log_event
 from engine.generate import generate
@@ -36,6 +43,10 @@ GC_THRESHOLDS = (2000, 10, 100)
 # busy streaming: with the default it waited up to 5 ms per step (tools/bench_host_path.py
 # --fake-step-ms 8.3 at 256 streams: steps of 14.6-16.0 ms; with 0.5 ms, 11.0-11.5 ms).
 GIL_SWITCH_INTERVAL_S = 0.0005
+EXIT_UNFINISHED = 3  # accepted requests did not finish: the shutdown cancelled them or cut them off
+# How long a stopping server waits for the responses still open to write their last bytes (the final
+# chunk, or the server_shutdown error chunk and [DONE]) before it stops the engine and the listener.
+FLUSH_S = 2.0
 
 
 def tune_for_serving() -> None:
@@ -85,7 +96,10 @@ class Runtime:
         self.started = time.monotonic()
         self.started_wall = time.time()
         self._drain_task: asyncio.Task | None = None
-        self.on_exit = None  # set by the server: called once the process should stop
+        self._forced = asyncio.Event()  # a second SIGTERM/SIGINT: stop waiting for requests to finish
+        self.open_responses = OpenResponses()
+        self.unfinished = 0  # accepted requests the shutdown cancelled
+        self.on_exit = None  # set by the server: on_exit(force) once the process should stop
 
     def move(self, new: Phase) -> None:
         if new not in PHASES[self.phase]:
@@ -181,6 +195,17 @@ class Runtime:
             return
         self._drain_task = asyncio.get_running_loop().create_task(self._drain())
 
+    def force_stop(self) -> None:
+        """A second SIGTERM/SIGINT: stop waiting. Every live request is cancelled with the code
+        server_shutdown (a stream gets that error chunk and [DONE], a JSON request a 503), their
+        responses get FLUSH_S to go out, then the engine and the server stop."""
+        if self._forced.is_set():
+            return
+        log_event("forced_stop", running=self.scheduler.num_running if self.scheduler else 0,
+                  waiting=self.scheduler.num_waiting if self.scheduler else 0)
+        self._forced.set()
+        self.begin_drain()  # the drain does the rest; already draining, it stops waiting now
+
     async def _drain(self) -> None:
         log_event("draining", timeout_s=self.settings.drain_timeout)
         self._notify(stopping=True)
@@ -188,12 +213,37 @@ class Runtime:
             self.move(Phase.DRAINING)
         if self.scheduler is not None:
             self.scheduler.start_drain()
-            if not await self.scheduler.wait_idle(self.settings.drain_timeout):
-                n = self.scheduler.cancel_all("server shutting down")
-                log_event("drain_timeout", cancelled=n)
-            await asyncio.sleep(0.05)  # let the last chunks go out
+            if not await self._idle_unless_forced(self.settings.drain_timeout):
+                why = "forced stop" if self._forced.is_set() else "drain timeout"
+                n = self.scheduler.cancel_all(f"server shutting down ({why})", SERVER_SHUTDOWN)
+                self.unfinished += n
+                log_event("forced_stop_cancelled" if self._forced.is_set() else "drain_timeout", cancelled=n)
+        if not await self.open_responses.wait_closed(FLUSH_S):
+            log_event("responses_still_open", open=self.open_responses.open, waited_s=FLUSH_S)
+        self.exit_code = self.final_exit_code()
         self.close()
         self._request_exit()
+
+    async def _idle_unless_forced(self, timeout: float) -> bool:
+        """Wait for the scheduler to go idle, up to `timeout`, or until a forced stop; whether idle."""
+        idle = asyncio.ensure_future(self.scheduler.wait_idle(timeout))
+        forced = asyncio.ensure_future(self._forced.wait())
+        try:
+            await asyncio.wait({idle, forced}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            forced.cancel()
+            if not idle.done():
+                idle.cancel()
+        return idle.done() and not idle.cancelled() and idle.result()
+
+    def final_exit_code(self) -> int:
+        """The process's exit status, as the module docstring says; read once the server stopped too
+        (a response uvicorn cancelled, or one still open, was cut off)."""
+        if self.exit_code:
+            return self.exit_code
+        if self.unfinished or self.open_responses.open or self.open_responses.cut:
+            return EXIT_UNFINISHED
+        return 0
 
     def close(self) -> None:
         if self.gpu is not None and self.gpu.is_alive():
@@ -209,7 +259,7 @@ class Runtime:
 
     def _request_exit(self) -> None:
         if self.on_exit is not None:
-            self.on_exit()
+            self.on_exit(self._forced.is_set())
 
     def _status(self, text: str) -> None:
         if self.notifier is not None:

@@ -1,6 +1,9 @@
-"""`pegainfer serve`: settings, runtime, HTTP server; SIGTERM/SIGINT start a staged drain (stop
-admitting with 503, let in-flight requests finish up to --drain-timeout, cancel the rest, stop the
-expert ranks) and the process then exits 0. An engine failure exits 1 so a supervisor restarts it."""
+"""`pegainfer serve`: settings, runtime, HTTP server. SIGTERM/SIGINT start a staged drain (stop
+admitting with 503, let in-flight requests finish up to --drain-timeout, cancel the rest with the
+error code server_shutdown, stop the expert ranks). A second signal forces the stop: every request
+still running is cancelled the same way at once, and the responses get a short bounded moment to
+write that error chunk and [DONE] before the server closes; a third stops at once. The exit status
+is 0 only when every accepted request finished; daemon.runtime says which status means what."""
 from __future__ import annotations
 
 import argparse
@@ -15,28 +18,36 @@ from daemon.app import build_app
 from daemon.notify import Notifier
 from daemon.runtime import Runtime
 from daemon.settings import resolve
+from engine.startup_log import log_event
 from telemetry.setup import build_telemetry
 
 log = logging.getLogger("pegainfer.daemon")
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn, except that the first signal drains through the runtime instead of closing at once;
-    a second signal forces the exit."""
+    """uvicorn, except that the first signal drains through the runtime instead of closing at once,
+    the second forces the stop through the runtime (which cancels and flushes what is left), and
+    only a third closes everything at once."""
 
     def __init__(self, config: uvicorn.Config, runtime: Runtime):
         super().__init__(config)
         self.runtime = runtime
         self.loop = asyncio.get_running_loop()
-        self._signalled = False
+        self._signals = 0
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self._signalled:
-            self.force_exit = True
-            self.should_exit = True
-            return
-        self._signalled = True
-        self.loop.call_soon_threadsafe(self.runtime.begin_drain)
+        self._signals += 1
+        if self._signals == 1:
+            self.loop.call_soon_threadsafe(self.runtime.begin_drain)
+        elif self._signals == 2:
+            self.loop.call_soon_threadsafe(self.runtime.force_stop)
+        else:
+            self.stop(force=True)
+
+    def stop(self, force: bool) -> None:
+        """Leave the serve loop; `force`: without waiting for open connections to finish."""
+        self.force_exit = self.force_exit or force
+        self.should_exit = True
 
 
 async def _serve(settings) -> int:
@@ -52,7 +63,7 @@ async def serve_runtime(runtime: Runtime) -> int:
                             log_level=settings.log_level, access_log=False, timeout_graceful_shutdown=5,
                             lifespan="off")
     server = DrainingServer(config, runtime)
-    runtime.on_exit = lambda: setattr(server, "should_exit", True)
+    runtime.on_exit = server.stop
     loop = asyncio.get_running_loop()
     starter = loop.create_task(runtime.start(loop))
     watchdog = loop.create_task(notifier.watchdog(runtime)) if notifier else None
@@ -62,7 +73,11 @@ async def serve_runtime(runtime: Runtime) -> int:
             task.cancel()
     if runtime.engine is not None:
         runtime.close()
-    return runtime.exit_code
+    code = runtime.final_exit_code()
+    if code != runtime.exit_code:  # responses cut off after the drain: the server stopped under them
+        log_event("exit_status", exit_code=code, responses_cut=runtime.open_responses.cut,
+                  responses_open=runtime.open_responses.open)
+    return code
 
 
 def run_serve(args: argparse.Namespace) -> int:

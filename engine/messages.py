@@ -6,6 +6,7 @@ import dataclasses
 
 # A top-N list: (token id, log-probability) pairs, most likely first.
 TopLogprobs = tuple[tuple[int, float], ...]
+MAX_STALL_S = 600.0  # the longest Stall the test hook accepts
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -68,6 +69,12 @@ class Shutdown:
 class Stall:
     """Test hook: block the GPU thread for `seconds` (a stuck-thread drill for the watchdog)."""
     seconds: float
+
+    def __post_init__(self) -> None:
+        # checked here, on the sender's side: time.sleep raises on a negative, NaN or huge value, and
+        # an exception in the GPU thread ends the engine with every request it holds
+        if not (isinstance(self.seconds, (int, float)) and 0 <= self.seconds <= MAX_STALL_S):
+            raise ValueError(f"Stall seconds must be in [0, {MAX_STALL_S:g}], got {self.seconds!r}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -203,7 +203,10 @@ def test_error_after_stream_started_is_an_error_chunk(daemon):
         rest = [line for line in lines if line.startswith("data: ")]
     assert rest[-1] == "data: [DONE]"
     err = json.loads(rest[-2][6:])["error"]
-    assert err["type"] == "server_error" and "injected" in err["message"]
+    assert err == {"message": "the engine failed while running this request", "type": "server_error",
+                   "param": None, "code": "engine_failed"}  # the engine's own text stays in the server
+    logged = [json.loads(line) for line in daemon.log().splitlines() if '"event":"request_failed"' in line]
+    assert any(e["request_id"] == rid and "injected failure" in e["error"] for e in logged)
 
 
 def test_api_key_401(tiny_model_dir):

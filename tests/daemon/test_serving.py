@@ -109,6 +109,8 @@ def test_drain_finishes_accepted_refuses_new_exits_zero(tiny_model_dir):
 
 
 def test_drain_timeout_cancels_the_rest(tiny_model_dir):
+    """What the drain timeout cancels ends with a server_shutdown error chunk and [DONE], and the
+    exit status is not 0: an accepted request did not finish, and a supervisor must know."""
     d = DaemonProcess("--model", str(tiny_model_dir), "--drain-timeout", "0.5")
     d.start()
     body = {"prompt": [5, 6], "max_tokens": 4000, "stream": True, "ignore_eos": True}
@@ -119,5 +121,5 @@ def test_drain_timeout_cancels_the_rest(tiny_model_dir):
         rest = [line for line in it if line.startswith("data: ")]
     assert rest[-1] == "data: [DONE]"
     err = json.loads(rest[-2][6:])["error"]
-    assert err["code"] == "request_cancelled" and "shutting down" in err["message"]
-    assert d.wait(60) == 0
+    assert err["code"] == "server_shutdown" and "shutting down" in err["message"]
+    assert d.wait(60) not in (0, None)
