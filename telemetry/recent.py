@@ -9,7 +9,7 @@ import threading
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from starlette.requests import Request as HTTPRequest
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from telemetry import otlp_json
@@ -46,7 +46,10 @@ class RecentSpans(SpanProcessor):
         async def traces(http: HTTPRequest) -> Response:
             raw = http.query_params.get("limit")
             if raw is not None and not (raw.isdigit() and int(raw) > 0):
-                return PlainTextResponse("limit must be a positive integer\n", status_code=400)
+                # the OpenAI error shape every other 4xx of the daemon has
+                return JSONResponse({"error": {"message": f"limit must be a positive integer, got {raw[:50]!r}",
+                                               "type": "invalid_request_error", "param": "limit", "code": None}},
+                                    status_code=400)
             return Response(self.jsonl(int(raw) if raw else None), media_type=MEDIA_TYPE)
 
         return Route("/debug/traces", traces, methods=["GET"])

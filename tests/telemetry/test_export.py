@@ -182,7 +182,8 @@ def test_recent_buffer_and_route():
     data = json.loads(line)
     assert check_line(data) == 2
     assert [s["name"] for s in data["resourceSpans"][0]["scopeSpans"][0]["spans"]] == ["s6", "s7"]
-    assert client.get("/debug/traces?limit=x").status_code == 400
+    bad = client.get("/debug/traces?limit=x")
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "limit"
 
 
 def test_debug_traces_route_only_when_asked():
