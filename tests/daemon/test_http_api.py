@@ -171,7 +171,7 @@ def test_queue_full_429_with_retry_after(daemon):
         time.sleep(0.02)
     r = post(daemon, body)
     assert_error(r, 429, code="queue_full")
-    assert int(r.headers["retry-after"]) >= 1
+    assert 1 <= int(r.headers["retry-after"]) <= 60  # whole seconds from the queue and the service rate
     assert r.headers["x-request-id"].startswith("cmpl-")  # refused after it got an id: traceable
     for t in threads:
         t.join()

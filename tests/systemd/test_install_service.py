@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.cli import main
+from daemon.cli import build_parser, main
+from daemon.settings import resolve
 from tests.daemon_process import ROOT
 
 UNIT = "etc/systemd/system/pegainfer.service"
@@ -105,3 +107,24 @@ def test_rejects_a_bad_account_name(tmp_path, capsys):
     assert main(["install-service", "--prefix", str(tmp_path), "--user", "Bad Name"]) == 1
     assert "not a valid account name" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_installed_service_runs_without_debug_hooks(tmp_path, capsys):
+    """The settings the installed unit starts `pegainfer serve` with (its ExecStart flags, its
+    Environment= lines, the env file and the config, as systemd and the daemon read them) leave
+    every debug setting off: /debug/stall and /debug/fail can stall and fail the engine on demand."""
+    install(tmp_path, capsys=capsys)
+    unit = (tmp_path / UNIT).read_text().splitlines()
+    argv = shlex.split(next(line for line in unit if line.startswith("ExecStart=")).removeprefix("ExecStart="))
+    flags = argv[argv.index("serve") + 1:]
+    flags[flags.index("--config") + 1] = str(tmp_path / CONFIG)
+    environ = {}
+    env_lines = [line.removeprefix("Environment=") for line in unit if line.startswith("Environment=")]
+    env_lines += [line for line in (tmp_path / ENV).read_text().splitlines() if line and not line.startswith("#")]
+    for line in env_lines:
+        name, _, value = line.partition("=")
+        environ[name] = value
+    settings = resolve(build_parser().parse_args(["serve", *flags]), environ)
+    assert (settings.debug_hooks, settings.debug_traces, settings.debug_load_delay) == (False, False, 0.0)
+    assert not any(name.startswith("PEGAINFER_DEBUG") for name in environ)
+    assert not any("debug" in flag for flag in flags)
