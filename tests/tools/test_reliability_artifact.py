@@ -66,8 +66,8 @@ def test_ep1_skips_the_rank_failure_and_url_skips_what_ends_the_server(tmp_path)
     assert "expert_rank_failure" in doc["summary"]["skipped"]
     doc = dry(tmp_path, "--url", "http://127.0.0.1:9")
     skipped = doc["summary"]["skipped"]
-    assert set(skipped) == {"drain", "expert_rank_failure"}
-    assert "needs --spawn" in skipped["drain"]
+    assert set(skipped) == {"drain", "double_sigterm", "expert_rank_failure"}
+    assert "needs --spawn" in skipped["drain"] and "needs --spawn" in skipped["double_sigterm"]
     assert validate(doc, SCHEMA) == []
 
 

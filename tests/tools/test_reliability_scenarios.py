@@ -21,6 +21,7 @@ from tools.reliakit.result import ScenarioRun
 from tools.reliakit.run_record import RunRecord
 from tools.reliakit.scenarios import (
     SCENARIOS,
+    double_sigterm,
     drain,
     expert_rank_failure,
     overload_active_cap,
@@ -65,6 +66,33 @@ def test_drain_rules():
     assert failing(drain.checks([], {**good, "exit_code": None}, LIMITS)) == {"exit_status_zero"}
     assert failing(drain.checks([], {**good, "ready_status_while_draining": 200}, LIMITS)) == \
         {"ready_503_while_draining"}
+
+
+def test_double_sigterm_rules():
+    shut = Expectation(o.ERROR_CHUNK, ("cancelled",), error_code="server_shutdown")
+
+    def stream(i: int, outcome: str = o.ERROR_CHUNK, code: str = "server_shutdown", done_: bool = True,
+               end_s: float = 10.5) -> o.RequestObservation:
+        x = done(f"stream_{i}", shut, outcome=outcome)
+        x.error = {"message": "server shutting down (forced stop)", "type": "service_unavailable", "param": None,
+                   "code": code} if outcome == o.ERROR_CHUNK else None
+        x.done, x.end_s = done_, end_s
+        return x
+
+    good = {"second_sigterm_s": 10.0, "running_at_second_sigterm": 2, "exit_code": 3}
+    assert failing(double_sigterm.checks([stream(0), stream(1)], good, LIMITS)) == set()
+    finished_first = done("stream_1", completes(8))
+    assert failing(double_sigterm.checks([stream(0), finished_first], good, LIMITS)) == set()
+    assert failing(double_sigterm.checks([stream(0), stream(1, outcome=o.INCOMPLETE)], good, LIMITS)) == \
+        {"none_cut_silently"}  # cut off without an error chunk
+    assert failing(double_sigterm.checks([stream(0), stream(1, done_=False)], good, LIMITS)) == {"none_cut_silently"}
+    assert failing(double_sigterm.checks([stream(0), stream(1, code="request_cancelled")], good, LIMITS)) == \
+        {"none_cut_silently"}
+    assert failing(double_sigterm.checks([stream(0), stream(1, end_s=25.0)], good, LIMITS)) == {"none_cut_silently"}
+    assert failing(double_sigterm.checks([finished_first], {**good, "running_at_second_sigterm": 0}, LIMITS)) == \
+        {"forced_stop_tested"}
+    assert failing(double_sigterm.checks([stream(0)], {**good, "exit_code": 0}, LIMITS)) == {"exit_status_nonzero"}
+    assert failing(double_sigterm.checks([stream(0)], {**good, "exit_code": None}, LIMITS)) == {"exit_status_nonzero"}
 
 
 def test_overload_rules():

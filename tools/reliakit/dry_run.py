@@ -39,20 +39,21 @@ def _fabricate(x: RequestObservation, where: str, n: int, limits: Limits, spans:
     x.trace_id = _hex(f"{where}/{x.label}", 32)
     x.status, x.outcome, x.tokens = e.status, e.outcome, e.tokens
     x.start_s, x.end_s = round(0.01 * n, 3), round(0.01 * n + 0.5, 3)
-    if e.status == 200:
+    accepted = e.status == 200 or "rejected" not in e.server_reasons  # it ran, whatever its end
+    if accepted:
         x.request_id = f"cmpl-dryrun{n:04x}"
         x.first_token_s = round(x.start_s + 0.05, 3)
     if e.outcome == o.COMPLETED:
         x.text, x.finish_reason, x.done = f"dry-run output of {x.kind or x.label}", "length", True
     if e.outcome in (o.HTTP_ERROR, o.ERROR_CHUNK):
-        message = "engine failed: expert rank 1 exited (dry run)" if e.error_code == "engine_failed" else "dry run"
+        message = "expert rank 1 failed; the engine stopped while running this request" if e.error_code == "engine_failed" else "dry run"
         x.error = {"message": message, "type": "invalid_request_error", "param": None, "code": e.error_code}
         x.error_body, x.done = {"error": x.error}, e.outcome == o.ERROR_CHUNK
     x.retry_after = "1" if e.retry_after else None
     x.text_sha256 = hashlib.sha256(x.text.encode()).hexdigest()
     a = {"gen_ai.operation.name": "text_completion", "pegainfer.terminal_reason": e.server_reasons[0],
          "pegainfer.backend": limits.backend, "pegainfer.backend_maturity": limits.maturity}
-    if e.status == 200:
+    if accepted:
         a.update({"gen_ai.response.id": x.request_id, "gen_ai.usage.output_tokens": x.tokens or 1,
                   "pegainfer.output_hash": _hex(f"ids of {x.kind or x.label}"),
                   "pegainfer.active_set_size_max": limits.max_active,

@@ -25,6 +25,12 @@ def terminal_spans(obs: RequestObservation, spans: SpanIndex) -> list[RootSpan]:
     return [s for s in spans.get(obs.trace_id, []) if s.reason is not None]
 
 
+def refused(obs: RequestObservation) -> bool:
+    """An error status that is a refusal (the request never ran), not an accepted request that ended
+    in an error (a JSON request cancelled by a shutdown answers 503 too)."""
+    return obs.status is not None and obs.status >= 400 and "rejected" in obs.resolved().server_reasons
+
+
 def span_of(obs: RequestObservation, spans: SpanIndex | None) -> RootSpan | None:
     """The request's one terminal span (None when there is not exactly one)."""
     if spans is None:
@@ -52,7 +58,7 @@ def trace_coverage(observations: list[RequestObservation], spans: SpanIndex | No
         if x.request_id and rid != x.request_id:
             problems.append(f"{x.label}: span is for {rid}, the client was told {x.request_id}")
         status = s.attributes.get("http.response.status_code")
-        if x.status is not None and x.status >= 400 and (s.reason != "rejected" or status != x.status):
+        if refused(x) and (s.reason != "rejected" or status != x.status):
             problems.append(f"{x.label}: refused with {x.status} but the span says {s.reason} / "
                             f"http.response.status_code {status}")
     data = {"requests": len(sent), "exactly_one_span": exactly_one}
@@ -69,7 +75,7 @@ def trace_fields(observations: list[RequestObservation], spans: SpanIndex | None
         if s is None:
             continue  # trace_coverage reports it
         a = s.attributes
-        wanted = ALWAYS + (ACCEPTED if x.status == 200 else REFUSED if x.status is not None else ())
+        wanted = ALWAYS + (REFUSED if refused(x) else ACCEPTED if x.status is not None else ())
         missing = [k for k in wanted if a.get(k) is None]
         if missing:
             problems.append(f"{x.label}: span lacks {', '.join(missing)}")

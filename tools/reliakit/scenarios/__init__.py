@@ -1,10 +1,11 @@
 """The scenarios, in the order a run takes them: the overload scenario first (it has a daemon of its
-own), then those that share one daemon, then the two that end the server process."""
+own), then those that share one daemon, then the three that end the server process."""
 from __future__ import annotations
 
 from tools.reliakit.scenario import Scenario
 from tools.reliakit.scenarios import (
     cancel_disconnect,
+    double_sigterm,
     drain,
     expert_rank_failure,
     invalid_requests,
@@ -18,6 +19,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     invalid_requests.SCENARIO,
     mixed_short_long.SCENARIO,
     drain.SCENARIO,
+    double_sigterm.SCENARIO,
     expert_rank_failure.SCENARIO,
 )}
 
