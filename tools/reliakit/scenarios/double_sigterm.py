@@ -1,4 +1,5 @@
-"""double_sigterm: SIGTERM while long streams (and one JSON request) run, then, once /ready says
+"""double_sigterm: long streams fill all but one slot; once each has a token, a long JSON request
+and one more stream take the last slot and a place in the queue; SIGTERM, then, once /ready says
 503 (draining), SIGTERM again: the forced stop. Every accepted stream must end with an error chunk
 (code `server_shutdown`) and then [DONE], or have completed in full if it finished before the second
 signal; none may be cut off silently, at least one must have been running at the second signal, the
@@ -17,7 +18,6 @@ from tools.reliakit.observation import Expectation, RequestObservation, complete
 from tools.reliakit.scenario import Context, Scenario, ScenarioError
 from tools.reliakit.workload import REQUEST_TIMEOUT_S, body, long_tokens, words
 
-STREAMS = 4
 SHUTDOWN = "server_shutdown"
 READY_503_WITHIN_S = 5.0
 END_WITHIN_S = 10.0  # from the second SIGTERM to each stream's last byte
@@ -25,10 +25,13 @@ EXIT_WITHIN_S = 30.0
 
 
 def plan(limits: Limits) -> list[RequestObservation]:
+    """Streams for all slots but one, then the JSON request and a stream that waits in the queue."""
     n = long_tokens(limits.max_model_len, 64, 400)
     cut = Expectation(o.ERROR_CHUNK, ("cancelled",), error_code=SHUTDOWN)
-    streams = [RequestObservation(f"stream_{i}", None, cut, body(limits.model, words(16, 60 + i), n), n)
-               for i in range(STREAMS)]
+    labels = [f"stream_{i}" for i in range(max(1, limits.max_active - 1))]
+    labels += ["stream_queued"] if limits.max_pending >= 1 else []
+    streams = [RequestObservation(label, None, cut, body(limits.model, words(16, 60 + i), n), n)
+               for i, label in enumerate(labels)]
     whole = {k: v for k, v in body(limits.model, words(16, 70), n).items() if k not in ("stream", "stream_options")}
     plain = RequestObservation("json_request", None, Expectation(o.HTTP_ERROR, ("cancelled",), 503, None, SHUTDOWN),
                                whole, n)
@@ -39,14 +42,23 @@ async def drive(ctx: Context, planned: list[RequestObservation]) -> None:
     if ctx.daemon is None:
         raise ScenarioError("double_sigterm needs a daemon the runner started (--spawn)")
     *streams, plain = planned
-    firsts = [asyncio.Event() for _ in streams]
+    first, late = [x for x in streams if x.label != "stream_queued"], [x for x in streams if x.label == "stream_queued"]
+    firsts = [asyncio.Event() for _ in first]
     tasks = [asyncio.create_task(c.stream(ctx.http, x, ctx.now, timeout=REQUEST_TIMEOUT_S, first_token=e))
-             for x, e in zip(streams, firsts)]
-    tasks.append(asyncio.create_task(c.post(ctx.http, plain, ctx.now, timeout=REQUEST_TIMEOUT_S)))
+             for x, e in zip(first, firsts)]
     await asyncio.gather(*(e.wait() for e in firsts))
+    tasks += [asyncio.create_task(c.stream(ctx.http, x, ctx.now, timeout=REQUEST_TIMEOUT_S)) for x in late]
+    tasks.append(asyncio.create_task(c.post(ctx.http, plain, ctx.now, timeout=REQUEST_TIMEOUT_S)))
+    loop = asyncio.get_running_loop()
+    deadline, held = loop.time() + READY_503_WITHIN_S, 0
+    while loop.time() < deadline and held < len(planned):  # every request is running or queued
+        _, ready = await c.ready(ctx.http)
+        sched = ready.get("scheduler") or {}
+        held = sched.get("running", 0) + sched.get("waiting", 0)
+        await asyncio.sleep(0.01)
+    ctx.facts["held_at_first_sigterm"] = held
     ctx.facts["first_sigterm_s"] = round(ctx.now(), 3)
     ctx.daemon.signal(signal.SIGTERM)
-    loop = asyncio.get_running_loop()
     deadline, status = loop.time() + READY_503_WITHIN_S, None
     while loop.time() < deadline:
         status, _ = await c.ready(ctx.http)
@@ -54,7 +66,7 @@ async def drive(ctx: Context, planned: list[RequestObservation]) -> None:
             break
         await asyncio.sleep(0.01)
     ctx.facts["ready_status_while_draining"] = status
-    ctx.facts["running_at_second_sigterm"] = sum(not t.done() for t in tasks[:-1])
+    ctx.facts["running_at_second_sigterm"] = sum(not t.done() for t in tasks[:len(streams)])
     ctx.facts["second_sigterm_s"] = round(ctx.now(), 3)
     ctx.daemon.signal(signal.SIGTERM)
     await asyncio.gather(*tasks)
@@ -93,7 +105,9 @@ def checks(observations, facts, limits):
 
 
 def dry_facts(observations, limits):
-    return {"first_sigterm_s": 1.0, "ready_status_while_draining": 503, "running_at_second_sigterm": STREAMS,
+    streams = len(observations) - 1
+    return {"held_at_first_sigterm": len(observations), "first_sigterm_s": 1.0, "ready_status_while_draining": 503,
+            "running_at_second_sigterm": streams,
             "second_sigterm_s": 1.1, "exit_code": 3, "exit_s": 2.0}
 
 
