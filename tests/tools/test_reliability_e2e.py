@@ -50,6 +50,9 @@ def assert_common(doc: dict) -> None:
     assert overload["maxima"]["active_set"]["trace"] == 2 and overload["maxima"]["pending_queue"]["trace"] >= 1
     assert overload["terminal_reasons"]["rejected"] >= 1
     assert s["drain"]["facts"]["exit_code"] == 0
+    forced = s["double_sigterm"]
+    assert forced["facts"]["exit_code"] not in (None, 0) and forced["facts"]["running_at_second_sigterm"] >= 1
+    assert forced["outcomes"].get("error_chunk", 0) >= 1
     assert doc["checks"][-1]["name"] == "final_idle" and doc["checks"][-1]["status"] == "pass"
 
 

@@ -33,7 +33,8 @@ FAILED = Expectation(o.ERROR_CHUNK, ("failed",), error_code="engine_failed")
 GOOD_KILL = {"kill_s": 10.0, "first_503_s": 10.2, "exit_code": 1}
 
 
-def in_flight(end_s: float = 10.1, message: str = "engine failed: expert rank 1 exited") -> o.RequestObservation:
+def in_flight(end_s: float = 10.1, message: str = "expert rank 1 failed; the engine stopped while running this request"
+              ) -> o.RequestObservation:
     x = done("in_flight_0", FAILED)
     x.end_s = end_s
     x.error["message"] = message
@@ -48,6 +49,9 @@ def test_expert_rank_failure_rules():
     assert failing(expert_rank_failure.checks([in_flight()], GOOD_KILL, LIMITS)) == set()
     assert failing(expert_rank_failure.checks([in_flight(end_s=30.0)], GOOD_KILL, LIMITS)) == {"failed_within_bound"}
     assert failing(expert_rank_failure.checks([in_flight(message="something went wrong")], GOOD_KILL, LIMITS)) == \
+        {"failure_message_explicit"}
+    leaky = "RankFailure: expert rank 1 exited [../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:61835"
+    assert failing(expert_rank_failure.checks([in_flight(message=leaky)], GOOD_KILL, LIMITS)) == \
         {"failure_message_explicit"}
     hung = done("in_flight_0", FAILED, outcome=o.TIMED_OUT)
     assert "failed_within_bound" in failing(expert_rank_failure.checks([hung], GOOD_KILL, LIMITS))

@@ -1,11 +1,12 @@
 """expert_rank_failure: SIGKILL one expert rank (a child process of the daemon) while streams
 decode. Every in-flight request must end FAILED with an explicit error chunk (code `engine_failed`,
-a message naming the rank) and then [DONE] within the bound, /ready must turn 503, and the daemon
+a message naming the rank and no server internals) and then [DONE] within the bound, /ready must turn 503, and the daemon
 must exit non-zero: never a hang. Needs --spawn and --ep-size >= 2."""
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 
 from tools.reliakit import client as c
@@ -18,6 +19,8 @@ from tools.reliakit.workload import body, long_tokens, words
 
 STREAMS = 2
 FAIL_WITHIN_S = 15.0
+# what an exception's text carries and a client must not see: source locations, addresses, exception names
+INTERNALS = re.compile(r"\.(?:cc|cpp|cu|h|py):\d+|\d+\.\d+\.\d+\.\d+|\]:\d+|Traceback|[A-Z][a-z]+(?:Error|Failure)\b")
 EXIT_WITHIN_S = 30.0
 
 
@@ -63,10 +66,12 @@ def checks(observations, facts, limits):
         message = (x.error or {}).get("message", "") if isinstance(x.error, dict) else ""
         if "rank" not in message:
             vague.append(f"{x.label}: error message {message[:80]!r} does not name the rank")
+        elif INTERNALS.search(message):
+            vague.append(f"{x.label}: error message {message[:120]!r} shows the server's internals")
     first_503, code = facts.get("first_503_s"), facts.get("exit_code")
     return [
         verdict("failed_within_bound", late, f"every in-flight request failed within {FAIL_WITHIN_S:g} s"),
-        verdict("failure_message_explicit", vague, "every error chunk names the failed rank"),
+        verdict("failure_message_explicit", vague, "every error chunk names the failed rank, and nothing internal"),
         verdict("ready_503_after_failure",
                 [] if first_503 is not None and kill is not None and first_503 >= kill else
                 ["/ready never answered 503 after the kill"], "/ready answered 503 after the kill"),
