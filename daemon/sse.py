@@ -5,8 +5,10 @@ It keeps sse-starlette's contract (its headers, a comment ping every `ping` seco
 disconnect cancels the event generator so that its `finally` runs) without what that library adds
 per event and per request: a task group of four tasks and a shutdown watcher per response, and an
 anyio cancel scope around every send, which together cost about as much as the rest of a token's
-path through the loop. Server shutdown needs nothing here: the daemon drains every request first,
-and uvicorn cancels whatever is still open after its grace period."""
+path through the loop. Server shutdown needs nothing here: the daemon drains every request first
+(or, on a forced stop, cancels them so that each stream writes its error chunk and [DONE]) and
+waits for the responses to close (daemon.open_responses); uvicorn cancels whatever is still open
+after its grace period, and the exit status then says so."""
 from __future__ import annotations
 
 import asyncio

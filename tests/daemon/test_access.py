@@ -173,3 +173,25 @@ def test_framework_errors_are_openai_json(daemon, method, path, status, code):
     assert_error(r, status, code)
     if status == 405:
         assert r.headers["allow"]
+
+
+def test_an_unhandled_exception_is_a_stable_500_json():
+    """Whatever a handler raises, the client gets a stable OpenAI error, never the exception's text."""
+    rt = Runtime(Settings(model="/nonexistent"), Telemetry())
+
+    def broken(runtime):
+        raise RuntimeError("secret detail at /srv/pegainfer/telemetry/metrics.py:99")
+
+    rt.telemetry.render_metrics = broken
+    r = TestClient(build_app(rt), raise_server_exceptions=False).get("/metrics")
+    err = assert_error(r, 500, "internal_error")
+    assert "secret" not in r.text and "/srv" not in r.text and err["type"] == "server_error"
+
+
+def test_health_names_no_server_internals():
+    """/health is open to anyone: it says the engine failed, not the exception's text (the log has it)."""
+    from daemon.runtime import Phase
+    rt = Runtime(Settings(model="/nonexistent"), Telemetry())
+    rt.load_error, rt.phase = "FileNotFoundError: /var/lib/pegainfer/models/x/config.json", Phase.DEAD
+    r = TestClient(build_app(rt)).get("/health")
+    assert r.status_code == 503 and r.json()["error"] == "the engine failed to load" and "/var" not in r.text
