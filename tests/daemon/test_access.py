@@ -5,6 +5,7 @@ get 415, and the framework's own 404/405 (and the trailing-slash case) answer in
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import httpx
@@ -16,6 +17,7 @@ from daemon.app import build_app
 from daemon.protocol import completion_id
 from daemon.runtime import Runtime
 from daemon.settings import Settings
+from engine.messages import Stall
 from lifecycle.scheduler import Scheduler
 from telemetry.hub import Telemetry
 from tests.daemon_process import DaemonProcess
@@ -195,3 +197,12 @@ def test_health_names_no_server_internals():
     rt.load_error, rt.phase = "FileNotFoundError: /var/lib/pegainfer/models/x/config.json", Phase.DEAD
     r = TestClient(build_app(rt)).get("/health")
     assert r.status_code == 503 and r.json()["error"] == "the engine failed to load" and "/var" not in r.text
+
+
+@pytest.mark.parametrize("seconds", [-1.0, math.nan, math.inf, 601.0, "5"])
+def test_a_bad_stall_never_reaches_the_gpu_thread(seconds):
+    """time.sleep raises on these inside the GPU thread, which would end the engine: the command
+    itself refuses them, on the sender's side."""
+    with pytest.raises(ValueError):
+        Stall(seconds)
+    assert Stall(0.5).seconds == 0.5
