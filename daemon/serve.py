@@ -12,6 +12,8 @@ from types import FrameType
 import uvicorn
 
 from daemon.app import build_app
+from daemon.connections import ConnectionGuard, apply_budget
+from daemon.http_protocol import protocol_factory
 from daemon.notify import Notifier
 from daemon.runtime import Runtime
 from daemon.settings import resolve
@@ -48,9 +50,10 @@ async def serve_runtime(runtime: Runtime) -> int:
     """Load the runtime's engine and serve HTTP until a drain or an engine failure ends it; the
     process's exit code. tools/bench_host_path.py runs it in-process to read its threads' clocks."""
     settings, notifier = runtime.settings, runtime.notifier
+    http = protocol_factory(ConnectionGuard(apply_budget(settings)), settings.http_header_timeout)
     config = uvicorn.Config(build_app(runtime), host=settings.host, port=settings.port, loop="none",
                             log_level=settings.log_level, access_log=False, timeout_graceful_shutdown=5,
-                            lifespan="off")
+                            lifespan="off", http=http)
     server = DrainingServer(config, runtime)
     runtime.on_exit = lambda: setattr(server, "should_exit", True)
     loop = asyncio.get_running_loop()
@@ -62,6 +65,7 @@ async def serve_runtime(runtime: Runtime) -> int:
             task.cancel()
     if runtime.engine is not None:
         runtime.close()
+    runtime.tokenize.shutdown()
     return runtime.exit_code
 
 
