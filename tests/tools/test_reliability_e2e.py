@@ -50,6 +50,9 @@ def assert_common(doc: dict) -> None:
     assert overload["maxima"]["active_set"]["trace"] == 2 and overload["maxima"]["pending_queue"]["trace"] >= 1
     assert overload["terminal_reasons"]["rejected"] >= 1
     assert s["drain"]["facts"]["exit_code"] == 0
+    stall = s["loop_stall_huge_prompts"]
+    assert stall["terminal_reasons"] == {"completed_length": 1, "rejected": 8}
+    assert stall["facts"]["burst_gap_ms"] < stall["facts"]["baseline_gap_ms"] + 200
     assert doc["checks"][-1]["name"] == "final_idle" and doc["checks"][-1]["status"] == "pass"
 
 
