@@ -11,7 +11,12 @@ JSON wherever this layer answers on its own.
   evicted to make room; when there is none, the new connection's request is answered with a JSON
   503 (code `too_many_connections`, Retry-After) and the connection is closed; past the descriptor
   ceiling a new connection is closed at once.
-- Bytes that are not HTTP get a 400 with the error JSON (uvicorn's own is text/plain)."""
+- Bytes that are not HTTP get a 400 with the error JSON (uvicorn's own is text/plain).
+- A connection answered before its request arrived in full (those answers; a 408 or 413 from the
+  app while the body is still coming) is closed the way nginx does it, lingering: it stops
+  writing, then discards what the client still sends for up to LINGER_S before closing. Closing
+  with unread input makes the kernel answer with a reset, and the client would lose the response
+  it has not read yet."""
 from __future__ import annotations
 
 import asyncio
@@ -26,6 +31,7 @@ from daemon.protocol import APIError
 
 # An over-cap connection is only kept to tell it why: it gets this long to send its headers.
 REFUSE_HEADER_TIMEOUT_S = 1.0
+LINGER_S = 2.0
 
 
 def protocol_factory(guard: ConnectionGuard, header_timeout_s: float):
@@ -41,6 +47,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.header_timeout_s = header_timeout_s
         self._header_timer: asyncio.TimerHandle | None = None
         self._partial = False  # some bytes of a request whose headers are not complete have arrived
+        self._lingering = False  # answered and half-closed: input is discarded until the close
 
     # ---- connection -------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -61,10 +68,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.guard.release(self)
         super().connection_lost(exc)
 
+    def data_received(self, data: bytes) -> None:
+        if not self._lingering:
+            super().data_received(data)
+
     def evict(self) -> None:
         """The guard needs this connection's descriptor for a new one: it has no request in progress."""
         self._disarm()
-        self._close("the connection was closed to make room for others before its request headers arrived")
+        # At once, not lingering: the point is to free its descriptor.
+        self._close("the connection was closed to make room for others before its request headers arrived",
+                    linger=False)
 
     # ---- request boundaries -----------------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -78,16 +91,27 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._partial = False
         self.guard.busy(self)
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None:  # (None only for a WebSocket upgrade, which this server has no route for)
+            cycle.transport = _CycleTransport(self.transport, functools.partial(self._cycle_closes, cycle))
+
+    def _cycle_closes(self, cycle) -> None:
+        """A request cycle closes the connection (its response said Connection: close, or the app failed)."""
+        if cycle.more_body and not self.transport.is_closing():
+            self._linger()
+        else:
+            self.transport.close()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.transport.is_closing() and self.cycle is not None and self.cycle.response_complete:
+        if self.transport.is_closing() or self.cycle is None or not self.cycle.response_complete:
+            return
+        if self.cycle.more_body:  # answered before its body arrived: the rest is not worth reading
+            self._linger()
+        else:
             self.guard.idle(self)
 
     # ---- answers of this layer --------------------------------------------------------------------
-    def send_400_response(self, msg: str) -> None:
-        self._write_error(APIError(400, msg, "invalid_request_error", None, "invalid_http_request"))
-
     def _arm(self, seconds: float) -> None:
         self._disarm()
         self._header_timer = self.loop.call_later(seconds, self._header_timeout)
@@ -107,15 +131,18 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         self._close(f"the request headers did not arrive within {self.header_timeout_s:g} s")
 
-    def _close(self, why: str) -> None:
+    def _close(self, why: str, linger: bool = True) -> None:
         if self.transport.is_closing():
             return
-        if self._partial and (self.cycle is None or self.cycle.response_complete):
-            self._write_error(APIError(408, why, "invalid_request_error", None, "request_timeout"))
+        if self._partial and not self._lingering and (self.cycle is None or self.cycle.response_complete):
+            self._write_error(APIError(408, why, "invalid_request_error", None, "request_timeout"), linger)
         else:
             self.transport.close()
 
-    def _write_error(self, e: APIError) -> None:
+    def send_400_response(self, msg: str) -> None:
+        self._write_error(APIError(400, msg, "invalid_request_error", None, "invalid_http_request"))
+
+    def _write_error(self, e: APIError, linger: bool = True) -> None:
         """A whole response written straight to the socket (no request cycle exists), then close."""
         body = orjson.dumps(e.body())
         head = [STATUS_LINE[e.status]]
@@ -124,7 +151,20 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         head += [b"content-type: application/json\r\ncontent-length: ", str(len(body)).encode(),
                  b"\r\nconnection: close\r\n\r\n"]
         self.transport.write(b"".join(head) + body)
-        self.transport.close()
+        if linger:
+            self._linger()
+        else:
+            self.transport.close()
+
+    def _linger(self) -> None:
+        self._lingering = True
+        self._disarm()
+        self._unset_keepalive_if_required()
+        self.guard.busy(self)
+        self.flow.resume_reading()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()  # the client reads the answer, then EOF, and closes its side
+        self.loop.call_later(LINGER_S, self.transport.close)
 
 
 def _too_many_connections(limit: int):
@@ -138,3 +178,14 @@ def _too_many_connections(limit: int):
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     return app
+
+
+class _CycleTransport:
+    """What one request cycle writes through: the connection's transport (its bound methods, so the
+    streaming path pays nothing), except that closing lingers while the request body is still
+    arriving."""
+
+    __slots__ = ("write", "is_closing", "close")
+
+    def __init__(self, transport: asyncio.Transport, close):
+        self.write, self.is_closing, self.close = transport.write, transport.is_closing, close

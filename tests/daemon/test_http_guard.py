@@ -157,6 +157,7 @@ def test_at_the_cap_idle_connections_make_room_and_busy_ones_get_a_json_503(tiny
         ok(d)  # the oldest idle connection made room
         idle[0].settimeout(5)
         assert idle[0].recv(100) == b""
+        idle[0].close()
         for s in idle[1:]:
             s.setblocking(False)
             with pytest.raises(BlockingIOError):  # still open, nothing to read
