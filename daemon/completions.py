@@ -20,6 +20,7 @@ from daemon.chunk_encoder import ChunkEncoder
 from daemon.protocol import APIError, CompletionRequest
 from daemon.runtime import Runtime
 from daemon.sse import EventStream
+from daemon.tokenize_pool import INLINE_MAX_CHARS
 from lifecycle.params import GenerationParams
 from lifecycle.rejection import Draining, NotReady, QueueFull, Rejection
 from lifecycle.request import Request
@@ -133,9 +134,13 @@ def generation_params(req: CompletionRequest) -> GenerationParams:
 
 
 def _prompt_too_long(rt: Runtime, req: CompletionRequest) -> APIError | None:
-    """Refuse, before tokenising it, a prompt whose length in characters alone shows it cannot fit:
-    it has at least tokenizer.min_tokens(characters) tokens (engine/token_bound.py)."""
+    """Refuse, before tokenising it, a long prompt whose length in characters alone shows it cannot
+    fit: it has at least tokenizer.min_tokens(characters) tokens (engine/token_bound.py). A short
+    one costs less to tokenise than the hop off the loop, and gets the exact count's refusal, with
+    its request id and scheduler record."""
     limit, chars = rt.engine.max_model_len, len(req.prompt)
+    if chars < INLINE_MAX_CHARS:
+        return None
     at_least = rt.tokenizer.min_tokens(chars)
     if at_least + req.max_tokens <= limit:
         return None

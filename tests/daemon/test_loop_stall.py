@@ -126,3 +126,18 @@ def test_huge_prompts_do_not_stall_a_running_stream(daemon, variant, max_tokens)
             assert "too long" in err["message"] and "at least" in err["message"]
         else:
             assert "the prompt has" in err["message"]  # the exact count: it was tokenised
+
+
+def test_the_character_bound_refuses_exactly_what_cannot_fit(daemon):
+    """The tiny tokenizer's longest token, "<｜begin▁of▁sentence｜>" (21 characters), repeated: the
+    bound is exact there, so a prompt that fits to the last token must still be accepted."""
+    k = 100
+    prompt = "<｜begin▁of▁sentence｜>" * k  # k tokens, plus BOS
+    fits = MAX_MODEL_LEN - (k + 1)
+    with httpx.stream("POST", daemon.url + "/v1/completions", timeout=60,
+                      json={"prompt": prompt, "max_tokens": fits, "stream": True, "ignore_eos": True}) as r:
+        assert r.status_code == 200, r.read()
+        assert next(line for line in r.iter_lines() if line.startswith("data: "))  # then the client goes away
+    r = httpx.post(daemon.url + "/v1/completions", json={"prompt": prompt, "max_tokens": fits + 1}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert "too long" in r.json()["error"]["message"]  # refused by the bound, before tokenising
