@@ -53,7 +53,7 @@ async def serve_runtime(runtime: Runtime) -> int:
     http = protocol_factory(ConnectionGuard(apply_budget(settings)), settings.http_header_timeout)
     config = uvicorn.Config(build_app(runtime), host=settings.host, port=settings.port, loop="none",
                             log_level=settings.log_level, access_log=False, timeout_graceful_shutdown=5,
-                            lifespan="off", http=http)
+                            lifespan="off", http=http, ws="none")  # no WebSocket routes: upgrades stay HTTP
     server = DrainingServer(config, runtime)
     runtime.on_exit = lambda: setattr(server, "should_exit", True)
     loop = asyncio.get_running_loop()

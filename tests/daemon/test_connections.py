@@ -2,6 +2,7 @@
 and the guard's admission (serve, evict the longest-idle, refuse with 503, drop past the ceiling)."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 
 import pytest
@@ -15,7 +16,7 @@ from daemon.connections import (
     ConnectionGuard,
     plan_budget,
 )
-from daemon.settings import Settings
+from daemon.settings import Settings, SettingsError, resolve
 
 BIG = 1 << 20
 
@@ -99,3 +100,19 @@ def test_with_every_connection_busy_new_ones_are_refused_then_dropped():
 def test_cap_never_exceeds_the_ceiling(soft, hard):
     b = plan_budget(Settings(), soft, hard)
     assert 1 <= b.max_connections <= b.ceiling <= b.nofile
+
+
+@pytest.mark.parametrize("name, value, words", [
+    ("http_header_timeout", "0", "positive, finite"), ("http_header_timeout", "inf", "positive, finite"),
+    ("http_body_timeout", "-1", "positive, finite"), ("http_body_timeout", "nan", "positive, finite"),
+    ("max_connections", "0", "at least 1"), ("tokenizer_workers", "0", "at least 1"),
+])
+def test_http_settings_are_validated(name, value, words):
+    with pytest.raises(SettingsError, match=words):
+        resolve(argparse.Namespace(**{name: value}), environ={})
+
+
+def test_http_settings_resolve_from_flags_and_environment():
+    s = resolve(argparse.Namespace(http_header_timeout="2.5", max_connections="100"),
+                environ={"PEGAINFER_TOKENIZER_WORKERS": "3", "PEGAINFER_HTTP_BODY_TIMEOUT": "12"})
+    assert (s.http_header_timeout, s.http_body_timeout, s.max_connections, s.tokenizer_workers) == (2.5, 12.0, 100, 3)

@@ -147,6 +147,20 @@ def test_garbage_gets_a_json_400_without_a_traceback(daemon):
     no_traceback(daemon)
 
 
+def test_an_upgrade_request_is_answered_as_plain_http(daemon):
+    """uvicorn would hand a WebSocket upgrade to its own WebSocket layer (plain-text refusals) where
+    a WebSocket library is installed; the daemon has no WebSocket routes and turns that layer off."""
+    with connect(daemon) as s:
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\nupgrade: websocket\r\n"
+                  b"sec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+        raw = b""
+        while b"max_model_len" not in raw:
+            raw += s.recv(65536)
+    status, headers, body = response(raw)
+    assert status == 200 and headers["content-type"] == "application/json"
+    assert body["data"][0]["max_model_len"] == 256
+
+
 # ---- the connection cap ---------------------------------------------------------------------------
 def test_at_the_cap_idle_connections_make_room_and_busy_ones_get_a_json_503(tiny_model_dir):
     cap = 3
