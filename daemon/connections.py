@@ -20,6 +20,7 @@ import time
 from typing import Protocol
 
 from daemon.settings import Settings
+from engine.kv_capacity import CPU_DEFAULT_SLOTS, MAX_AUTO_SLOTS
 from engine.startup_log import log_event
 
 # Descriptors kept for everything but client sockets: stdio, the listening socket, the trace file,
@@ -28,9 +29,6 @@ from engine.startup_log import log_event
 RESERVE_FDS = 128
 RESERVE_FDS_PER_RANK = 32  # pipes and gloo/NCCL sockets to each expert rank, with room to spare
 PROBE_MARGIN = 64  # health checks, metrics scrapes, cancel calls beside the queue's own connections
-# Queue sizes assumed when --max-active is left to the engine (engine/kv_capacity.py's defaults).
-CPU_DEFAULT_ACTIVE = 8
-AUTO_ACTIVE_MAX = 256
 LOG_EVERY_S = 10.0  # at most one connection_cap log line per this many seconds
 
 
@@ -50,7 +48,8 @@ class ConnectionBudget:
 def wanted_connections(s: Settings) -> int:
     if s.max_connections is not None:
         return s.max_connections
-    active = s.max_active or (CPU_DEFAULT_ACTIVE if s.device == "cpu" else AUTO_ACTIVE_MAX)
+    # --max-active left to the engine: as many as it may choose
+    active = s.max_active or (CPU_DEFAULT_SLOTS if s.device == "cpu" else MAX_AUTO_SLOTS)
     # Each queued request holds a connection, and a client pool may keep as many idle ones.
     return 2 * (active + s.max_pending) + PROBE_MARGIN
 

@@ -12,11 +12,11 @@ JSON wherever this layer answers on its own.
   503 (code `too_many_connections`, Retry-After) and the connection is closed; past the descriptor
   ceiling a new connection is closed at once.
 - Bytes that are not HTTP get a 400 with the error JSON (uvicorn's own is text/plain).
-- A connection answered before its request arrived in full (those answers; a 408 or 413 from the
-  app while the body is still coming) is closed the way nginx does it, lingering: it stops
+- A connection answered before its request arrived in full (this layer's 400 and 408; the app's
+  408 or 413 while the body is still coming) is closed the way nginx does it, lingering: it stops
   writing, then discards what the client still sends for up to LINGER_S before closing. Closing
   with unread input makes the kernel answer with a reset, and the client would lose the response
-  it has not read yet."""
+  it has not read yet. (An evicted connection is closed at once: its descriptor is the point.)"""
 from __future__ import annotations
 
 import asyncio
