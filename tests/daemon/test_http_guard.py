@@ -125,11 +125,23 @@ def test_a_kept_alive_connection_gets_a_new_deadline_per_request(daemon):
         assert time.monotonic() - t0 < HEADER_S + SLACK_S
 
 
-def test_a_body_that_stops_arriving_gets_408(daemon):
+@pytest.mark.parametrize("trickle", [False, True])
+def test_a_body_that_stops_or_trickles_gets_408(daemon, trickle):
+    """A total deadline: a byte every 0.1 s does not extend it; and the 408 is not lost to a reset
+    although the client is still sending when the server answers."""
     with connect(daemon) as s:
-        s.sendall(PARTIAL + b"content-length: 100\r\n\r\n" + b'{"prompt": "hel')
+        s.sendall(PARTIAL + b"content-length: 100000\r\n\r\n" + b'{"prompt": "hel')
         t0 = time.monotonic()
-        raw = read_all(s)
+        raw = b""
+        while True:
+            readable, _, _ = select.select([s], [], [], 0.1)
+            if readable:
+                part = s.recv(65536)
+                raw += part
+                if not part:
+                    break
+            elif trickle:
+                s.sendall(b"l")
         took = time.monotonic() - t0
     assert_error_json(raw, 408, "request_timeout")
     assert BODY_S * 0.9 < took < BODY_S + SLACK_S
