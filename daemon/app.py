@@ -58,6 +58,7 @@ def build_app(rt: Runtime) -> Starlette:
         return JSONResponse({"object": "list", "data": [{
             "id": rt.model_name, "object": "model", "created": int(rt.started_wall), "owned_by": "pegainfer",
             "max_model_len": engine.max_model_len if engine else None,
+            "max_body_bytes": rt.settings.max_body_bytes,
             "backend": rt.settings.backend if engine is None else engine.backend_name,
             "maturity": _maturity(rt),
         }]})

@@ -10,6 +10,7 @@ import math
 import time
 
 import orjson
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 
@@ -20,6 +21,7 @@ from daemon.protocol import APIError, CompletionRequest
 from daemon.request_end import end_error
 from daemon.runtime import Runtime
 from daemon.sse import EventStream
+from daemon.tokenize_pool import INLINE_MAX_CHARS
 from lifecycle.params import GenerationParams
 from lifecycle.rejection import Draining, NotReady, QueueFull, Rejection
 from lifecycle.request import Request
@@ -44,18 +46,28 @@ def rejection_error(r: Rejection) -> APIError:
     return APIError(503, r.message, "service_unavailable")
 
 
-async def read_body(http: HTTPRequest, limit: int) -> bytes:
+async def read_body(http: HTTPRequest, limit: int, timeout_s: float) -> bytes:
+    """The whole body, at most `limit` bytes, within `timeout_s` seconds in all (a client trickling
+    its body must not hold the connection: 408, and the connection is closed)."""
     declared = http.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise APIError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes",
                        "invalid_request_error", None, "request_too_large")
     chunks, size = [], 0
-    async for part in http.stream():
-        size += len(part)
-        if size > limit:
-            raise APIError(413, f"request body exceeds the limit of {limit} bytes", "invalid_request_error",
-                           None, "request_too_large")
-        chunks.append(part)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for part in http.stream():
+                size += len(part)
+                if size > limit:
+                    raise APIError(413, f"request body exceeds the limit of {limit} bytes", "invalid_request_error",
+                                   None, "request_too_large")
+                chunks.append(part)
+    except TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout_s:g} s ({size} bytes came)",
+                       "invalid_request_error", None, "request_timeout", {"Connection": "close"}) from None
+    except ClientDisconnect:
+        raise APIError(499, "the client closed the connection before its request body arrived",
+                       "invalid_request_error", None, "client_disconnected") from None
     return b"".join(chunks)
 
 
@@ -63,7 +75,7 @@ async def create_completion(http: HTTPRequest, rt: Runtime, owner: str | None = 
     """`owner`: the caller's identity (daemon.access), recorded so that only it may cancel."""
     s = rt.settings
     try:
-        raw = await read_body(http, s.max_body_bytes)
+        raw = await read_body(http, s.max_body_bytes, s.http_body_timeout)
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
@@ -74,11 +86,13 @@ async def create_completion(http: HTTPRequest, rt: Runtime, owner: str | None = 
                            "not_found_error", "model", "model_not_found")
         if rt.scheduler is None or rt.tokenizer is None:
             raise rejection_error(NotReady(1.0))
+        if req.prompt is not None and (too_long := _prompt_too_long(rt, req)) is not None:
+            raise too_long
     except APIError as e:
         rt.telemetry.on_front_rejection(e.status, e.message, http.headers)
         return error_response(e)
 
-    ids = req.prompt_ids if req.prompt_ids is not None else rt.tokenizer.encode(req.prompt)
+    ids = req.prompt_ids if req.prompt_ids is not None else await rt.tokenize.encode(rt.tokenizer, req.prompt)
     rid = protocol.completion_id()
     request = Request(rid, ids, generation_params(req), rt.model_name, TokenSink(s.sink_max_buffered), owner=owner)
     rt.telemetry.on_request_start(rid, req, http.headers)
@@ -112,9 +126,26 @@ def generation_params(req: CompletionRequest) -> GenerationParams:
         n=req.candidates)
 
 
+def _prompt_too_long(rt: Runtime, req: CompletionRequest) -> APIError | None:
+    """Refuse, before tokenising it, a long prompt whose length in characters alone shows it cannot
+    fit: it has at least tokenizer.min_tokens(characters) tokens (engine/token_bound.py). A short
+    one costs less to tokenise than the hop off the loop, and gets the exact count's refusal, with
+    its request id and scheduler record."""
+    limit, chars = rt.engine.max_model_len, len(req.prompt)
+    if chars < INLINE_MAX_CHARS:
+        return None
+    at_least = rt.tokenizer.min_tokens(chars)
+    if at_least + req.max_tokens <= limit:
+        return None
+    return protocol.bad_request(
+        f"this model's maximum context length is {limit} tokens; the prompt is too long: its {chars} characters "
+        f"make at least {at_least} tokens, and max_tokens is {req.max_tokens}", "prompt", "context_length_exceeded")
+
+
 def _context_problem(rt: Runtime, ids: list[int], req: CompletionRequest) -> APIError | None:
     vocab, limit, max_tokens = rt.engine.cfg.vocab_size, rt.engine.max_model_len, req.max_tokens
-    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    # (ids the tokenizer made are in the vocabulary; scanning 400k of them holds the loop for 9 ms)
+    bad = next((t for t in ids if not 0 <= t < vocab), None) if req.prompt_ids is not None else None
     if bad is not None:
         return protocol.bad_request(f"prompt token id {bad} is outside the vocabulary [0, {vocab})", "prompt")
     bad = next((t for t in req.stop_token_ids if not 0 <= t < vocab), None)

@@ -21,6 +21,7 @@ from daemon.bridge import EngineBridge
 from daemon.open_responses import OpenResponses
 from daemon.request_end import SERVER_SHUTDOWN
 from daemon.settings import Settings
+from daemon.tokenize_pool import TokenizePool
 from engine.engine import Engine, EngineSpec, build_engine, default_model_dir, log_event
 from engine.generate import generate
 from engine.gpu_thread import GpuThread
@@ -87,6 +88,7 @@ class Runtime:
         self.model_name = settings.served_model_name or (
             Path(self.model_dir).name if self.model_dir else f"random-{settings.random_preset}")
         self.tokenizer: Tokenizer | None = None
+        self.tokenize = TokenizePool(settings.tokenizer_workers)
         self.engine: Engine | None = None
         self.gpu: GpuThread | None = None
         self.bridge: EngineBridge | None = None
@@ -124,6 +126,7 @@ class Runtime:
         ranks = f", {s.ep_size} ranks" if s.ep_size > 1 else ""
         self._status(f"loading weights: {self.model_name} ({s.backend} backend{ranks}, {s.device})")
         tok = Tokenizer(self.model_dir) if self.model_dir else _preset_tokenizer(self.settings.random_preset)
+        log_event("prompt_length_bound", chars_per_token=tok.bound.chars_per_token, basis=tok.bound.reason)
         with self.notifier.load_progress(s.ep_size) if self.notifier else contextlib.nullcontext():
             engine = build_engine(self.spec())
         self._status("warming up")

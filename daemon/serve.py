@@ -15,6 +15,8 @@ from types import FrameType
 import uvicorn
 
 from daemon.app import build_app
+from daemon.connections import ConnectionGuard, apply_budget
+from daemon.http_protocol import protocol_factory
 from daemon.notify import Notifier
 from daemon.runtime import Runtime
 from daemon.settings import resolve
@@ -59,9 +61,10 @@ async def serve_runtime(runtime: Runtime) -> int:
     """Load the runtime's engine and serve HTTP until a drain or an engine failure ends it; the
     process's exit code. tools/bench_host_path.py runs it in-process to read its threads' clocks."""
     settings, notifier = runtime.settings, runtime.notifier
+    http = protocol_factory(ConnectionGuard(apply_budget(settings)), settings.http_header_timeout)
     config = uvicorn.Config(build_app(runtime), host=settings.host, port=settings.port, loop="none",
                             log_level=settings.log_level, access_log=False, timeout_graceful_shutdown=5,
-                            lifespan="off")
+                            lifespan="off", http=http, ws="none")  # no WebSocket routes: upgrades stay HTTP
     server = DrainingServer(config, runtime)
     runtime.on_exit = server.stop
     loop = asyncio.get_running_loop()
@@ -73,6 +76,7 @@ async def serve_runtime(runtime: Runtime) -> int:
             task.cancel()
     if runtime.engine is not None:
         runtime.close()
+    runtime.tokenize.shutdown()
     code = runtime.final_exit_code()
     if code != runtime.exit_code:  # responses cut off after the drain: the server stopped under them
         log_event("exit_status", exit_code=code, responses_cut=runtime.open_responses.cut,

@@ -46,6 +46,14 @@ class Settings:
     drain_timeout: float = _f(30.0, "seconds in-flight requests get to finish on SIGTERM")
     api_key: str | None = _f(None, "bearer token required on /v1/* (optional)")
     max_body_bytes: int = _f(1 << 20, "largest accepted request body")
+    http_header_timeout: float = _f(5.0, "seconds a connection gets to send a request's complete headers before "
+                                         "it is closed (a slowloris guard)")
+    http_body_timeout: float = _f(30.0, "seconds a request gets to send its whole body before it is refused "
+                                        "with 408")
+    max_connections: int | None = _f(None, "open HTTP connections; past it the longest idle one is closed, or a "
+                                           "new one gets a 503 (default: 2 x (max_active + max_pending) + 64, "
+                                           "within the descriptor limit)")
+    tokenizer_workers: int = _f(2, "threads that tokenise long prompts off the event loop")
     sink_max_buffered: int = _f(4096, "unread tokens a stream may hold before it is cancelled")
     rank_timeout: float = _f(10.0, "seconds before a silent expert rank is declared failed")
     rank_join_timeout: float = _f(300.0, "seconds rank 0 waits for every expert rank to load and join")
@@ -132,9 +140,15 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
 def _validate(s: Settings) -> None:
     if s.max_active is not None and s.max_active < 1:
         raise SettingsError(f"max_active must be at least 1, got {s.max_active}")
-    for name in ("ep_size", "max_prefill_tokens", "max_tokens_default", "max_body_bytes", "sink_max_buffered"):
+    for name in ("ep_size", "max_prefill_tokens", "max_tokens_default", "max_body_bytes", "sink_max_buffered",
+                 "tokenizer_workers"):
         if getattr(s, name) < 1:
             raise SettingsError(f"{name} must be at least 1, got {getattr(s, name)}")
+    if s.max_connections is not None and s.max_connections < 1:
+        raise SettingsError(f"max_connections must be at least 1, got {s.max_connections}")
+    for name in ("http_header_timeout", "http_body_timeout"):
+        if not 0 < getattr(s, name) < float("inf"):
+            raise SettingsError(f"{name} must be a positive, finite number of seconds, got {getattr(s, name)}")
     if s.trace_file_max_mb < 1:
         raise SettingsError(f"trace_file_max_mb must be at least 1, got {s.trace_file_max_mb}")
     if s.trace_file_backups < 0:

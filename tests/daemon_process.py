@@ -21,12 +21,14 @@ def free_port() -> int:
 
 
 class DaemonProcess:
-    def __init__(self, *args: str, env: dict[str, str] | None = None, log_path: Path | None = None):
+    def __init__(self, *args: str, env: dict[str, str] | None = None, log_path: Path | None = None,
+                 preexec_fn=None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = [sys.executable, "-m", "daemon.cli", "serve", "--port", str(self.port), *args]
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.log_path = log_path
+        self.preexec_fn = preexec_fn  # runs in the child before exec (e.g. a lower descriptor limit)
         self.proc: subprocess.Popen | None = None
         self._log = None
 
@@ -35,7 +37,8 @@ class DaemonProcess:
             import tempfile
             self.log_path = Path(tempfile.mkstemp(prefix="pegainfer-daemon-", suffix=".log")[1])
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.args, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.args, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     preexec_fn=self.preexec_fn)
         if wait_ready:
             self.wait_ready(timeout)
         return self

@@ -53,6 +53,9 @@ def assert_common(doc: dict) -> None:
     forced = s["double_sigterm"]
     assert forced["facts"]["exit_code"] not in (None, 0) and forced["facts"]["running_at_second_sigterm"] >= 1
     assert forced["outcomes"].get("error_chunk", 0) >= 1
+    stall = s["loop_stall_huge_prompts"]
+    assert stall["terminal_reasons"] == {"completed_length": 1, "rejected": 8}
+    assert stall["facts"]["burst_gap_ms"] < stall["facts"]["baseline_gap_ms"] + 200
     assert doc["checks"][-1]["name"] == "final_idle" and doc["checks"][-1]["status"] == "pass"
 
 

@@ -44,8 +44,10 @@ def _finish(obs: RequestObservation, now: Clock) -> None:
 
 
 async def stream(client: httpx.AsyncClient, obs: RequestObservation, now: Clock, *, timeout: float,
-                 close_after_first_token: bool = False, first_token: asyncio.Event | None = None) -> None:
-    """Send obs.body and read the SSE stream; the outcome and everything seen land on `obs`."""
+                 close_after_first_token: bool = False, first_token: asyncio.Event | None = None,
+                 chunk_times: list[float] | None = None) -> None:
+    """Send obs.body and read the SSE stream; the outcome and everything seen land on `obs` (and the
+    arrival time of every event on `chunk_times`, when given)."""
     obs.start_s = now()
     try:
         async with asyncio.timeout(timeout):
@@ -60,6 +62,8 @@ async def stream(client: httpx.AsyncClient, obs: RequestObservation, now: Clock,
                 async for line in sse_lines(r):  # CR/LF line ends only: JSON may carry U+2028 raw
                     if not line.startswith("data:"):
                         continue
+                    if chunk_times is not None:
+                        chunk_times.append(now())
                     data = line[5:].strip()
                     if data == "[DONE]":
                         obs.done = True

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 
+from daemon.settings import Settings
 from tools.reliakit import observation as o
 from tools.reliakit import server_checks as sc
 from tools.reliakit.check import PASS, Check, skipped
@@ -30,7 +31,7 @@ def _hex(text: str, n: int = 64) -> str:
 def _limits(flags: tuple[str, ...], backend: str, ep_size: int) -> Limits:
     f = dict(zip(flags[::2], flags[1::2]))
     return Limits(MODEL, backend, MATURITY, ep_size, int(f.get("--max-active", 4)), int(f.get("--max-pending", 8)),
-                  int(f.get("--max-model-len", 512)))
+                  int(f.get("--max-model-len", 512)), int(f.get("--max-body-bytes", Settings().max_body_bytes)))
 
 
 def _fabricate(x: RequestObservation, where: str, n: int, limits: Limits, spans: SpanIndex) -> None:

@@ -9,6 +9,7 @@ from tools.reliakit.scenarios import (
     drain,
     expert_rank_failure,
     invalid_requests,
+    loop_stall_huge_prompts,
     mixed_short_long,
     overload_active_cap,
 )
@@ -18,6 +19,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     cancel_disconnect.SCENARIO,
     invalid_requests.SCENARIO,
     mixed_short_long.SCENARIO,
+    loop_stall_huge_prompts.SCENARIO,
     drain.SCENARIO,
     double_sigterm.SCENARIO,
     expert_rank_failure.SCENARIO,
