@@ -1,5 +1,5 @@
 """The scenarios, in the order a run takes them: the overload scenario first (it has a daemon of its
-own), then those that share one daemon, then the two that end the server process."""
+own), then those that share one daemon, then those that end the server process."""
 from __future__ import annotations
 
 from tools.reliakit.scenario import Scenario
@@ -7,6 +7,8 @@ from tools.reliakit.scenarios import (
     cancel_disconnect,
     drain,
     expert_rank_failure,
+    idle_rank_death,
+    idle_rank_stall,
     invalid_requests,
     mixed_short_long,
     overload_active_cap,
@@ -19,6 +21,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     mixed_short_long.SCENARIO,
     drain.SCENARIO,
     expert_rank_failure.SCENARIO,
+    idle_rank_death.SCENARIO,
+    idle_rank_stall.SCENARIO,
 )}
 
 
