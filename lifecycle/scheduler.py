@@ -61,9 +61,7 @@ class Scheduler:
 
     # ---- readiness and draining ------------------------------------------------------------------
     def set_ready(self, ready: bool) -> None:
-        self._ready = ready
-        if ready:
-            self._not_ready_reason = None
+        self._ready, self._not_ready_reason = ready, None  # a reason comes only with fail_all
 
     def start_drain(self) -> None:
         """From now on every submit is refused with Draining; queued and running work carries on."""
