@@ -62,8 +62,10 @@ def test_expert_rank_failure_rules():
         {"exit_status_nonzero"}  # still running: a hang
 
 
-def _after_failure(status: int = 503, outcome: str = o.HTTP_ERROR,
-                   message: str = "server not ready: engine failed: RankFailure: expert rank 1 exited") -> o.RequestObservation:
+NAMED = "server not ready: engine failed: RankFailure: expert rank 1 exited"
+
+
+def _after_failure(status: int = 503, outcome: str = o.HTTP_ERROR, message: str = NAMED) -> o.RequestObservation:
     x = done("after_failure", refused(503, "not_ready", retry_after=True), status=status, outcome=outcome)
     x.error["message"] = message
     return x
