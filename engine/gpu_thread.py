@@ -53,7 +53,7 @@ from engine.sequence import Group, Sequence
 
 _SEEDS = random.SystemRandom()  # seeds for requests that bring none
 
-IDLE_WAKE_S = 0.5  # an idle thread still refreshes its heartbeat this often
+IDLE_WAKE_S = 0.2  # an idle thread still checks the expert ranks and refreshes its heartbeat this often
 
 
 class GpuThread:
@@ -116,11 +116,11 @@ class GpuThread:
     def _drain(self, block: bool) -> list[Command]:
         cmds = []
         if block:
+            self.engine.backend.check_ranks()  # a lost expert rank fails the engine now, not at the next request
             try:
                 cmds.append(self._inbox.get(timeout=IDLE_WAKE_S))
             except queue.Empty:
-                self.heartbeat = time.monotonic()
-                return cmds
+                return cmds  # _run refreshes the heartbeat
         while True:
             try:
                 cmds.append(self._inbox.get_nowait())

@@ -68,6 +68,11 @@ class ExpertBackend(abc.ABC):
         plan = RoutePlan.build(weights, ids.long(), n_experts)
         return plan.token_major(self.expert_outputs(layer, hidden, plan))
 
+    def check_ranks(self) -> None:
+        """Raise RankFailure when an expert rank has died or gone silent. The GPU thread calls it
+        while idle, so that a lost rank fails the engine (and /ready) before the next request comes,
+        not when it does. Nothing to check without expert ranks (the default)."""
+
     def take_counters(self) -> ExchangeCounters | None:
         """Counters since the last call (None when the backend keeps none)."""
         return None

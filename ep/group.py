@@ -1,6 +1,12 @@
 """One EP process group as a rank sees it: the torch.distributed backend (gloo or NCCL) over the
-rendezvous store, the expert-rank processes rank 0 spawned (if it spawned them), their liveness, and
-waits that end within the rank timeout with a RankFailure that names the rank."""
+rendezvous store, the expert-rank processes rank 0 spawned (if it spawned them), their liveness (the
+heartbeat watch, ep/heartbeat.py), and waits that end within the rank timeout with a RankFailure that
+names the rank.
+
+The bounds rank 0 keeps, with T the rank timeout: a rank whose process ends is failed at the next
+check (while idle: within IDLE_WAKE_S of the GPU thread) or at once in a wait; a rank that is alive
+but silent is failed T after its last beat, idle or busy; a wait on a rank that beats but does not
+answer ends after T. A failed group fails again at once on every later call."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ep.backend import RankFailure
+from ep.heartbeat import FRESH_S, RankWatch
 from ep.rendezvous import ABANDONED_KEY
 
 Work = dist.Work
@@ -62,7 +69,7 @@ class RankGroup:
     blocks, bounded by the group's own timeout."""
 
     def __init__(self, rank: int, world_size: int, store: dist.Store, pg: dist.ProcessGroup | None, pg_backend: str,
-                 timeout_s: float, procs: dict[int, BaseProcess] | None = None):
+                 timeout_s: float, procs: dict[int, BaseProcess] | None = None, watch: RankWatch | None = None):
         self.rank = rank
         self.world_size = world_size
         self.store = store
@@ -70,6 +77,7 @@ class RankGroup:
         self.pg_backend = pg_backend
         self.timeout_s = timeout_s
         self.procs = procs or {}
+        self.watch = watch  # rank 0: the expert ranks' heartbeats (None on an expert rank)
         self.traffic = Traffic()
         self.failure: RankFailure | None = None
         self.closed = False
@@ -120,11 +128,24 @@ class RankGroup:
 
     # ---- bounded waits --------------------------------------------------------------------------
     def check(self) -> None:
-        """Raise the group's failure, if it has one: a failed group stays failed."""
+        """Raise the group's failure, if it has one (a failed group stays failed), or fail it now for
+        a rank whose connection closed. Cheap: it runs before every operation."""
         if self.failure is not None:
             raise self.failure
         if self.closed:
             raise RankFailure("the EP group is closed")
+        if self.watch is not None and self.watch.lost:
+            self._fail_now(self._loss(), "")
+
+    def check_liveness(self, during: str) -> None:
+        """check(), and fail a rank that has been silent for the rank timeout too; `during` ends the
+        message ("while idle")."""
+        if self.watch is not None and self.failure is None and not self.closed:
+            if self.watch.lost:
+                self._fail_now(self._loss(), during)
+            if self.watch.silent(self.timeout_s):
+                self._fail_now(self._silence(), during)
+        self.check()
 
     def finish(self, works: list[Work], peers: list[int], what: str) -> None:
         """Complete `works` (that involve `peers`), or fail the group naming the rank."""
@@ -133,46 +154,78 @@ class RankGroup:
                 w.wait()  # the current stream waits for the NCCL stream; the host does not block
             self._pending.append((works, peers, what))
             return
+        budget = self.timeout_s if self.watch is None else self.watch.budget(peers, self.timeout_s)
+        deadline = time.monotonic() + budget
         try:
             for w in works:
-                w.wait()  # gloo: the group timeout bounds this; a dead peer's closed socket ends it at once
+                # gloo: a dead peer's closed socket ends this at once; a silent one, the deadline
+                # (a timeout of 0 would mean the group's own, so never pass less than a millisecond)
+                w.wait(datetime.timedelta(seconds=max(1e-3, deadline - time.monotonic())))
         except RuntimeError as e:
-            self.fail(peers, what, e)
+            self.fail(peers, what, e, waited_s=budget if time.monotonic() >= deadline - 1e-3 else None)
 
     def settle(self) -> None:
-        """NCCL: wait, polling against the deadline and the expert processes' liveness, until every
-        finished() work is complete. Gloo: nothing is pending."""
-        deadline = time.monotonic() + self.timeout_s
+        """NCCL: wait, polling against the deadline, the expert processes' liveness and their
+        heartbeats, until every finished() work is complete. Gloo: nothing is pending."""
+        start = time.monotonic()
+        deadline = start + self.timeout_s
         pause = 1e-5
         while self._pending:
             works, peers, what = self._pending[0]
             if all(w.is_completed() for w in works):
                 self._pending.pop(0)
                 continue
-            if self._exited() or time.monotonic() >= deadline:
-                self.fail(peers, what, None)
+            now = time.monotonic()
+            if self._exited() or now >= deadline or (self.watch is not None and (
+                    self.watch.lost or self.watch.silent(self.timeout_s))):
+                self.fail(peers, what, None, waited_s=now - start)
             time.sleep(pause)
             pause = min(pause * 2, 1e-3)
 
-    def fail(self, peers: list[int], what: str, cause: BaseException | None) -> NoReturn:
-        """Record and raise the RankFailure: the exited ranks if any did, else the silent peers."""
-        exited = self._exited(grace_s=1.0)
+    def fail(self, peers: list[int], what: str, cause: BaseException | None, waited_s: float | None = None) -> NoReturn:
+        """Record and raise the RankFailure: the exited or lost ranks if any, else the silent peers.
+        waited_s: how long the wait ran before it gave up (None: it ended early, on an error). A
+        closed connection fails a wait a moment before the exit status exists, so then it waits a
+        little for the status, to name the signal."""
+        exited = self._exited(grace_s=1.0 if waited_s is None else 0.0, among=peers)
         if exited:
             msg = "; ".join(f"expert rank {r} exited ({_describe_exit(code)})" for r, code in exited)
             msg += f" during {what}"
+        elif self.watch is not None and self.watch.lost:
+            msg = f"{self._loss()} during {what}"
+        elif waited_s is not None and waited_s < self.timeout_s and self.watch.silent(self.timeout_s):
+            msg = f"{self._silence()} during {what}"  # silent since before the wait: its budget was cut
         else:
             names = ", ".join(str(p) for p in peers) or "?"
             msg = f"expert rank(s) {names} did not complete {what} within {self.timeout_s:g} s"
+            if self.watch is not None and self.watch.silent(FRESH_S):
+                msg += f"; {self._silence(FRESH_S)}"
         if cause is not None:
             msg += f" [{str(cause).splitlines()[0][:200]}]"
-        self.failure = RankFailure(msg)
+        self._fail_now(msg, "")
+
+    def _fail_now(self, message: str, during: str) -> NoReturn:
+        self.failure = RankFailure(f"{message} {during}".rstrip())
         self._pending.clear()
         self._abort()
         raise self.failure
 
-    def _exited(self, grace_s: float = 0.0) -> list[tuple[int, int]]:
-        """(rank, exit code) of spawned ranks that have exited, waiting up to grace_s for one to."""
-        live = [p for p in self.procs.values() if p.exitcode is None]
+    def _loss(self) -> str:
+        """The ranks the watch lost: how each exited where this process spawned it (waiting a moment
+        for the exit status), else that its connection closed."""
+        exited = dict(self._exited(grace_s=1.0, among=list(self.watch.lost)))
+        return "; ".join(f"expert rank {r} exited ({_describe_exit(exited[r])})" if r in exited else
+                         f"expert rank {r} closed its connection (its process ended or its host is unreachable)"
+                         for r in sorted(self.watch.lost))
+
+    def _silence(self, at_least_s: float | None = None) -> str:
+        silent = self.watch.silent(self.timeout_s if at_least_s is None else at_least_s)
+        return "; ".join(f"expert rank {r} sent no heartbeat for {s:.1f} s (stopped or hung)" for r, s in silent)
+
+    def _exited(self, grace_s: float = 0.0, among: list[int] | None = None) -> list[tuple[int, int]]:
+        """(rank, exit code) of spawned ranks that have exited, waiting up to grace_s for one of
+        `among` (default: all of them) to."""
+        live = [p for r, p in self.procs.items() if p.exitcode is None and (among is None or r in among)]
         if grace_s > 0 and live:
             ready = set(wait_sentinels([p.sentinel for p in live], timeout=grace_s))
             for p in live:
@@ -193,6 +246,8 @@ class RankGroup:
         healthy, then join with a grace period, then terminate, then kill. Idempotent."""
         if self.closed:
             return
+        if self.watch is not None:
+            self.watch.close()  # the ranks are about to exit: their closed connections are no loss
         if self.failure is None and send_stop is not None and self.pg is not None:
             try:
                 send_stop()

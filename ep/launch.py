@@ -1,6 +1,6 @@
 """Rank 0 brings up an EP group: host the rendezvous store, spawn the expert ranks on this host (or
 wait for `pegainfer expert-worker` ranks started elsewhere), wait for every rank with a deadline,
-vet what they report, then build the process group."""
+vet what they report, then build the process group and start watching the ranks' heartbeats."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 
 from engine.startup_log import log_event
 from ep.group import RankGroup, make_process_group
+from ep.heartbeat import RankWatch
 from ep.rendezvous import ReadyRecord, decide, free_port, host_store, wait_for_ranks
 from ep.worker import WorkerSpec, spawned_main
 
@@ -66,12 +67,13 @@ def launch_group(spec, plan: LaunchPlan, device_of: Callable[[int], torch.device
         if reason is not None:
             raise EPStartError(reason)
         pg = make_process_group(store, 0, plan.world_size, plan.pg_backend, plan.rank_timeout_s)
+        watch = RankWatch.start(store, plan.world_size, plan.rank_timeout_s)  # every rank builds it next
     except BaseException as e:
         if not decided:
             decide(store, f"rank 0 gave up: {e}")
         RankGroup(0, plan.world_size, store, None, plan.pg_backend, plan.rank_timeout_s, procs).close()
         raise
-    return RankGroup(0, plan.world_size, store, pg, plan.pg_backend, plan.rank_timeout_s, procs)
+    return RankGroup(0, plan.world_size, store, pg, plan.pg_backend, plan.rank_timeout_s, procs, watch)
 
 
 class EPStartError(RuntimeError):

@@ -117,6 +117,9 @@ class MultiRankBackend(ExpertBackend):
         for e, n in enumerate(counts):
             c.routes_per_expert[e] += n
 
+    def check_ranks(self) -> None:
+        self.group.check_liveness("while idle")
+
     def take_counters(self) -> ExchangeCounters:
         out = self._counters
         traffic = self.group.traffic.take()

@@ -14,6 +14,7 @@ import threading
 import time
 
 import torch
+import torch.distributed as dist
 
 from engine.config import ModelConfig
 from engine.engine import EngineSpec
@@ -22,9 +23,9 @@ from engine.weights import is_expert_tensor, load_tensors
 from ep import registry
 from ep.experts import ExpertShard
 from ep.group import RankGroup, make_process_group
+from ep.heartbeat import beat_until_lost, make_liveness_group
 from ep.ownership import Ownership
 from ep.rendezvous import (
-    ABANDONED_KEY,
     ReadyRecord,
     await_decision,
     connect_store,
@@ -35,7 +36,6 @@ from ep.rendezvous import (
 log = logging.getLogger("pegainfer.ep.worker")
 
 SERVE_TIMEOUT_S = 7 * 24 * 3600.0  # an expert rank idles as long as rank 0 does: only rank 0 times out
-RANK0_CHECK_S = 2.0  # how often an expert rank checks that rank 0's store still answers
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -102,14 +102,16 @@ def serve(spec: WorkerSpec) -> int:
     if verdict is not None:
         log_event("expert_rank_aborted", rank=spec.rank, reason=verdict)
         return 1
-    _exit_when_rank0_is_gone(spec)
     pg_backend = cls.pg_backend_for(device)
-    group = RankGroup(spec.rank, spec.world_size, store,
-                      make_process_group(store, spec.rank, spec.world_size, pg_backend, SERVE_TIMEOUT_S), pg_backend,
-                      SERVE_TIMEOUT_S)
+    stopped = threading.Event()
     try:
+        pg = make_process_group(store, spec.rank, spec.world_size, pg_backend, SERVE_TIMEOUT_S)
+        _beat_until_rank0_is_gone(spec, make_liveness_group(store, spec.rank, spec.world_size, SERVE_TIMEOUT_S),
+                                  stopped)
+        group = RankGroup(spec.rank, spec.world_size, store, pg, pg_backend, SERVE_TIMEOUT_S)
         with torch.inference_mode():
             cls.serve(group, shard, cfg, device, dtype)
+        stopped.set()  # from here rank 0 may go away at any moment: that is no longer a loss
     except RuntimeError as e:  # rank 0 went away or a collective failed: nothing left to serve
         log_event("expert_rank_lost", rank=spec.rank, error=str(e).splitlines()[0][:200])
         return 1
@@ -117,26 +119,21 @@ def serve(spec: WorkerSpec) -> int:
     return 0
 
 
-def _exit_when_rank0_is_gone(spec: WorkerSpec, period_s: float = RANK0_CHECK_S) -> None:
-    """End this process when rank 0's store stops answering (rank 0 died) or rank 0 abandoned the
-    failed group: a rank blocked in an NCCL kernel would otherwise wait on the GPU for good. Its own
-    store connection, so the serving thread's use of the store is untouched."""
+def _beat_until_rank0_is_gone(spec: WorkerSpec, live: dist.ProcessGroup, stopped: threading.Event) -> None:
+    """Beat to rank 0 (ep/heartbeat.py) on a thread of its own, and end this process when rank 0 is
+    gone or abandoned the failed group: a rank blocked in an NCCL kernel would otherwise wait on the
+    GPU for good. Its own store connection, so the serving thread's use of the store is untouched."""
     store = connect_store(spec.master_addr, spec.master_port, spec.world_size, 10.0)
 
-    def watch() -> None:
-        while True:
-            time.sleep(period_s)
-            try:
-                if not store.check([ABANDONED_KEY]):
-                    continue
-                reason = "rank 0 abandoned the group: " + store.get(ABANDONED_KEY).decode()
-            except Exception as e:  # noqa: BLE001 - failing to reach the store means rank 0 is gone
-                reason = str(e).splitlines()[0][:200]
-            log_event("expert_rank_orphaned", rank=spec.rank, reason=reason)
-            logging.shutdown()
-            os._exit(1)
+    def beat() -> None:
+        reason = beat_until_lost(live, store, stopped)
+        if reason is None:
+            return
+        log_event("expert_rank_orphaned", rank=spec.rank, reason=reason)
+        logging.shutdown()
+        os._exit(1)
 
-    threading.Thread(target=watch, name=f"rank0-watch-{spec.rank}", daemon=True).start()
+    threading.Thread(target=beat, name=f"pegainfer-heartbeat-{spec.rank}", daemon=True).start()
 
 
 def load_shard(spec: WorkerSpec, cfg: ModelConfig, experts: range, device: torch.device,

@@ -20,10 +20,11 @@ class QueueFull(Rejection):
 
 
 class NotReady(Rejection):
-    """The engine is not (or no longer) able to take work: still loading, or it died."""
+    """The engine is not (or no longer) able to take work: still loading, or it died (`reason`
+    says how, e.g. which expert rank was lost)."""
 
-    def __init__(self, retry_after_s: float) -> None:
-        super().__init__("server not ready", retry_after_s)
+    def __init__(self, retry_after_s: float, reason: str | None = None) -> None:
+        super().__init__("server not ready" + (f": {reason}" if reason else ""), retry_after_s)
 
 
 class Draining(Rejection):

@@ -54,6 +54,7 @@ class Scheduler:
         self._running: dict[str, Request] = {}  # engine-held: ADMITTED, PREFILL, DECODE
         self._pending: OrderedDict[str, Request] = OrderedDict()  # PENDING, in arrival order
         self._ready = False
+        self._not_ready_reason: str | None = None  # why the engine stopped taking work (fail_all)
         self._draining = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -61,7 +62,7 @@ class Scheduler:
 
     # ---- readiness and draining ------------------------------------------------------------------
     def set_ready(self, ready: bool) -> None:
-        self._ready = ready
+        self._ready, self._not_ready_reason = ready, None  # a reason comes only with fail_all
 
     def start_drain(self) -> None:
         """From now on every submit is refused with Draining; queued and running work carries on."""
@@ -90,7 +91,7 @@ class Scheduler:
         if self._draining:
             raise self._refused(request, Draining())
         if not self._ready:
-            raise self._refused(request, NotReady(self._retry_after_s))
+            raise self._refused(request, NotReady(self._retry_after_s, self._not_ready_reason))
         slot_free = not self._pending and len(self._running) < self._max_active
         if not slot_free and len(self._pending) >= self._max_pending:
             raise self._refused(request, QueueFull(self._rate.retry_after_s(len(self._pending), self._retry_after_s)))
@@ -178,6 +179,7 @@ class Scheduler:
         """The GPU thread or an expert rank died: every live request FAILS, and the scheduler stops
         being ready (the daemon calls set_ready(True) once a new engine is up). Returns how many."""
         self._ready = False
+        self._not_ready_reason = message  # told to every request refused from now on
         victims = [*self._pending.values(), *self._running.values()]
         for request in victims:
             self._end(request, RequestState.FAILED, error=message)

@@ -31,11 +31,17 @@ from telemetry.tracing import Tracing
 OPERATION = "text_completion"
 MAX_ANNOUNCED = 4096  # announced requests not yet seen by the scheduler (normally 0 or 1)
 
-# Scheduler refusals, by their message: (HTTP status, error.type). Anything else the daemon
+# Scheduler refusals, by their message (or its start): (HTTP status, error.type). Anything else the daemon
 # rejected before admission (over the context, a token outside the vocabulary) was a 400.
 _REFUSALS = {QueueFull(0).message: (429, "queue_full"), NotReady(0).message: (503, "not_ready"),
              Draining().message: (503, "draining")}
 _INVALID = (400, "invalid_request")
+
+
+def _refusal(error: str) -> tuple[int, str]:
+    """A scheduler refusal's (status, error.type) by its message, which may carry a reason after a
+    colon ("server not ready: engine failed: ..."); _INVALID for anything else."""
+    return next((v for m, v in _REFUSALS.items() if error == m or error.startswith(m + ": ")), _INVALID)
 
 
 @dataclasses.dataclass(slots=True)
@@ -155,7 +161,7 @@ class RequestSpans:
         if reason is TerminalReason.FAILED:
             attributes["error.type"] = "engine_failed"
         elif reason is TerminalReason.REJECTED:
-            status, kind = _REFUSALS.get(request.error or "", _INVALID)
+            status, kind = _refusal(request.error or "")
             attributes["error.type"] = kind
             attributes["http.response.status_code"] = status
         span.set_attributes(attributes)

@@ -79,7 +79,8 @@ def test_stalled_host_staged_rank_fails_within_the_timeout() -> None:
         _sabotage_at(engine, 4, stop)
         with pytest.raises(RankFailure, match=r"expert rank\(s\) 1 did not complete layer \d+ exchange within 3 s"):
             generate(engine, PROMPTS, 8, ignore_eos=True)
-        assert time.monotonic() - stopped_at["t"] < TIMEOUT_S + 2.5  # the timeout, plus the exit grace
+        # the rank timeout plus a small slack (it was 1 s more: a wait for an exit status no stopped rank gives)
+        assert time.monotonic() - stopped_at["t"] <= TIMEOUT_S + 0.5
         _assert_failed_for_good(engine, "rank\\(s\\) 1")
     finally:
         if engine.backend.group.procs[1].exitcode is None:

@@ -207,8 +207,12 @@ def test_one_failure_and_then_the_whole_engine_failing() -> None:
     assert not rig.scheduler.ready and rig.scheduler.snapshot()["failed"] == 4
     assert all(len(drain_sink(r)[1]) == 1 for r in reqs)
     assert_idle(rig)
-    with pytest.raises(NotReady):
+    with pytest.raises(NotReady, match=r"^server not ready: rank 1 died$"):  # the refusal says why
         rig.scheduler.submit(make_request("after"))
+    rig.scheduler.set_ready(True)  # a new engine: the old reason is gone
+    rig.scheduler.set_ready(False)
+    with pytest.raises(NotReady, match=r"^server not ready$"):
+        rig.scheduler.submit(make_request("later"))
 
 
 def test_not_ready_until_told_otherwise() -> None:

@@ -13,7 +13,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from daemon.protocol import parse_completion
 from engine.messages import StepRecord
-from lifecycle.rejection import QueueFull
+from lifecycle.rejection import NotReady, QueueFull
 from lifecycle.scheduler import Scheduler
 from telemetry.clock import EpochClock
 from telemetry.hub import Telemetry
@@ -160,6 +160,15 @@ def test_scheduler_refusals_carry_their_http_status(rig: Rig):
     assert roots["e"].attributes["http.response.status_code"] == 400
     assert roots["e"].attributes["error.type"] == "invalid_request"
     assert rig.children(roots["d"]) == {} and roots["e"].start_time == roots["e"].end_time
+
+
+def test_a_refusal_after_the_engine_died_is_a_503_that_says_why(rig: Rig):
+    rig.scheduler.fail_all("engine failed: RankFailure: expert rank 1 exited (killed by SIGKILL) while idle")
+    with pytest.raises(NotReady):
+        rig.scheduler.submit(make_request("late"))
+    late = rig.roots()["late"]
+    assert late.attributes["http.response.status_code"] == 503 and late.attributes["error.type"] == "not_ready"
+    assert "expert rank 1" in late.attributes["pegainfer.error"]
 
 
 def test_front_rejection_and_an_unsampled_caller_still_get_their_record(rig: Rig):

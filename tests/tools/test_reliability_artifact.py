@@ -63,10 +63,12 @@ def test_scenarios_selects_a_subset_in_registry_order(tmp_path):
 
 def test_ep1_skips_the_rank_failure_and_url_skips_what_ends_the_server(tmp_path):
     doc = dry(tmp_path, "--spawn")
-    assert "expert_rank_failure" in doc["summary"]["skipped"]
+    assert set(doc["summary"]["skipped"]) == {n for n, s in SCENARIOS.items() if s.min_ep_size > 1} >= \
+        {"expert_rank_failure", "idle_rank_death", "idle_rank_stall"}
     doc = dry(tmp_path, "--url", "http://127.0.0.1:9")
     skipped = doc["summary"]["skipped"]
-    assert set(skipped) == {"drain", "double_sigterm", "expert_rank_failure"}
+    assert set(skipped) == {n for n, s in SCENARIOS.items() if s.ends_server} >= \
+        {"drain", "double_sigterm", "expert_rank_failure", "idle_rank_death", "idle_rank_stall"}
     assert "needs --spawn" in skipped["drain"] and "needs --spawn" in skipped["double_sigterm"]
     assert validate(doc, SCHEMA) == []
 

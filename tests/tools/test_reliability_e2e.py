@@ -1,6 +1,6 @@
 """The reliability runner end to end on CPU against the tiny model: --spawn with the local backend
-(every scenario that applies), --spawn with host-staged at ep 2 (drain and the killed expert rank
-included), and --url against a daemon started here (with and without its trace file)."""
+(every scenario that applies), --spawn with host-staged at ep 2 (drain, the killed expert rank and
+the idle rank death and stall included), and --url against a daemon started here (with and without its trace file)."""
 from __future__ import annotations
 
 import json
@@ -63,8 +63,8 @@ def test_spawn_local_every_applicable_scenario(tmp_path, tiny_model_dir):
     code, doc = run(tmp_path, "--spawn", "--model", str(tiny_model_dir), "--work-dir", str(tmp_path / "work"))
     assert code == 0, failures(doc)
     assert doc["target"]["backend"] == "local" and doc["target"]["maturity"] == "production"
-    assert doc["summary"]["passed"] == [n for n in SCENARIOS if n != "expert_rank_failure"]
-    assert "expert_rank_failure" in doc["summary"]["skipped"]
+    assert doc["summary"]["passed"] == [n for n, s in SCENARIOS.items() if s.min_ep_size == 1]
+    assert {"expert_rank_failure", "idle_rank_death", "idle_rank_stall"} <= set(doc["summary"]["skipped"])
     assert_common(doc)
     assert all(d["ended_by"] in ("runner_sigterm", "scenario") for d in doc["daemons"])
 
@@ -83,6 +83,9 @@ def test_spawn_host_staged_ep2_with_drain_and_a_killed_expert_rank(tmp_path, tin
         assert r["outcome"] == "error_chunk" and r["error"]["code"] == "engine_failed" and r["done"]
         assert r["end_s"] - erf["facts"]["kill_s"] < 15
     assert erf["server"]["restarted_for_follow_up"] is not None
+    death, stall = by_name(doc)["idle_rank_death"]["facts"], by_name(doc)["idle_rank_stall"]["facts"]
+    assert death["ready_503_after_s"] < 1.0 and death["exit_code"] == 1
+    assert stall["ready_503_after_s"] <= stall["rank_timeout_s"] + 0.5 and stall["exit_code"] == 1
 
 
 def test_url_mode_joins_the_given_trace_file_and_skips_what_ends_the_server(tmp_path, tiny_model_dir):

@@ -1,5 +1,7 @@
 """Scenario-level rules of the reliability runner, fed crafted facts: the expert-rank failure must
-fail in time with an explicit message, /ready 503 and a non-zero exit; the drain must exit 0; the
+fail in time with an explicit message, /ready 503 and a non-zero exit; an idle rank's death or stall
+must turn /ready 503 within its bound (a stall not before the rank timeout either), the request
+after it must be refused with 503 naming the rank, and the daemon must exit non-zero; the drain must exit 0; the
 overload burst must see a 429 and lose nothing; a scenario with one failed check fails, and the
 run's exit status follows. Also the trace-file reader and the expert-rank discovery via /proc."""
 from __future__ import annotations
@@ -24,6 +26,8 @@ from tools.reliakit.scenarios import (
     double_sigterm,
     drain,
     expert_rank_failure,
+    idle_rank_death,
+    idle_rank_stall,
     overload_active_cap,
 )
 from tools.reliakit.server_spans import read
@@ -61,6 +65,43 @@ def test_expert_rank_failure_rules():
         {"exit_status_nonzero"}
     assert failing(expert_rank_failure.checks([in_flight()], {**GOOD_KILL, "exit_code": None}, LIMITS)) == \
         {"exit_status_nonzero"}  # still running: a hang
+
+
+NAMED = "server not ready: engine failed: RankFailure: expert rank 1 exited"
+
+
+def _after_failure(status: int = 503, outcome: str = o.HTTP_ERROR, message: str = NAMED) -> o.RequestObservation:
+    x = done("after_failure", refused(503, "not_ready", retry_after=True), status=status, outcome=outcome)
+    x.error["message"] = message
+    return x
+
+
+def _idle_facts(after: float, **extra) -> dict:
+    return {"idle_at_signal": True, "signal_s": 10.0, "ready_503_s": 10.0 + after, "ready_503_after_s": after,
+            "exit_code": 1, "exit_s": 12.0 + after, "exit_after_s": 2.0 + after, **extra}
+
+
+def test_idle_rank_death_rules():
+    rules = idle_rank_death.SCENARIO.checks
+    assert failing(rules([_after_failure()], _idle_facts(0.3), LIMITS)) == set()
+    assert failing(rules([_after_failure()], _idle_facts(1.4), LIMITS)) == {"ready_503_within_bound"}
+    assert failing(rules([_after_failure()], _idle_facts(0.3, ready_503_after_s=None, ready_503_s=None), LIMITS)) == \
+        {"ready_503_within_bound"}  # /ready never turned 503
+    accepted_then_failed = _after_failure(status=200, outcome=o.ERROR_CHUNK)
+    assert failing(rules([accepted_then_failed], _idle_facts(0.3), LIMITS)) == {"refused_after_failure"}
+    assert failing(rules([_after_failure(message="server not ready")], _idle_facts(0.3), LIMITS)) == \
+        {"failure_message_explicit"}
+    assert failing(rules([_after_failure()], _idle_facts(0.3, idle_at_signal=False), LIMITS)) == {"idle_at_signal"}
+    assert failing(rules([_after_failure()], _idle_facts(0.3, exit_code=0), LIMITS)) == {"exit_status_nonzero"}
+    assert failing(rules([_after_failure()], _idle_facts(0.3, exit_code=None), LIMITS)) == {"exit_status_nonzero"}
+    assert failing(rules([_after_failure()], _idle_facts(0.3, exit_s=40.0), LIMITS)) == {"exit_status_nonzero"}
+
+
+def test_idle_rank_stall_rules_bound_the_503_on_both_sides():
+    rules, timeout = idle_rank_stall.SCENARIO.checks, idle_rank_stall.idle_rank.RANK_TIMEOUT_S
+    assert failing(rules([_after_failure()], _idle_facts(timeout + 0.2), LIMITS)) == set()
+    assert failing(rules([_after_failure()], _idle_facts(timeout + 0.7), LIMITS)) == {"ready_503_within_bound"}
+    assert failing(rules([_after_failure()], _idle_facts(1.0), LIMITS)) == {"ready_503_within_bound"}  # too early
 
 
 def test_drain_rules():

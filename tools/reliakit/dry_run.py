@@ -47,7 +47,8 @@ def _fabricate(x: RequestObservation, where: str, n: int, limits: Limits, spans:
     if e.outcome == o.COMPLETED:
         x.text, x.finish_reason, x.done = f"dry-run output of {x.kind or x.label}", "length", True
     if e.outcome in (o.HTTP_ERROR, o.ERROR_CHUNK):
-        message = "expert rank 1 failed; the engine stopped while running this request" if e.error_code == "engine_failed" else "dry run"
+        message = {"engine_failed": "expert rank 1 failed; the engine stopped while running this request",
+                   "not_ready": "server not ready: expert rank 1 failed"}.get(e.error_code, "dry run")
         x.error = {"message": message, "type": "invalid_request_error", "param": None, "code": e.error_code}
         x.error_body, x.done = {"error": x.error}, e.outcome == o.ERROR_CHUNK
     x.retry_after = "1" if e.retry_after else None

@@ -1,5 +1,5 @@
 """The scenarios, in the order a run takes them: the overload scenario first (it has a daemon of its
-own), then those that share one daemon, then the three that end the server process."""
+own), then those that share one daemon, then those that end the server process."""
 from __future__ import annotations
 
 from tools.reliakit.scenario import Scenario
@@ -8,6 +8,8 @@ from tools.reliakit.scenarios import (
     double_sigterm,
     drain,
     expert_rank_failure,
+    idle_rank_death,
+    idle_rank_stall,
     invalid_requests,
     loop_stall_huge_prompts,
     mixed_short_long,
@@ -23,6 +25,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     drain.SCENARIO,
     double_sigterm.SCENARIO,
     expert_rank_failure.SCENARIO,
+    idle_rank_death.SCENARIO,
+    idle_rank_stall.SCENARIO,
 )}
 
 
