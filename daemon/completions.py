@@ -18,7 +18,7 @@ from daemon import protocol
 from daemon.choices import Choices
 from daemon.chunk_encoder import ChunkEncoder
 from daemon.protocol import APIError, CompletionRequest
-from daemon.request_end import end_error
+from daemon.request_end import end_error, unavailable_reason
 from daemon.runtime import Runtime
 from daemon.sse import EventStream
 from daemon.tokenize_pool import INLINE_MAX_CHARS
@@ -40,9 +40,11 @@ def rejection_error(r: Rejection) -> APIError:
     if isinstance(r, QueueFull):
         retry = str(max(1, math.ceil(r.retry_after_s or 1)))
         return APIError(429, r.message, "rate_limit_error", None, "queue_full", {"Retry-After": retry})
-    if isinstance(r, (NotReady, Draining)):
-        code = "draining" if isinstance(r, Draining) else "not_ready"
-        return APIError(503, r.message, "service_unavailable", None, code, {"Retry-After": "1"})
+    if isinstance(r, NotReady):  # an engine failure's reason is server text: the client gets the stable form
+        message = "server not ready" if r.reason is None else f"server not ready: {unavailable_reason(r.reason)}"
+        return APIError(503, message, "service_unavailable", None, "not_ready", {"Retry-After": "1"})
+    if isinstance(r, Draining):
+        return APIError(503, r.message, "service_unavailable", None, "draining", {"Retry-After": "1"})
     return APIError(503, r.message, "service_unavailable")
 
 

@@ -50,9 +50,20 @@ def end_error(request_id: str, end: SinkEnd) -> APIError:
 
 def engine_failure(detail: str | None) -> str:
     """The client's message for an engine failure whose server-side text is `detail`."""
+    lost = failed_ranks(detail)
+    return ENGINE_FAILED_MESSAGE if lost is None else f"{lost}; the engine stopped while running this request"
+
+
+def unavailable_reason(detail: str | None) -> str:
+    """Why a stopped engine refuses new work, for the client: which ranks failed, or that it failed."""
+    return failed_ranks(detail) or "the engine failed"
+
+
+def failed_ranks(detail: str | None) -> str | None:
+    """"expert rank(s) N failed" for the ranks a failure's server-side text names; None if none."""
     ranks = sorted({int(n) for m in _RANKS.finditer(detail or "") for n in re.findall(r"\d+", m.group(1))})
     if not ranks:
-        return ENGINE_FAILED_MESSAGE
+        return None
     if len(ranks) == 1:
-        return f"expert rank {ranks[0]} failed; the engine stopped while running this request"
-    return f"expert ranks {', '.join(map(str, ranks))} failed; the engine stopped while running this request"
+        return f"expert rank {ranks[0]} failed"
+    return f"expert ranks {', '.join(map(str, ranks))} failed"

@@ -25,6 +25,7 @@ class NotReady(Rejection):
 
     def __init__(self, retry_after_s: float, reason: str | None = None) -> None:
         super().__init__("server not ready" + (f": {reason}" if reason else ""), retry_after_s)
+        self.reason = reason
 
 
 class Draining(Rejection):

@@ -273,15 +273,8 @@ class Scheduler:
             self._engine.cancel(request.request_id)
         self._end(request, new, error=message, code=code)
 
-    def _end(
-        self,
-        request: Request,
-        new: RequestState,
-        *,
-        finish_reason: FinishReason | None = None,
-        error: str | None = None,
-        code: str | None = None,
-    ) -> None:
+    def _end(self, request: Request, new: RequestState, *, finish_reason: FinishReason | None = None,
+             error: str | None = None, code: str | None = None) -> None:
         """The one way to a terminal state: release the slot once, notify, close the sink, refill."""
         old = request.state
         end = request.end(new, self._clock(), finish_reason=finish_reason, error=error, code=code)

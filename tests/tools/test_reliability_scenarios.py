@@ -67,7 +67,7 @@ def test_expert_rank_failure_rules():
         {"exit_status_nonzero"}  # still running: a hang
 
 
-NAMED = "server not ready: engine failed: RankFailure: expert rank 1 exited"
+NAMED = "server not ready: expert rank 1 failed"
 
 
 def _after_failure(status: int = 503, outcome: str = o.HTTP_ERROR, message: str = NAMED) -> o.RequestObservation:
@@ -91,6 +91,8 @@ def test_idle_rank_death_rules():
     assert failing(rules([accepted_then_failed], _idle_facts(0.3), LIMITS)) == {"refused_after_failure"}
     assert failing(rules([_after_failure(message="server not ready")], _idle_facts(0.3), LIMITS)) == \
         {"failure_message_explicit"}
+    leaky = "server not ready: engine failed: RankFailure: expert rank 1 exited [127.0.0.1]:61835"
+    assert failing(rules([_after_failure(message=leaky)], _idle_facts(0.3), LIMITS)) == {"failure_message_explicit"}
     assert failing(rules([_after_failure()], _idle_facts(0.3, idle_at_signal=False), LIMITS)) == {"idle_at_signal"}
     assert failing(rules([_after_failure()], _idle_facts(0.3, exit_code=0), LIMITS)) == {"exit_status_nonzero"}
     assert failing(rules([_after_failure()], _idle_facts(0.3, exit_code=None), LIMITS)) == {"exit_status_nonzero"}

@@ -20,6 +20,7 @@ from tools.reliakit.limits import Limits
 from tools.reliakit.observation import RequestObservation, refused
 from tools.reliakit.ready_probe import wait_idle
 from tools.reliakit.scenario import SHARED_FLAGS, Context, ScenarioError
+from tools.reliakit.scenarios.expert_rank_failure import INTERNALS
 from tools.reliakit.workload import REQUEST_TIMEOUT_S, body, words
 
 SLACK_S = 0.5  # the documented slack on the rank timeout
@@ -107,6 +108,8 @@ def checks(how: IdleSignal) -> Callable:
             message = x.error.get("message", "") if isinstance(x.error, dict) else ""
             if "rank" not in message:
                 vague.append(f"{x.label}: error message {message[:80]!r} does not name the rank")
+            elif INTERNALS.search(message):
+                vague.append(f"{x.label}: error message {message[:120]!r} shows the server's internals")
         code, exit_s, ready_s = facts.get("exit_code"), facts.get("exit_s"), facts.get("ready_503_s")
         slow_exit = [] if code is None or exit_s is None or ready_s is None or \
             exit_s - ready_s <= EXIT_AFTER_503_S else [f"exited {exit_s - ready_s:.1f} s after /ready's 503"]
