@@ -30,16 +30,9 @@ SLOW_READER = "client too slow to read"
 
 
 class Scheduler:
-    def __init__(
-        self,
-        engine: EngineClient,
-        *,
-        max_active: int,
-        max_pending: int,
-        clock: Callable[[], float] = time.monotonic,
-        observer: LifecycleObserver | None = None,
-        retry_after_s: float = 1.0,
-    ) -> None:
+    def __init__(self, engine: EngineClient, *, max_active: int, max_pending: int,
+                 clock: Callable[[], float] = time.monotonic, observer: LifecycleObserver | None = None,
+                 retry_after_s: float = 1.0) -> None:
         if max_active < 1:
             raise ValueError(f"max_active must be >= 1, got {max_active}")
         if max_pending < 0:
@@ -118,6 +111,15 @@ class Scheduler:
         if request is None:
             return False
         self._abort(request, RequestState.DISCONNECTED, message)
+        return True
+
+    def fail(self, request_id: str, message: str) -> bool:
+        """The daemon could not serve a live request (its output failed to render): FAILED, and the
+        engine drops it. False if it was not live."""
+        request = self._live(request_id)
+        if request is None:
+            return False
+        self._abort(request, RequestState.FAILED, message)
         return True
 
     def cancel_all(self, message: str) -> int:
@@ -270,14 +272,8 @@ class Scheduler:
             self._engine.cancel(request.request_id)
         self._end(request, new, error=message)
 
-    def _end(
-        self,
-        request: Request,
-        new: RequestState,
-        *,
-        finish_reason: FinishReason | None = None,
-        error: str | None = None,
-    ) -> None:
+    def _end(self, request: Request, new: RequestState, *, finish_reason: FinishReason | None = None,
+             error: str | None = None) -> None:
         """The one way to a terminal state: release the slot once, notify, close the sink, refill."""
         old = request.state
         end = request.end(new, self._clock(), finish_reason=finish_reason, error=error)
