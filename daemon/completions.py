@@ -101,7 +101,11 @@ async def create_completion(http: HTTPRequest, rt: Runtime) -> Response:
         rt.bridge.details.close(rid)
         return error_response(rejection_error(r), rid)
     created = int(time.time())
-    choices = Choices(req, rt.tokenizer, ids)
+    try:
+        choices = Choices(req, rt.tokenizer, ids)
+    except Exception as e:  # noqa: BLE001 - this request's own output failed: it alone ends
+        rt.bridge.details.close(rid)
+        return error_response(_output_failed(rt, request, e), rid)
     if req.stream:
         return EventStream(_stream(rt, request, choices, created, req.include_usage), ping_s=15,
                            headers={"X-Request-Id": rid})

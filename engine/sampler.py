@@ -132,7 +132,8 @@ class Sampled:
 
 def sample(logits: torch.Tensor, b: SamplingBatch) -> Sampled:
     """logits: [R, V] float32, one row per forward row; returns one token per draw."""
-    raw = logits if b.rows is None else logits.index_select(0, b.rows)  # [S, V]
+    # [S, V]; with rows None draw s reads row s, and the draws may be fewer than the rows
+    raw = logits[:b.seed.shape[0]] if b.rows is None else logits.index_select(0, b.rows)
     x = raw
     if b.bias is not None:  # added to a copy: the log-probs stay those of the raw logits
         x = x.index_put((b.bias[0], b.bias[1]), b.bias[2], accumulate=True).clamp(-LOGIT_LIMIT, LOGIT_LIMIT)
@@ -198,13 +199,13 @@ class PromptWant:
     first: bool  # the chunk starts the prompt: its entries begin with the first token's None
 
 
-def prompt_logprobs(logits_of: Callable[[int, int], torch.Tensor], targets: list[int], n: int,
-                    vocab: int) -> list[tuple[float, TopLogprobs]]:
+def prompt_logprobs(logits_of: Callable[[int, int], torch.Tensor], targets: list[int], n: int, vocab: int,
+                    slice_bytes: int = PROMPT_SLICE_BYTES) -> list[tuple[float, TopLogprobs]]:
     """Log-probs of the prompt tokens a chunk of positions predicts: entry j is targets[j]'s log-prob
     given the prompt up to chunk position j, with the top-n there. logits_of(a, b) returns the
     [b - a, V] float32 logits of chunk positions a..b-1; it is asked slice by slice, so at most
-    PROMPT_SLICE_BYTES of logits exist at once. Only the small per-position results are kept."""
-    step = max(1, PROMPT_SLICE_BYTES // (4 * vocab))
+    slice_bytes of logits exist at once. Only the small per-position results are kept."""
+    step = max(1, slice_bytes // (4 * vocab))
     out: list[tuple[float, TopLogprobs]] = []
     for a in range(0, len(targets), step):
         b = min(a + step, len(targets))
