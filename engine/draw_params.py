@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import struct
 
 from engine.messages import GREEDY_BELOW, SamplingSpec
 
 FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -71,13 +71,14 @@ def _int(name: str, value: object, low: int, high: int) -> int:
 
 def _float32(name: str, value: object, low: float = -FLOAT32_MAX, high: float = FLOAT32_MAX,
              open_low: bool = False) -> float:
-    """A finite number in [low, high] that float32 holds (a positive one that float32 would round to
-    0 is refused where 0 itself is: open_low)."""
+    """A finite number in [low, high] ((low, high] with open_low) that float32 holds. Above an open
+    low end of 0, a value too small for a normal float32 (it would round to 0, or to a denormal that
+    a GPU may flush to 0) becomes the smallest normal one, to the same effect: a top_p that small
+    keeps one token, a repetition penalty that small sends seen tokens' logits to the limit."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    x = float(value) if -FLOAT32_MAX <= value <= FLOAT32_MAX else math.inf
-    rounded = struct.unpack("f", struct.pack("f", x))[0] if math.isfinite(x) else x
-    if not math.isfinite(rounded) or not low <= x <= high or (open_low and rounded <= low):
+    x = float(value) if -FLOAT32_MAX <= value <= FLOAT32_MAX else math.inf  # NaN fails the test too
+    if not math.isfinite(x) or not low <= x <= high or (open_low and x <= low):
         raise ValueError(f"{name} must be a finite float32 in {'(' if open_low else '['}{low:g}, {high:g}], "
                          f"got {value}")
-    return x
+    return FLOAT32_TINY if open_low and low == 0.0 and x < FLOAT32_TINY else x

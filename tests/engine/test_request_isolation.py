@@ -82,7 +82,8 @@ BAD_SPECS = {
     "temperature_nan": SamplingSpec(temperature=float("nan")),
     "temperature_inf": SamplingSpec(temperature=float("inf")),
     "repetition_inf": SamplingSpec(repetition_penalty=float("inf")),
-    "repetition_underflows_float32": SamplingSpec(temperature=1.0, repetition_penalty=1e-50),
+    "repetition_zero": SamplingSpec(temperature=1.0, repetition_penalty=0.0),
+    "repetition_negative": SamplingSpec(repetition_penalty=-1.0),
     "presence_beyond_float32": SamplingSpec(presence_penalty=1e300),
     "top_p_zero": SamplingSpec(temperature=1.0, top_p=0.0),
     "seed_float": SamplingSpec(temperature=1.0, seed=1.5),  # type: ignore[arg-type]
@@ -100,6 +101,27 @@ def test_a_poisoned_spec_fails_alone_at_admission(engine, alone, name):
     assert not out.died
     assert set(out.failed) == {"bad"} and "bad" not in out.tokens
     assert out.finished == {"n": "length"} and out.tokens["n"] == alone
+
+
+EXTREME_BUT_VALID = {  # what the API accepts at its edges: each completes, with tokens in the vocabulary
+    "repetition_tiny": SamplingSpec(temperature=1.0, repetition_penalty=1e-300, seed=1),
+    "repetition_tiny_frequency_edges": SamplingSpec(temperature=2.0, repetition_penalty=1e-40, frequency_penalty=-2,
+                                                    presence_penalty=2, seed=2**63 - 1),
+    "top_p_tiny": SamplingSpec(temperature=1.0, top_p=1e-300, seed=-2**63),
+    "temperature_tiny_is_greedy": SamplingSpec(temperature=1e-9, top_k=1024, min_p=1.0, logprobs=5),
+    "bias_edges": SamplingSpec(temperature=0.5, logit_bias=((3, 100.0), (4, -100.0), (1023, 100.0)), seed=5),
+    "echo_logprobs_at_the_top": SamplingSpec(temperature=2.0, top_k=1024, logprobs=5, prompt_logprobs=5, seed=9),
+}
+
+
+@pytest.mark.parametrize("name", EXTREME_BUT_VALID)
+def test_extreme_but_valid_specs_complete_beside_the_neighbour(engine, alone, name):
+    out = serve(engine, [NEIGHBOUR, Admit("x", PROMPT, 5, True, EXTREME_BUT_VALID[name], n=2)])
+    assert not out.died and not out.failed
+    assert out.finished == {"n": "length", "x": "length"} and out.tokens["n"] == alone
+    assert len(out.tokens["x"]) == 10 and all(0 <= t < 1024 for t in out.tokens["x"])
+    if name == "bias_edges":  # +100 on two tokens: nothing else is ever drawn
+        assert set(out.tokens["x"]) <= {3, 1023}
 
 
 def test_bad_limits_fail_alone_at_admission(engine, alone):
