@@ -36,7 +36,7 @@ class Bound:
         return None
 
     def describe(self) -> str:
-        span = f"{'(' if self.open_low else '['}{self.low:g}, {self.high:g}]"
+        span = f"in {'(' if self.open_low else '['}{self.low:g}, {self.high:g}]"
         if self.integer and self.high == INT64_MAX:
             span = f">= {self.low:g} (a signed 64-bit integer)" if self.low > INT64_MIN else "a signed 64-bit integer"
         return span if self.off is None else f"{self.off} (off) or {span}"
