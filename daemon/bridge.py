@@ -91,4 +91,4 @@ def sampling_spec(p: GenerationParams) -> SamplingSpec:
     return SamplingSpec(temperature=float(p.temperature), top_p=float(p.top_p), top_k=p.top_k, min_p=float(p.min_p),
                         presence_penalty=float(p.presence_penalty), frequency_penalty=float(p.frequency_penalty),
                         repetition_penalty=float(p.repetition_penalty), seed=p.seed, logprobs=p.logprobs,
-                        prompt_logprobs=p.prompt_logprobs)
+                        prompt_logprobs=p.prompt_logprobs, logit_bias=p.logit_bias)

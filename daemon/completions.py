@@ -22,6 +22,7 @@ from daemon.request_end import end_error, unavailable_reason
 from daemon.runtime import Runtime
 from daemon.sse import EventStream
 from daemon.tokenize_pool import INLINE_MAX_CHARS
+from engine.startup_log import log_event
 from lifecycle.params import GenerationParams
 from lifecycle.rejection import Draining, NotReady, QueueFull, Rejection
 from lifecycle.request import Request
@@ -109,7 +110,11 @@ async def create_completion(http: HTTPRequest, rt: Runtime, owner: str | None = 
         rt.bridge.details.close(rid)
         return error_response(rejection_error(r), rid)
     created = int(time.time())
-    choices = Choices(req, rt.tokenizer, ids)
+    try:
+        choices = Choices(req, rt.tokenizer, ids)
+    except Exception as e:  # noqa: BLE001 - this request's own output failed: it alone ends
+        rt.bridge.details.close(rid)
+        return error_response(_output_failed(rt, request, e), rid)
     if req.stream:
         return EventStream(_stream(rt, request, choices, created, req.include_usage), ping_s=15,
                            headers={"X-Request-Id": rid})
@@ -125,7 +130,7 @@ def generation_params(req: CompletionRequest) -> GenerationParams:
         min_p=req.min_p, seed=req.seed, presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty, logprobs=logprobs,
         prompt_logprobs=req.logprobs if req.echo else None, stop_token_ids=tuple(req.stop_token_ids),
-        n=req.candidates)
+        n=req.candidates, logit_bias=tuple(req.logit_bias.items()))
 
 
 def _prompt_too_long(rt: Runtime, req: CompletionRequest) -> APIError | None:
@@ -145,14 +150,10 @@ def _prompt_too_long(rt: Runtime, req: CompletionRequest) -> APIError | None:
 
 
 def _context_problem(rt: Runtime, ids: list[int], req: CompletionRequest) -> APIError | None:
-    vocab, limit, max_tokens = rt.engine.cfg.vocab_size, rt.engine.max_model_len, req.max_tokens
-    # (ids the tokenizer made are in the vocabulary; scanning 400k of them holds the loop for 9 ms)
-    bad = next((t for t in ids if not 0 <= t < vocab), None) if req.prompt_ids is not None else None
-    if bad is not None:
-        return protocol.bad_request(f"prompt token id {bad} is outside the vocabulary [0, {vocab})", "prompt")
-    bad = next((t for t in req.stop_token_ids if not 0 <= t < vocab), None)
-    if bad is not None:
-        return protocol.bad_request(f"stop token id {bad} is outside the vocabulary [0, {vocab})", "stop_token_ids")
+    limit, max_tokens = rt.engine.max_model_len, req.max_tokens
+    problem = protocol.vocabulary_problem(req, ids, rt.engine.cfg.vocab_size, tokenized=req.prompt_ids is None)
+    if problem is not None:
+        return problem
     if len(ids) + max_tokens > limit:
         return protocol.bad_request(
             f"this model's maximum context length is {limit} tokens; the prompt has {len(ids)} tokens and "
@@ -182,30 +183,48 @@ async def _stream(rt: Runtime, request: Request, choices: Choices, created: int,
     encode = ChunkEncoder(rid, created, model, choices.logprobs).chunk
     try:
         async for item in request.sink:
-            deltas = _advance(rt, request, choices)
-            end = item.end
-            if end is None:
-                if len(deltas) == 1:  # the common case: one choice moved
-                    index, d = deltas[0]
-                    yield encode(index, d)
-                elif deltas:
-                    yield b"".join([encode(index, d) for index, d in deltas])
-                continue
-            if end.state is RequestState.FINISHED:
-                deltas += choices.finish(end.finish_reason.value)
-            events = [encode(index, d) for index, d in deltas]
-            if end.state is not RequestState.FINISHED:
-                events.append(_data(end_error(rid, end).body()))
-            if include_usage:
-                events.append(_data(protocol.usage_chunk(rid, created, model, len(request.prompt_ids),
-                                                         choices.completion_tokens)))
-            events.append(DONE)
-            yield b"".join(events)
+            try:
+                deltas = _advance(rt, request, choices)
+                end = item.end
+                if end is None:
+                    if len(deltas) == 1:  # the common case: one choice moved
+                        index, d = deltas[0]
+                        out = encode(index, d)
+                    elif deltas:
+                        out = b"".join([encode(index, d) for index, d in deltas])
+                    else:
+                        continue
+                else:
+                    if end.state is RequestState.FINISHED:
+                        deltas += choices.finish(end.finish_reason.value)
+                    events = [encode(index, d) for index, d in deltas]
+                    if end.state is not RequestState.FINISHED:
+                        events.append(_data(end_error(rid, end).body()))
+                    if include_usage:
+                        events.append(_data(protocol.usage_chunk(rid, created, model, len(request.prompt_ids),
+                                                                 choices.completion_tokens)))
+                    events.append(DONE)
+                    out = b"".join(events)
+            except Exception as e:  # noqa: BLE001 - this request's own output failed: it alone ends
+                yield _data(_output_failed(rt, request, e).body()) + DONE
+                return
+            yield out
     finally:
         rt.bridge.details.close(rid)
         # the client went away mid-stream (daemon.sse cancels this generator) or we are exiting
         if not request.is_terminal and rt.scheduler is not None:
             rt.scheduler.disconnect(rid)
+
+
+def _output_failed(rt: Runtime, request: Request, e: Exception) -> APIError:
+    """Rendering one request's output raised (detokenising, a stop string, log-probs): that request
+    fails alone (the engine drops it), the log gets one structured line without a traceback, and
+    the client a stable message: the details stay in the log."""
+    log_event("request_failed", request_id=request.request_id, stage="output", error=f"{type(e).__name__}: {e}")
+    if rt.scheduler is not None:
+        rt.scheduler.fail(request.request_id, f"output failed: {type(e).__name__}")
+    return APIError(500, "the server could not produce this request's output; the request was stopped",
+                    "server_error", None, "request_failed")
 
 
 def _data(obj: dict) -> bytes:
@@ -230,15 +249,17 @@ async def _complete(http: HTTPRequest, rt: Runtime, request: Request, choices: C
                 return Response(status_code=499)
             end = read.result().end
             _advance(rt, request, choices)
+        if end.state is not RequestState.FINISHED:
+            return error_response(end_error(request.request_id, end), request.request_id)
+        choices.finish(end.finish_reason.value)
+        return JSONResponse(protocol.completion(request.request_id, created, request.model, choices.final(),
+                                                len(request.prompt_ids), choices.completion_tokens),
+                            headers={"X-Request-Id": request.request_id})
+    except Exception as e:  # noqa: BLE001 - this request's own output failed: it alone ends
+        return error_response(_output_failed(rt, request, e), request.request_id)
     finally:
         watcher.cancel()
         rt.bridge.details.close(request.request_id)
-    if end.state is not RequestState.FINISHED:
-        return error_response(end_error(request.request_id, end), request.request_id)
-    choices.finish(end.finish_reason.value)
-    return JSONResponse(protocol.completion(request.request_id, created, request.model, choices.final(),
-                                            len(request.prompt_ids), choices.completion_tokens),
-                        headers={"X-Request-Id": request.request_id})
 
 
 async def _wait_disconnect(http: HTTPRequest) -> None:

@@ -30,9 +30,13 @@ class TokenDetails:
             entry.tokens.append(token)
 
     def add_prompt(self, event: PromptLogprobs) -> None:
+        """One chunk's prompt log-probs (a prompt fed in chunks sends one event per chunk, in order)."""
         entry = self._entries.get(event.request_id)
         if entry is not None:
-            entry.prompt = event.entries
+            prompt = entry.prompt if entry.prompt is not None else []
+            del prompt[event.start:]
+            prompt.extend(event.entries)
+            entry.prompt = prompt
 
     # ---- the completion handler ------------------------------------------------------------------
     def open(self, request_id: str) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from engine.batch import RowInput
-from engine.engine import Engine
+from engine.draw_params import DrawParams
+from engine.engine import Engine, RequestError
 from engine.messages import SamplingSpec, TopLogprobs
 from engine.sampler import Draw
 
@@ -27,15 +28,18 @@ def generate(engine: Engine, prompts: list[list[int]], max_tokens: int, ignore_e
     specs = sampling if isinstance(sampling, list) else [sampling or SamplingSpec()] * len(prompts)
     if len(specs) != len(prompts):
         raise ValueError(f"{len(specs)} sampling specs for {len(prompts)} prompts")
+    params = [DrawParams.of(s, s.seed or 0, engine.cfg.vocab_size) for s in specs]  # ValueError on a bad spec
     slots = [engine.cache.allocate() for _ in prompts]
     try:
         out = [Generation(p, [], "length") for p in prompts]
         rows = [RowInput(s, p, 0) for s, p in zip(slots, prompts)]
         live = list(range(len(prompts)))
         while live:
-            draws = [Draw(r, specs[i], specs[i].seed or 0, 0, len(out[i].token_ids), prompts[i], out[i].token_ids)
-                     for r, i in enumerate(live)]
+            draws = [Draw(r, specs[i], specs[i].seed or 0, 0, len(out[i].token_ids), prompts[i], out[i].token_ids,
+                          params[i]) for r, i in enumerate(live)]
             step = engine.runner.run(rows, draws)
+            if step.failed:  # cannot happen with checked params; never hand out a placeholder token
+                raise RequestError(f"prompt {live[min(step.failed)]}: {step.failed[min(step.failed)]}")
             next_rows, next_live = [], []
             for i, row, tok, lp, top in zip(live, rows, step.tokens, step.logprobs, step.top_logprobs):
                 g = out[i]

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import collections
 import queue
-import random
 import threading
 import time
 from collections.abc import Callable
 
 import torch
 
+from engine.admission import admit
 from engine.batch import RowInput
 from engine.engine import Engine, RequestError
 from engine.messages import (
@@ -48,10 +48,8 @@ from engine.messages import (
 )
 from engine.in_flight import InFlight, plain_decode, seconds, successor
 from engine.runner import StepOutput
-from engine.sampler import Draw
-from engine.sequence import Group, Sequence
-
-_SEEDS = random.SystemRandom()  # seeds for requests that bring none
+from engine.sampler import Draw, PromptWant
+from engine.sequence import Sequence
 
 IDLE_WAKE_S = 0.2  # an idle thread still checks the expert ranks and refreshes its heartbeat this often
 
@@ -132,16 +130,11 @@ class GpuThread:
         failed, released, finished = [], [], []
         for cmd in cmds:
             match cmd:
-                case Admit():
+                case Admit():  # checked here, once: a bad request fails alone (engine.admission)
                     try:
-                        self.engine.check_request(cmd.prompt_ids, cmd.max_tokens)
-                        if not 1 <= cmd.n <= self.engine.cache.num_slots:
-                            raise RequestError(f"{cmd.n} choices need {cmd.n} KV slots; the engine has "
-                                               f"{self.engine.cache.num_slots}")
+                        self.waiting.append(admit(cmd, self.engine))
                     except RequestError as e:
                         failed.append(Failed(cmd.request_id, str(e)))
-                        continue
-                    self.waiting.append(_sequences(cmd))
                 case StopChoice():
                     seq = self.running.get((cmd.request_id, cmd.index))
                     if seq is not None:
@@ -255,6 +248,9 @@ class GpuThread:
         if timer is not None:
             timer[1].record()
         gpu_s = seconds(timer)
+        # requests whose own values made their share of the step fail (engine.request_guard): they end alone
+        failed = {owners[i].request_id: why for i, why in out.failed.items()}
+        failed.update({seqs[r].request_id: why for r, why in out.failed_rows.items()})
         # one pass over the rows: the step's shape, and each sequence's cache length
         n_decode = prefill_tokens = positions_max = 0
         for seq, row in zip(seqs, rows):
@@ -267,7 +263,7 @@ class GpuThread:
             if last > positions_max:
                 positions_max = last
             seq.cached += n
-            if seq.forks and not seq.prefilling:  # siblings copy the prefill, before any slot is released
+            if seq.forks and not seq.prefilling and seq.request_id not in failed:  # siblings copy the prefill
                 self.engine.runner.fork(seq.slot, [f.slot for f in seq.forks], seq.cached)
                 for f in seq.forks:
                     f.cached = seq.cached
@@ -275,14 +271,18 @@ class GpuThread:
                 seq.forks = []
         self.decode_batch_max = max(self.decode_batch_max, n_decode)
         tokens, finished = [], []
+        dropped = [Failed(rid, f"the engine could not serve this request: {why}") for rid, why in failed.items()
+                   if self._drop(rid)]
         for seq, tok, lp, top in zip(owners, out.tokens, out.logprobs, out.top_logprobs):
-            self._take(seq, tok, lp, top, tokens, finished)
-        prompt = [PromptLogprobs(seqs[r].request_id, entries) for r, entries in out.prompt.items()]
+            if seq.request_id not in failed:
+                self._take(seq, tok, lp, top, tokens, finished)
+        prompt = [PromptLogprobs(seqs[r].request_id, entries, rows[r].start_pos + (rows[r].start_pos > 0))
+                  for r, entries in out.prompt.items() if seqs[r].request_id not in failed]
         self.steps += 1
         record = self._record(seqs, rows, n_decode, prefill_tokens, positions_max, started_ns,
                               time.perf_counter() - t0, gpu_s, len(owners), out.sampled)
         self.prefill_tokens += prefill_tokens
-        self._emit(StepEvents(tokens, finished, [], [], record, prompt))
+        self._emit(StepEvents(tokens, finished, dropped, [], record, prompt))
 
     # ---- overlapped decode ----------------------------------------------------------------------
     def _launch(self, seqs: list[Sequence], rows: list[RowInput], feed: list[int] | None) -> InFlight:
@@ -364,10 +364,14 @@ class GpuThread:
             n = len(owners)
             tokens = greedy if one_per_row else [greedy[r] for r in row_of]
             return owners, StepOutput(tokens, [None] * n, [()] * n, {}, sampled=False)
-        draws = [Draw(r, s.sampling, s.seed, s.index, len(s.output_ids), s.prompt_ids, s.output_ids)
+        draws = [Draw(r, s.sampling, s.seed, s.index, len(s.output_ids), s.prompt_ids, s.output_ids, s.params)
                  for s, r in zip(owners, row_of)]
-        prompt_rows = {r: s.sampling.prompt_logprobs for r, s in enumerate(seqs)
-                       if rows[r].start_pos == 0 and s.sampling.prompt_logprobs is not None}
+        prompt_rows = {}  # each prompt chunk of an echo request: the log-probs of the tokens it predicts
+        for r, (s, row) in enumerate(zip(seqs, rows)):
+            start = row.start_pos
+            if s.sampling.prompt_logprobs is not None and start < len(s.prompt_ids):
+                targets = s.prompt_ids[start + 1:start + len(row.token_ids) + 1]
+                prompt_rows[r] = PromptWant(s.sampling.prompt_logprobs, targets, start == 0)
         return owners, self.engine.runner.run(rows, draws, prompt_rows)
 
     def _record(self, seqs, rows, n_decode, prefill_tokens, positions_max, started_ns, cpu_s, gpu_s, draws,
@@ -385,15 +389,3 @@ class GpuThread:
             kv_slots_used=self.engine.cache.num_slots - self.engine.cache.free_slots, draws=draws, sampled=sampled,
             overlapped=overlapped, dropped_rows=dropped,
         )
-
-
-def _sequences(cmd: Admit) -> Sequence:
-    """The request's first sequence, carrying its n-1 siblings until the shared prefill."""
-    seed = cmd.sampling.seed if cmd.sampling.seed is not None else _SEEDS.getrandbits(64)
-    seed = (seed + 2**63) % 2**64 - 2**63  # any integer -> a signed 64-bit one
-    group = Group(cmd.request_id, live=cmd.n)
-    prompt = list(cmd.prompt_ids)
-    seqs = [Sequence(cmd.request_id, prompt, cmd.max_tokens, cmd.ignore_eos, index=i, sampling=cmd.sampling,
-                     seed=seed, stop_token_ids=frozenset(cmd.stop_token_ids), group=group) for i in range(cmd.n)]
-    seqs[0].forks = seqs[1:]
-    return seqs[0]

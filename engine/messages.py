@@ -7,6 +7,8 @@ import dataclasses
 # A top-N list: (token id, log-probability) pairs, most likely first.
 TopLogprobs = tuple[tuple[int, float], ...]
 MAX_STALL_S = 600.0  # the longest Stall the test hook accepts
+# A temperature below this is greedy (vLLM's _SAMPLING_EPS): dividing logits by it could overflow.
+GREEDY_BELOW = 1e-5
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -23,6 +25,7 @@ class SamplingSpec:
     seed: int | None = None  # None: the engine draws one
     logprobs: int | None = None  # per sampled token: its log-prob and the top-N (N may be 0)
     prompt_logprobs: int | None = None  # per prompt token likewise (the first has none)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit before anything else)
 
     @property
     def penalised(self) -> bool:
@@ -31,8 +34,8 @@ class SamplingSpec:
     @property
     def plain_greedy(self) -> bool:
         """Nothing beyond the argmax of the raw logits is needed."""
-        return (self.temperature == 0 and not self.penalised and self.logprobs is None
-                and self.prompt_logprobs is None)
+        return (self.temperature < GREEDY_BELOW and not self.penalised and self.logprobs is None
+                and self.prompt_logprobs is None and not self.logit_bias)
 
 
 # ---- commands (asyncio loop -> GPU thread) --------------------------------------------------------
@@ -111,9 +114,12 @@ class Finished:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PromptLogprobs:
-    """Per prompt token: (its log-prob given the tokens before it, the top-N); None for the first."""
+    """Per prompt token: (its log-prob given the tokens before it, the top-N); None for the first.
+    A prompt fed in chunks sends one event per chunk: `entries` are those of prompt tokens
+    start, start + 1, ... (the chunks' entries joined in order are the whole prompt's)."""
     request_id: str
     entries: list[tuple[float, TopLogprobs] | None]
+    start: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -111,10 +111,15 @@ class DeepseekV2:
     @torch.inference_mode()
     def forward(self, batch: Batch, cache: MLACache) -> torch.Tensor:
         """Returns logits [R, V] for the last new token of every row."""
+        return self.head(self.hidden(batch, cache)[batch.last_index])
+
+    @torch.inference_mode()
+    def hidden(self, batch: Batch, cache: MLACache) -> torch.Tensor:
+        """The last layer's output [T, H] for every new token (before the final norm and the LM head)."""
         x = F.embedding(batch.token_ids, self.embed)  # [T, H]
         for layer in self.layers:
             x = layer(x, batch, cache)
-        return self.head(x[batch.last_index])
+        return x
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: [R, H] -> [R, V]."""

@@ -5,8 +5,9 @@ them.
 Two ways out of the forward: when every draw of the step is plain greedy (temperature 0, no
 penalties, no log-probs) the graphs return the argmax they compute on the device, exactly as before
 sampling existed; otherwise the same graphs return their logits and engine.sampler chooses every
-draw in one batched call. Rows that want prompt log-probs (echo with logprobs) run eagerly, with
-the logits of every prompt position."""
+draw in one batched call (under engine.request_guard: one request's faulty values fail that request
+alone). A step with rows that want prompt log-probs (echo with logprobs) runs eagerly and turns the
+hidden states of those chunks into log-probs a slice of positions at a time."""
 from __future__ import annotations
 
 import dataclasses
@@ -20,7 +21,8 @@ from engine.messages import TopLogprobs
 from engine.model import DeepseekV2
 from engine.phases import phase
 from engine.prefill_graphs import PrefillGraphs
-from engine.sampler import Draw, SamplingBatch, prompt_logprobs, sample
+from engine.request_guard import choose, per_row
+from engine.sampler import Draw, PromptWant, prompt_logprobs
 
 
 @dataclasses.dataclass(slots=True)
@@ -28,8 +30,10 @@ class StepOutput:
     tokens: list[int]  # one per draw
     logprobs: list[float | None]  # one per draw: the chosen token's raw log-prob, where asked for
     top_logprobs: list[TopLogprobs]  # one per draw, cut to the N that draw asked for
-    prompt: dict[int, list[tuple[float, TopLogprobs] | None]]  # forward row -> prompt log-probs
+    prompt: dict[int, list[tuple[float, TopLogprobs] | None]]  # forward row -> its chunk's prompt log-probs
     sampled: bool  # False: the argmax fast path ran
+    failed: dict[int, str] = dataclasses.field(default_factory=dict)  # draw -> why it failed (its request's values)
+    failed_rows: dict[int, str] = dataclasses.field(default_factory=dict)  # forward row -> why its prompt log-probs failed
 
 
 class ModelRunner:
@@ -80,52 +84,58 @@ class ModelRunner:
         """The greedy tokens of a launched step."""
         return launched if isinstance(launched, list) else self.graphs.collect(launched)
 
-    def run(self, rows: list[RowInput], draws: list[Draw], prompt_rows: dict[int, int] | None = None) -> StepOutput:
+    def run(self, rows: list[RowInput], draws: list[Draw], prompt_rows: dict[int, PromptWant] | None = None
+            ) -> StepOutput:
         """The step with a token chosen per draw (several draws may read one row: the first step of
-        a request with n choices). prompt_rows: forward row -> N of the prompt log-probs it wants."""
+        a request with n choices). prompt_rows: forward row -> the prompt log-probs its chunk wants.
+        A draw or prompt row whose request's values make its share of the work raise is left out
+        (StepOutput.failed, failed_rows); the others get what they would have got without it."""
         prompt_rows = prompt_rows or {}
         if not prompt_rows and all(d.spec.plain_greedy for d in draws):
             greedy = self.step(rows)
             tokens = [greedy[d.row] for d in draws]
             return StepOutput(tokens, [None] * len(draws), [()] * len(draws), {}, sampled=False)
-        logits, full = self.logits(rows, set(prompt_rows))  # [R, V]
+        if prompt_rows:
+            logits, prompt, failed_rows = self._prompt_step(rows, prompt_rows)  # [R, V]
+        else:
+            logits, prompt, failed_rows = self.logits(rows), {}, {}
         with phase("sampling"):
-            out = sample(logits, SamplingBatch.build(draws, logits.shape[-1], logits.device))
-        tokens = _read(out.tokens)  # waits for the device with the GIL released; the reads below are quick
-        prompt = {r: prompt_logprobs(full[r], rows[r].token_ids, n) for r, n in prompt_rows.items()}
-        chosen = out.logprobs.tolist() if out.logprobs is not None else [None] * len(draws)
-        tops: list[TopLogprobs] = [()] * len(draws)
-        if out.top_ids is not None:
-            for s, (ids, lps) in enumerate(zip(out.top_ids.tolist(), out.top_logprobs.tolist())):
-                n = draws[s].spec.logprobs
-                if n is not None:
-                    tops[s] = tuple(zip(ids[:n], lps[:n]))
-        for s, d in enumerate(draws):
-            if d.spec.logprobs is None:
-                chosen[s] = None
-        return StepOutput(tokens, chosen, tops, prompt, sampled=True)
+            out, kept, failed = choose(logits, draws)
+        n = len(draws)
+        tokens, chosen, tops = [-1] * n, [None] * n, [()] * n  # a failed draw keeps these
+        if out is None:
+            return StepOutput(tokens, chosen, tops, prompt, True, failed, failed_rows)
+        # waits for the device with the GIL released; the reads below are quick
+        for s, tok in zip(kept, _read(out.tokens)):
+            tokens[s] = tok
+        if out.logprobs is not None:
+            lps, ids, vals = out.logprobs.tolist(), out.top_ids.tolist(), out.top_logprobs.tolist()
+            for j, s in enumerate(kept):
+                want = draws[s].spec.logprobs
+                if want is not None:
+                    chosen[s], tops[s] = lps[j], tuple(zip(ids[j][:want], vals[j][:want]))
+        return StepOutput(tokens, chosen, tops, prompt, True, failed, failed_rows)
 
-    def logits(self, rows: list[RowInput], full_rows: set[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """[R, V] float32 logits of every row's last new token, and for the rows in full_rows the
-        [L, V] logits of all their new tokens."""
+    def logits(self, rows: list[RowInput]) -> torch.Tensor:
+        """[R, V] float32 logits of every row's last new token."""
         self._eager_last = None
-        if self.graphs is None or full_rows:
-            return self._eager_logits(rows, full_rows)
+        if self.graphs is None:
+            return self._eager_logits(rows)
         decode, prompt = _split(rows)
         if not prompt:
-            return self.graphs.run(rows, logits=True).float(), {}
+            return self.graphs.run(rows, logits=True).float()
         prompt_rows = [rows[i] for i in prompt]
         pg = self.prefill_graphs
         if pg is not None and pg.fits(prompt_rows):
             first = pg.run(prompt_rows, logits=True).float()  # a copy: later replays cannot touch it
         else:
-            first, _ = self._eager_logits(prompt_rows, set())
+            first = self._eager_logits(prompt_rows)
         out = torch.empty(len(rows), first.shape[-1], dtype=torch.float32, device=first.device)  # [R, V]
         out[torch.tensor(prompt, device=first.device)] = first
         if decode:
             out[torch.tensor(decode, device=first.device)] = self.graphs.run([rows[i] for i in decode],
                                                                              logits=True).float()
-        return out, {}
+        return out
 
     def fork(self, src_slot: int, dst_slots: list[int], length: int) -> None:
         """Copy the first `length` cached positions of one KV slot into others (all layers)."""
@@ -140,20 +150,30 @@ class ModelRunner:
             tokens = torch.argmax(logits.float(), dim=-1)
         return _read(tokens)
 
-    def _eager_logits(self, rows: list[RowInput], full_rows: set[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    def _eager_logits(self, rows: list[RowInput]) -> torch.Tensor:
+        return self.model.forward(Batch.build(rows, self.device), self.cache).float()  # [R, V]
+
+    def _prompt_step(self, rows: list[RowInput], wants: dict[int, PromptWant]
+                     ) -> tuple[torch.Tensor, dict[int, list], dict[int, str]]:
+        """Eager, with the hidden states of every new token kept: the [R, V] logits of each row's
+        last token, and for the rows in `wants` their chunk's prompt log-probs, the LM head applied
+        a slice of positions at a time (engine.sampler.prompt_logprobs), never to the whole chunk.
+        Returns (logits, row -> entries, failed row -> why)."""
+        self._eager_last = None
         batch = Batch.build(rows, self.device)
-        if not full_rows:
-            return self.model.forward(batch, self.cache).float(), {}  # [R, V]
-        picked, spans = [], {}
-        for r, row in enumerate(rows):
-            start, n = batch.starts[r], len(row.token_ids)
-            wanted = range(start, start + n) if r in full_rows else [start + n - 1]
-            spans[r] = (len(picked), len(picked) + len(wanted))
-            picked.extend(wanted)
-        batch.last_index = torch.tensor(picked, dtype=torch.int64, device=batch.token_ids.device)
-        logits = self.model.forward(batch, self.cache).float()  # [sum of picked, V]
-        last = torch.tensor([spans[r][1] - 1 for r in range(len(rows))], device=logits.device)
-        return logits[last], {r: logits[spans[r][0]:spans[r][1]] for r in full_rows}
+        hidden = self.model.hidden(batch, self.cache)  # [T, H]
+        with torch.inference_mode():
+            logits = self.model.head(hidden[batch.last_index]).float()  # [R, V]
+            vocab = logits.shape[-1]
+
+            def entries(r: int) -> list:
+                start, want = batch.starts[r], wants[r]
+                got = prompt_logprobs(lambda a, b: self.model.head(hidden[start + a:start + b]).float(),
+                                      want.targets, want.n, vocab)
+                return [None, *got] if want.first else got
+
+            prompt, failed = per_row(entries, wants)
+        return logits, prompt, failed
 
 
 def _split(rows: list[RowInput]) -> tuple[list[int], list[int]]:

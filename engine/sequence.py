@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from engine.draw_params import DrawParams
 from engine.messages import SamplingSpec
 
 
@@ -35,6 +36,7 @@ class Sequence:
     index: int = 0  # choice index within the request
     sampling: SamplingSpec = dataclasses.field(default_factory=SamplingSpec)
     seed: int = 0  # the request's seed (the client's, or one the engine drew)
+    params: DrawParams | None = None  # `sampling` and `seed` as the sampler takes them, checked at admission
     stop_token_ids: frozenset[int] = frozenset()
     group: Group | None = None
     # siblings (choices 1..n-1) waiting for this sequence's prefill: they draw their first token
@@ -55,12 +57,11 @@ class Sequence:
         return self.cached < len(self.prompt_ids)
 
     def next_row(self, budget: int) -> list[int]:
-        """Tokens to feed next step: the next prompt chunk of at most `budget` tokens (the whole rest
-        when prompt logprobs are wanted: they are computed in one pass), or the last sampled token."""
+        """Tokens to feed next step: the next prompt chunk of at most `budget` tokens (prompt
+        log-probs too are computed chunk by chunk), or the last sampled token."""
         if not self.prefilling:
             return [self.output_ids[-1]]
-        rest = self.prompt_ids[self.cached:]
-        return rest if self.sampling.prompt_logprobs is not None else rest[:budget]
+        return self.prompt_ids[self.cached:self.cached + budget]
 
     def finish_reason(self, eos_id: int | None) -> str | None:
         last = self.output_ids[-1] if self.output_ids else None

@@ -30,16 +30,9 @@ SLOW_READER = "client too slow to read"
 
 
 class Scheduler:
-    def __init__(
-        self,
-        engine: EngineClient,
-        *,
-        max_active: int,
-        max_pending: int,
-        clock: Callable[[], float] = time.monotonic,
-        observer: LifecycleObserver | None = None,
-        retry_after_s: float = 1.0,  # the Retry-After hint until a service rate is known
-    ) -> None:
+    def __init__(self, engine: EngineClient, *, max_active: int, max_pending: int,
+                 clock: Callable[[], float] = time.monotonic, observer: LifecycleObserver | None = None,
+                 retry_after_s: float = 1.0) -> None:  # retry_after_s: the hint until a service rate is known
         if max_active < 1:
             raise ValueError(f"max_active must be >= 1, got {max_active}")
         if max_pending < 0:
@@ -120,6 +113,15 @@ class Scheduler:
         if request is None:
             return False
         self._abort(request, RequestState.DISCONNECTED, message)
+        return True
+
+    def fail(self, request_id: str, message: str) -> bool:
+        """The daemon could not serve a live request (its output failed to render): FAILED, and the
+        engine drops it. False if it was not live."""
+        request = self._live(request_id)
+        if request is None:
+            return False
+        self._abort(request, RequestState.FAILED, message)
         return True
 
     def cancel_all(self, message: str, code: str | None = None) -> int:

@@ -202,6 +202,39 @@ def test_logprobs_with_echo_are_hf_log_softmax(daemon, greedy, hf_logprobs):
         assert all(min(abs(v - a) for a in allowed) < 1e-4 for v in top.values())
 
 
+def test_echo_logprobs_are_the_same_when_the_prompt_is_fed_in_chunks(daemon, tiny_model_dir):
+    """Prompt log-probs are computed chunk by chunk within the prefill budget: a daemon whose budget
+    cuts this prompt into 3-token chunks answers the same echo + logprobs, streamed and not."""
+    body = {"prompt": PROMPT_IDS + PROMPT_IDS, "max_tokens": 4, "ignore_eos": True, "logprobs": 3, "echo": True}
+    whole = post(daemon, body)["choices"][0]
+    with DaemonProcess("--model", str(tiny_model_dir), "--served-model-name", "tiny", "--max-prefill-tokens",
+                       "3") as chunked:
+        cut = post(chunked, body)["choices"][0]
+        streamed = [ch for c in stream(chunked, body) for ch in c["choices"]]
+    for got in (cut["logprobs"], {k: sum((ch["logprobs"][k] for ch in streamed), []) for k in cut["logprobs"]}):
+        assert got["tokens"] == whole["logprobs"]["tokens"] and got["text_offset"] == whole["logprobs"]["text_offset"]
+        assert got["token_logprobs"][0] is None and got["top_logprobs"][0] is None
+        assert got["token_logprobs"][1:] == pytest.approx(whole["logprobs"]["token_logprobs"][1:], abs=1e-5)
+        for mine, ref in zip(got["top_logprobs"][1:], whole["logprobs"]["top_logprobs"][1:]):
+            assert mine.keys() == ref.keys() and list(mine.values()) == pytest.approx(list(ref.values()), abs=1e-5)
+    assert cut["text"] == whole["text"]
+
+
+def test_logit_bias_steers_the_choice(daemon, tok, greedy):
+    """+100 on one token makes it the only one drawn, greedy or sampled, and -100 bans the greedy
+    choice; the log-probs stay the raw model's (the bias shapes the choice, as vLLM's does)."""
+    body = {"prompt": PROMPT_IDS, "max_tokens": 4, "ignore_eos": True, "logprobs": 1}
+    first = greedy["ids"][1][0]
+    forced = 77 if first != 77 else 78
+    for extra in ({}, {"temperature": 1.0, "seed": 4}):
+        got = post(daemon, {**body, **extra, "logit_bias": {str(forced): 100}})["choices"][0]
+        assert got["text"] == tok.decode([forced] * 4)
+        assert tok.decode([first]) in got["logprobs"]["top_logprobs"][0]  # raw: the model's own top-1 is listed
+    banned = post(daemon, {**body, "max_tokens": 1, "logprobs": 5, "logit_bias": {str(first): -100}})["choices"][0]
+    assert banned["logprobs"]["tokens"][0] != tok.decode([first])
+    assert post(daemon, {**body, "max_tokens": 1})["choices"][0]["text"] == tok.decode([first])
+
+
 def test_openai_client_with_logprobs_and_n(daemon):
     client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused")
     kw = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 6, "n": 2, "logprobs": 2, "temperature": 0.9,

@@ -196,3 +196,29 @@ def test_argmax_rows_is_torch_argmax_ties_included():
         assert torch.equal(argmax_rows(x), torch.argmax(x, dim=-1))
     odd = torch.randn(3, 1000, generator=g)  # not divisible into blocks: torch.argmax itself
     assert torch.equal(argmax_rows(odd), torch.argmax(odd, dim=-1))
+
+
+def test_extreme_penalties_and_biases_never_make_nan_or_inf():
+    """The sampler's domain at its edges (engine.draw_params): a repetition penalty rounded up to the
+    smallest normal float32, penalties and biases as large as float32 holds, the smallest hot
+    temperature. The shaped logits stay finite and every draw is a real token."""
+    logits = torch.tensor([[0.0, 5.0, -5.0, 1e-3, 2.0]])  # [1, V]
+    seen = torch.ones(1, 5, dtype=torch.bool)
+    counts = torch.tensor([[1.0, 2.0, 0.0, 3.0, 0.0]])
+    for presence, frequency in ((3e38, -3e38), (-3e38, 3e38), (0.0, 3e38)):
+        got = apply_penalties(logits, seen, counts, torch.tensor([presence]), torch.tensor([frequency]),
+                              torch.tensor([1.1754944e-38]))
+        assert torch.isfinite(got).all(), got
+    specs = [SamplingSpec(temperature=1e-5, repetition_penalty=1e-300, frequency_penalty=-2, presence_penalty=2),
+             SamplingSpec(temperature=2.0, logit_bias=((2, 100.0), (1, -100.0)), top_p=1e-300),
+             SamplingSpec(temperature=1.0, logit_bias=((0, 3e38), (4, 3e38)), repetition_penalty=1e-40)]
+    draws = [Draw(0, s, i, 0, 3, [0, 1], [1, 3, 3]) for i, s in enumerate(specs)]
+    out = sample(logits, SamplingBatch.build(draws, 5, "cpu")).tokens.tolist()
+    assert all(0 <= t < 5 for t in out) and out[1] == 2
+
+
+def test_a_temperature_below_the_greedy_threshold_is_greedy():
+    assert SamplingSpec(temperature=1e-6).plain_greedy and not SamplingSpec(temperature=1e-5).plain_greedy
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(3))
+    draws = [Draw(r, SamplingSpec(temperature=1e-6, top_k=3), r, 0, 0) for r in range(4)]
+    assert torch.equal(sample(logits, SamplingBatch.build(draws, 50, "cpu")).tokens, torch.argmax(logits, dim=-1))

@@ -14,12 +14,14 @@ from tools.reliakit.scenarios import (
     loop_stall_huge_prompts,
     mixed_short_long,
     overload_active_cap,
+    poisoned_neighbour,
 )
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     overload_active_cap.SCENARIO,
     cancel_disconnect.SCENARIO,
     invalid_requests.SCENARIO,
+    poisoned_neighbour.SCENARIO,
     mixed_short_long.SCENARIO,
     loop_stall_huge_prompts.SCENARIO,
     drain.SCENARIO,

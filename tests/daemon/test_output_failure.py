@@ -1,0 +1,125 @@
+"""A fault while rendering one request's output (detokenising, stop strings, log-probs) fails that
+request alone: its stream gets an error chunk with code `request_failed` and then [DONE] (a JSON
+500 without streaming), the scheduler ends it FAILED and tells the engine to drop it, the log gets
+one structured `request_failed` line without a traceback, and a neighbouring stream on the same
+loop goes on to its end. The handler runs for real (scheduler, sinks, token details, choices, the
+tiny tokenizer); the fault comes from a tokenizer that cannot decode one token id."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import types
+
+import pytest
+from starlette.requests import Request as HTTPRequest
+
+from daemon.choices import Choices
+from daemon.completions import _complete, _stream, generation_params
+from daemon.protocol import parse_completion
+from daemon.token_details import TokenDetails
+from engine.default_model import ensure_preset_tokenizer
+from engine.messages import Token
+from engine.tokenizer import Tokenizer
+from lifecycle.request import Request
+from lifecycle.scheduler import Scheduler
+from lifecycle.sink import TokenSink
+from lifecycle.states import RequestState
+from tests.lifecycle.fakes import FakeEngine
+
+SENTINEL = 777  # the one token id the faulty tokenizer cannot decode
+
+
+class UndecodableToken(Tokenizer):
+    """The tiny preset's tokenizer, except that any text holding SENTINEL fails to decode."""
+
+    def decode(self, ids: list[int]) -> str:
+        if SENTINEL in ids:
+            raise ValueError(f"cannot decode token {SENTINEL}")
+        return super().decode(ids)
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    return UndecodableToken(str(ensure_preset_tokenizer("tiny")))
+
+
+def setup(tok, bodies: dict[str, dict]):
+    engine = FakeEngine()
+    scheduler = Scheduler(engine, max_active=4, max_pending=4)
+    scheduler.set_ready(True)
+    rt = types.SimpleNamespace(bridge=types.SimpleNamespace(details=TokenDetails(), stop_choice=lambda rid, i: None),
+                               scheduler=scheduler)
+    live = {}
+    for rid, body in bodies.items():
+        req = parse_completion(body, max_tokens_default=16)
+        ids = req.prompt_ids if req.prompt_ids is not None else tok.encode(req.prompt)
+        request = Request(rid, ids, generation_params(req), "tiny", TokenSink(64))
+        rt.bridge.details.open(rid)
+        scheduler.submit(request)
+        live[rid] = (request, Choices(req, tok, ids))
+    return rt, engine, live
+
+
+def feed(rt, rid: str, token_ids: list[int], finish: bool) -> None:
+    """What the bridge does with one engine step's tokens for a request."""
+    for i, t in enumerate(token_ids):
+        last = finish and i == len(token_ids) - 1
+        rt.bridge.details.add_token(Token(rid, t, False, 0, finish_reason="length" if last else None))
+        rt.scheduler.on_token(rid, t, 1)
+    if finish:
+        rt.scheduler.on_finished(rid, "length")
+
+
+def sse(raw: bytes) -> list:
+    return [json.loads(e[6:]) if e[6:] != b"[DONE]" else "[DONE]" for e in raw.split(b"\n\n") if e]
+
+
+async def read_all(gen) -> bytes:
+    return b"".join([part async for part in gen])
+
+
+async def test_a_stream_whose_output_cannot_render_fails_alone(tok, caplog):
+    caplog.set_level(logging.INFO)
+    stream = {"stream": True, "max_tokens": 6}
+    rt, engine, live = setup(tok, {"victim": {"prompt": [5, 6, 7], **stream}, "neighbour": {"prompt": "hi", **stream}})
+    readers = {rid: asyncio.create_task(read_all(_stream(rt, request, choices, 0, False)))
+               for rid, (request, choices) in live.items()}
+    for step in ([40], [41], [SENTINEL], [42], [43], [44]):  # the victim's third token cannot be decoded
+        if live["victim"][0].state is not RequestState.FAILED:
+            feed(rt, "victim", step, finish=False)
+        feed(rt, "neighbour", [t for t in step if t != SENTINEL] or [45], finish=False)
+        await asyncio.sleep(0)
+    feed(rt, "neighbour", [46], finish=True)
+    victim, neighbour = sse(await readers["victim"]), sse(await readers["neighbour"])
+
+    assert victim[-1] == "[DONE]" and victim[-2]["error"]["code"] == "request_failed"
+    assert set(victim[-2]["error"]) == {"message", "type", "param", "code"} and victim[-2]["error"]["type"] == "server_error"
+    assert "".join(c["choices"][0]["text"] for c in victim[:-2]) == tok.decode([40, 41])
+    assert live["victim"][0].state is RequestState.FAILED and engine.cancelled == ["victim"]
+
+    assert neighbour[-1] == "[DONE]" and neighbour[-2]["choices"][0]["finish_reason"] == "length"
+    assert "".join(c["choices"][0]["text"] for c in neighbour[:-1]) == tok.decode([40, 41, 45, 42, 43, 44, 46])
+    assert live["neighbour"][0].state is RequestState.FINISHED
+
+    lines = [r for r in caplog.records if "request_failed" in r.getMessage()]
+    assert len(lines) == 1 and json.loads(lines[0].getMessage())["request_id"] == "victim"
+    assert not any(r.exc_info for r in caplog.records)
+
+
+async def test_a_non_streamed_request_whose_output_cannot_render_gets_a_json_error(tok, caplog):
+    caplog.set_level(logging.INFO)
+    rt, engine, live = setup(tok, {"victim": {"prompt": "hi", "max_tokens": 3, "logprobs": 1}})
+    request, choices = live["victim"]
+
+    async def receive():  # a client that stays connected
+        await asyncio.Event().wait()
+
+    http = HTTPRequest({"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}, receive)
+    answer = asyncio.create_task(_complete(http, rt, request, choices, 0))
+    feed(rt, "victim", [40, SENTINEL], finish=False)  # still running when its output fails
+    response = await answer
+    assert response.status_code == 500
+    assert json.loads(response.body)["error"]["code"] == "request_failed"
+    assert request.state is RequestState.FAILED and engine.cancelled == ["victim"]
+    assert not any(r.exc_info for r in caplog.records)

@@ -1,0 +1,123 @@
+"""Every numeric field of a completions body is bounded at parse time, from the one table in
+lifecycle.params: integers beyond int64 (orjson parses up to 2^64 - 1), booleans and floats where an
+integer goes, NaN-like strings, penalties and logit_bias outside their ranges all get a 400 naming
+the field; the model-dependent bounds (token ids and top_k against the vocabulary) are checked once
+the vocabulary is known; and GenerationParams refuses exactly what the protocol refuses."""
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from daemon.completions import generation_params
+from daemon.protocol import APIError, parse_completion, vocabulary_problem
+from lifecycle.params import BOUNDS, GenerationParams
+
+VOCAB = 1024
+HUGE = [2**63, 2**64 - 1, -2**63 - 1, 10**30]
+
+
+def parse(**fields):
+    return parse_completion({"prompt": "hi", **fields}, max_tokens_default=16)
+
+
+def refused(param: str, **fields) -> APIError:
+    with pytest.raises(APIError) as e:
+        parse(**fields)
+    assert e.value.status == 400 and e.value.param == param, (fields, e.value)
+    assert set(e.value.body()["error"]) == {"message", "type", "param", "code"}
+    return e.value
+
+
+INTEGER_FIELDS = ["max_tokens", "top_k", "seed", "n", "best_of", "logprobs"]
+
+
+@pytest.mark.parametrize("name", INTEGER_FIELDS)
+@pytest.mark.parametrize("value", HUGE + [True, 2.0, "5", "NaN", [1], {"a": 1}])
+def test_integer_fields_refuse_huge_and_mistyped_values(name, value):
+    refused(name, **{name: value})
+
+
+@pytest.mark.parametrize("name", ["temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                                  "repetition_penalty"])
+@pytest.mark.parametrize("value", [2**64 - 1, -2**63 - 1, 1e308, -1e308, "NaN", "inf", True, [0.5],
+                                   {"nested": [1, {"x": None}]}])
+def test_number_fields_refuse_out_of_range_and_mistyped_values(name, value):
+    refused(name, **{name: value})
+
+
+def test_json_cannot_carry_nan_or_infinity():
+    for raw in (b'{"prompt": "hi", "temperature": NaN}', b'{"prompt": "hi", "temperature": 1e400}'):
+        with pytest.raises(orjson.JSONDecodeError):
+            orjson.loads(raw)
+    assert isinstance(orjson.loads(b"18446744073709551616"), float)  # past 2^64 - 1: a float, refused as such
+    refused("top_k", top_k=orjson.loads(b"18446744073709551616"))
+
+
+def test_signed_64_bit_edges_and_the_documented_ranges_pass():
+    r = parse(seed=2**63 - 1, top_k=2**63 - 1, max_tokens=2**63 - 1, repetition_penalty=2.0, presence_penalty=-2,
+              frequency_penalty=2.0, temperature=2, top_p=1e-9, min_p=1.0, logprobs=5, n=16, best_of=16)
+    assert (r.seed, r.top_k, r.repetition_penalty) == (2**63 - 1, 2**63 - 1, 2.0)
+    assert parse(seed=-2**63).seed == -2**63
+    refused("repetition_penalty", repetition_penalty=2.01)
+    refused("repetition_penalty", repetition_penalty=0)
+    refused("top_k", top_k=0)
+    refused("top_k", top_k=-2)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("prompt", [1, 2**63]), ("prompt", [1, 2**64 - 1]), ("prompt", [-1]), ("prompt", [1, 2.0]),
+    ("stop_token_ids", [2**64 - 1]), ("stop_token_ids", [True]), ("stop_token_ids", [1.0]), ("stop_token_ids", [-3]),
+    ("stop_token_ids", "7"), ("stop_token_ids", [[1]]), ("stop_token_ids", [None]),
+])
+def test_token_id_lists_refuse_anything_but_int64_ids(field, value):
+    refused(field, **{field: value})
+
+
+@pytest.mark.parametrize("bias", [
+    [1, 2], "x", {"a": 1}, {"-1": 1}, {"1.5": 1}, {"１": 1}, {"99999999999999999999": 1}, {"5": 100.5},
+    {"5": -101}, {"5": "1"}, {"5": True}, {"5": None}, {"5": [1]}, {"5": 2**64 - 1}, {"5": 1, "05": 2},
+    {str(i): 1 for i in range(301)},
+])
+def test_logit_bias_shape_is_openais(bias):
+    refused("logit_bias", logit_bias=bias)
+
+
+def test_logit_bias_is_parsed_and_reaches_the_engine_parameters():
+    r = parse(logit_bias={"5": 100, "7": -100.0, "9": 0.5})
+    assert r.logit_bias == {5: 100.0, 7: -100.0, 9: 0.5}
+    assert generation_params(r).logit_bias == ((5, 100.0), (7, -100.0), (9, 0.5))
+
+
+def test_stream_options_include_usage_is_a_boolean():
+    with pytest.raises(APIError) as e:
+        parse(stream=True, stream_options={"include_usage": 1})
+    assert e.value.param == "stream_options"
+
+
+def test_vocabulary_bounds_are_checked_once_the_model_is_known():
+    ok = parse(top_k=VOCAB, logit_bias={str(VOCAB - 1): 1}, stop_token_ids=[VOCAB - 1])
+    assert vocabulary_problem(ok, [0, VOCAB - 1], VOCAB) is None
+    cases = [(parse(top_k=VOCAB + 1), [1], "top_k"), (parse(top_k=2**63 - 1), [1], "top_k"),
+             (parse(logit_bias={str(VOCAB): 1}), [1], "logit_bias"),
+             (parse(stop_token_ids=[VOCAB]), [1], "stop_token_ids"), (parse(), [1, VOCAB], "prompt")]
+    for req, ids, param in cases:
+        problem = vocabulary_problem(req, ids, VOCAB)
+        assert problem is not None and problem.status == 400 and problem.param == param, (param, problem)
+
+
+def test_generation_params_share_the_protocols_bounds():
+    """Each bounded field: the protocol's edge values pass GenerationParams, the first value past
+    them fails both (one table, one check)."""
+    edges = {"temperature": (2.0, 2.5), "top_p": (1.0, 0.0), "min_p": (1.0, 1.5), "presence_penalty": (2.0, 2.5),
+             "frequency_penalty": (-2.0, -2.5), "repetition_penalty": (2.0, 2.5), "top_k": (2**63 - 1, 2**63),
+             "seed": (-2**63, -2**63 - 1), "logprobs": (5, 6), "n": (16, 17), "max_tokens": (2**63 - 1, 2**63)}
+    for name, (good, bad) in edges.items():
+        assert name in BOUNDS
+        GenerationParams(**{"max_tokens": 4, name: good})
+        with pytest.raises(ValueError):
+            GenerationParams(**{"max_tokens": 4, name: bad})
+        refused("n" if name == "n" else name, **{name: bad})
+    for bad in ({"logit_bias": ((1, 101.0),)}, {"logit_bias": ((-1, 1.0),)}, {"logit_bias": ((1, 1.0), (1, 2.0))},
+                {"repetition_penalty": float("inf")}, {"stop_token_ids": (2**63,)}):
+        with pytest.raises(ValueError):
+            GenerationParams(4, **bad)
