@@ -4,7 +4,7 @@ with failures, drain, an expert rank killed mid-stream), joins every request wit
 trace records, applies strict rules, and writes one JSON artifact (docs/reliability.md).
 
     python tools/reliability.py (--url URL [--trace-file PATH] | --spawn [--model DIR] [--backend B]
-        [--ep-size N] [--work-dir DIR]) --out ARTIFACT.json [--dry-run] [--scenarios a,b]
+        [--ep-size N] [--device cpu|cuda] [--random-preset P] [--work-dir DIR]) --out ARTIFACT.json [--dry-run] [--scenarios a,b]
 
 Exit status 0 only when every scenario that ran passed and every run-wide check passed; 1 otherwise;
 2 for a usage error."""
@@ -36,13 +36,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--model", help="with --spawn: checkpoint folder (default: the embedded tiny model)")
     p.add_argument("--backend", default="local", help="with --spawn: EP backend (default local)")
     p.add_argument("--ep-size", type=int, default=1, help="with --spawn: expert-parallel ranks (default 1)")
+    p.add_argument("--device", default="cpu", help="with --spawn: the daemons' device (cpu or cuda[:N]; default cpu)")
+    p.add_argument("--random-preset", help="with --spawn: serve a preset's random weights (tiny|lite) instead of --model")
     p.add_argument("--work-dir", type=Path, help="with --spawn: where daemon logs and trace files go "
                                                  "(default: a new temporary folder)")
     a = p.parse_args(argv)
     if not a.dry_run and not (a.url or a.spawn):
         p.error("give --url URL or --spawn (or --dry-run)")
-    if a.url and (a.model or a.backend != "local" or a.ep_size != 1 or a.work_dir):
-        p.error("--model, --backend, --ep-size and --work-dir go with --spawn, not --url")
+    if a.url and (a.model or a.backend != "local" or a.ep_size != 1 or a.work_dir or a.device != "cpu"
+                  or a.random_preset):
+        p.error("--model, --random-preset, --backend, --ep-size, --device and --work-dir go with --spawn, not --url")
+    if a.model and a.random_preset:
+        p.error("give --model or --random-preset, not both")
     if a.trace_file and not a.url:
         p.error("--trace-file goes with --url (spawned daemons get their own)")
     if a.ep_size < 1:
@@ -68,9 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         if a.work_dir is not None:
             a.work_dir.mkdir(parents=True, exist_ok=True)
         cfg = RunConfig(a.selected, url=a.url, trace_file=a.trace_file, model=a.model, backend=a.backend,
-                        ep_size=a.ep_size, work_dir=a.work_dir)
+                        ep_size=a.ep_size, work_dir=a.work_dir, device=a.device, random_preset=a.random_preset)
         record = Runner(cfg).run()
-    requested = {"url": a.url, "model": a.model, "backend": None if a.url else a.backend,
+    requested = {"url": a.url, "model": a.model, "random_preset": a.random_preset,
+                 "device": None if a.url else a.device, "backend": None if a.url else a.backend,
                  "ep_size": None if a.url else a.ep_size, "trace_file": str(a.trace_file) if a.trace_file else None,
                  "work_dir": str(a.work_dir) if a.work_dir else None, "scenarios": [s.name for s in a.selected]}
     doc = artifact.build(record, argv=argv, requested=requested, mode=mode, dry_run=a.dry_run)

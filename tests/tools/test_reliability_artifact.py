@@ -98,11 +98,20 @@ def test_the_schema_rejects_broken_artifacts(tmp_path):
     ["--spawn", "--out", "x.json", "--trace-file", "t.jsonl"],
     ["--url", "http://127.0.0.1:1", "--backend", "nccl", "--out", "x.json"],
     ["--spawn", "--ep-size", "0", "--out", "x.json"],
+    ["--url", "http://127.0.0.1:1", "--device", "cuda", "--out", "x.json"],
+    ["--spawn", "--model", "m", "--random-preset", "lite", "--out", "x.json"],
 ])
 def test_usage_errors_exit_2(argv):
     with pytest.raises(SystemExit) as e:
         reliability.parse_args(argv)
     assert e.value.code == 2
+
+
+def test_spawned_daemons_get_the_device_and_preset(tmp_path):
+    from tools.reliakit.daemon_pool import DaemonPool
+    flags = DaemonPool(tmp_path, None, "host-staged", 2, "cuda", "lite").base_flags
+    assert flags == ["--random-preset", "lite", "--backend", "host-staged", "--ep-size", "2", "--device", "cuda"]
+    assert "--device" in DaemonPool(tmp_path, "m", "local", 1).base_flags  # cpu by default, said explicitly
 
 
 def test_runs_as_a_script_from_the_repository_root(tmp_path):

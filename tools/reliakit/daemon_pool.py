@@ -9,9 +9,12 @@ from tools.reliakit.daemon import SpawnedDaemon
 
 
 class DaemonPool:
-    def __init__(self, work_dir: Path, model: str | None, backend: str, ep_size: int):
+    def __init__(self, work_dir: Path, model: str | None, backend: str, ep_size: int, device: str = "cpu",
+                 random_preset: str | None = None):
         self.work_dir = work_dir
-        self.base_flags = (["--model", model] if model else []) + ["--backend", backend, "--ep-size", str(ep_size)]
+        self.base_flags = (["--model", model] if model else []) + \
+            (["--random-preset", random_preset] if random_preset else []) + \
+            ["--backend", backend, "--ep-size", str(ep_size), "--device", device]
         self.daemons: list[SpawnedDaemon] = []
         self.current: SpawnedDaemon | None = None
 

@@ -37,6 +37,8 @@ class RunConfig:
     backend: str = "local"
     ep_size: int = 1
     work_dir: Path | None = None
+    device: str = "cpu"  # with --spawn: the daemons' --device
+    random_preset: str | None = None  # with --spawn: serve a preset's random weights instead of --model
 
     @property
     def spawn(self) -> bool:
@@ -47,7 +49,8 @@ class Runner:
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
         self.t0 = time.monotonic()
-        self.pool = DaemonPool(cfg.work_dir, cfg.model, cfg.backend, cfg.ep_size) if cfg.spawn else None
+        self.pool = DaemonPool(cfg.work_dir, cfg.model, cfg.backend, cfg.ep_size, cfg.device,
+                                cfg.random_preset) if cfg.spawn else None
         self.record = RunRecord()
 
     def now(self) -> float:
