@@ -19,7 +19,7 @@ from daemon.completions import create_completion, error_response
 from daemon.protocol import APIError, bad_request
 from daemon.request_end import LOAD_FAILED_MESSAGE, engine_failure
 from daemon.runtime import Runtime
-from engine.messages import MAX_STALL_S, InjectFailure, Stall
+from engine.contract import MAX_STALL_S, InjectFailure, Stall
 
 log = logging.getLogger("pegainfer.daemon")
 

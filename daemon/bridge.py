@@ -9,7 +9,7 @@ from typing import Protocol
 
 from daemon.token_details import TokenDetails
 from engine.gpu_thread import GpuThread
-from engine.messages import (
+from engine.contract import (
     Admit,
     Cancel,
     EngineDied,

@@ -7,7 +7,7 @@ import dataclasses
 
 from daemon.logprobs import LogprobEntry, entry
 from daemon.stop import StopText
-from engine.messages import Token
+from engine.contract import Token
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 

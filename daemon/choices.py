@@ -6,7 +6,7 @@ from __future__ import annotations
 from daemon.choice import ChoiceOutput, Delta
 from daemon.logprobs import as_openai, prompt_entries
 from daemon.protocol import CompletionRequest
-from engine.messages import Token, TopLogprobs
+from engine.contract import Token, TopLogprobs
 from engine.tokenizer import Tokenizer
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.messages import TopLogprobs
+from engine.contract import TopLogprobs
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 

@@ -25,7 +25,7 @@ from daemon.tokenize_pool import TokenizePool
 from engine.engine import Engine, EngineSpec, build_engine, default_model_dir, log_event
 from engine.generate import generate
 from engine.gpu_thread import GpuThread
-from engine.messages import Shutdown
+from engine.contract import Shutdown
 from engine.tokenizer import Tokenizer
 from lifecycle.scheduler import Scheduler
 from telemetry.hub import Telemetry

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.messages import PromptLogprobs, Token, TopLogprobs
+from engine.contract import PromptLogprobs, Token, TopLogprobs
 
 
 @dataclasses.dataclass(slots=True)

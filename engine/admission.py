@@ -9,7 +9,7 @@ import random
 
 from engine.draw_params import DrawParams
 from engine.engine import Engine, RequestError
-from engine.messages import Admit
+from engine.contract import Admit
 from engine.sequence import Group, Sequence
 
 _SEEDS = random.SystemRandom()  # seeds for requests that bring none

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from engine.messages import GREEDY_BELOW, SamplingSpec
+from engine.contract import GREEDY_BELOW, SamplingSpec
 
 FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32

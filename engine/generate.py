@@ -8,7 +8,7 @@ import dataclasses
 from engine.batch import RowInput
 from engine.draw_params import DrawParams
 from engine.engine import Engine, RequestError
-from engine.messages import SamplingSpec, TopLogprobs
+from engine.contract import SamplingSpec, TopLogprobs
 from engine.sampler import Draw
 
 

@@ -27,7 +27,7 @@ import torch
 from engine.admission import admit
 from engine.batch import RowInput
 from engine.engine import Engine, RequestError
-from engine.messages import (
+from engine.contract import (
     Admit,
     Cancel,
     Command,

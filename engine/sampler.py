@@ -26,7 +26,7 @@ import torch
 
 from engine.counter_rng import exponential
 from engine.draw_params import DrawParams
-from engine.messages import SamplingSpec, TopLogprobs
+from engine.contract import SamplingSpec, TopLogprobs
 
 
 def argmax_rows(logits: torch.Tensor, chunks: int = 64, out: torch.Tensor | None = None) -> torch.Tensor:

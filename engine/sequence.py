@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from engine.draw_params import DrawParams
-from engine.messages import SamplingSpec
+from engine.contract import SamplingSpec
 
 
 @dataclasses.dataclass(slots=True)

@@ -1,6 +1,6 @@
 """The engine-client protocol: the two commands the scheduler sends to the GPU side.
 
-The daemon implements it by putting a typed command (engine.messages.Admit / Cancel) into the
+The daemon implements it by putting a typed command (engine.contract.Admit / Cancel) into the
 GPU thread's inbox; tests implement it with a recorder. Both methods are called on the asyncio
 loop thread and must return at once: they never block, never await and never raise (a full or
 closed inbox is the daemon's business, reported back later as a failed event).

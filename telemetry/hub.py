@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from starlette.routing import Route
 
-from engine.messages import StepRecord
+from engine.contract import StepRecord
 from lifecycle.request import Request
 from lifecycle.states import RequestState
 from telemetry.clock import EpochClock

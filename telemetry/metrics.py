@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from engine.messages import StepRecord
+from engine.contract import StepRecord
 from lifecycle.request import Request
 from lifecycle.states import ENGINE_HELD, RequestState, TerminalReason
 

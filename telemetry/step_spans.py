@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from opentelemetry.trace import Link
 
-from engine.messages import StepRecord
+from engine.contract import StepRecord
 from telemetry.engine_info import EngineInfo
 from telemetry.tracing import Tracing
 

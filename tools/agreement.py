@@ -35,7 +35,7 @@ import torch  # noqa: E402
 from engine.batch import RowInput  # noqa: E402
 from engine.engine import EngineSpec, build_engine  # noqa: E402
 from engine.generate import generate  # noqa: E402
-from engine.messages import SamplingSpec  # noqa: E402
+from engine.contract import SamplingSpec  # noqa: E402
 from engine.presets import DTYPES, PRESETS  # noqa: E402
 from engine.sampler import Draw  # noqa: E402
 from engine.tokenizer import Tokenizer  # noqa: E402

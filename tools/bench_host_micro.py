@@ -48,7 +48,7 @@ async def loop_path(streams: int, tokens: int, rounds: int) -> list[float]:
     from daemon.completions import create_completion
     from daemon.settings import Settings
     from engine.default_model import ensure_default_model
-    from engine.messages import Admit, Finished, StepEvents, StepRecord, Token
+    from engine.contract import Admit, Finished, StepEvents, StepRecord, Token
     from engine.tokenizer import Tokenizer
     from lifecycle.scheduler import Scheduler
     from telemetry.hub import Telemetry
@@ -115,7 +115,7 @@ def gpu_path(rows: int, steps: int, rounds: int, overlap: bool = False) -> list[
     from engine.default_model import ensure_default_model
     from engine.engine import EngineSpec, build_engine
     from engine.gpu_thread import GpuThread
-    from engine.messages import Admit
+    from engine.contract import Admit
     from tools.benchkit.fake_device import FakeDevice
 
     engine = build_engine(EngineSpec(model_dir=str(ensure_default_model()), num_slots=rows))

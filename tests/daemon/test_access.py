@@ -17,7 +17,7 @@ from daemon.app import build_app
 from daemon.protocol import completion_id
 from daemon.runtime import Runtime
 from daemon.settings import Settings
-from engine.messages import Stall
+from engine.contract import Stall
 from lifecycle.scheduler import Scheduler
 from telemetry.hub import Telemetry
 from tests.daemon_process import DaemonProcess

@@ -10,7 +10,7 @@ import pytest
 from daemon.choice import ChoiceOutput, Delta
 from daemon.choices import Choices
 from daemon.protocol import parse_completion
-from engine.messages import Token
+from engine.contract import Token
 from engine.tokenizer import Tokenizer
 
 

@@ -19,7 +19,7 @@ from daemon.completions import _complete, _stream, generation_params
 from daemon.protocol import parse_completion
 from daemon.token_details import TokenDetails
 from engine.default_model import ensure_preset_tokenizer
-from engine.messages import Token
+from engine.contract import Token
 from engine.tokenizer import Tokenizer
 from lifecycle.request import Request
 from lifecycle.scheduler import Scheduler

@@ -3,7 +3,7 @@ starts) into the whole prompt's entries, in order, whatever the chunk sizes."""
 from __future__ import annotations
 
 from daemon.token_details import TokenDetails
-from engine.messages import PromptLogprobs
+from engine.contract import PromptLogprobs
 
 
 def test_chunk_events_join_into_the_prompts_entries():

@@ -12,7 +12,7 @@ import torch
 
 from engine.engine import EngineSpec, build_engine
 from engine.gpu_thread import GpuThread
-from engine.messages import Admit, Shutdown, StepEvents
+from engine.contract import Admit, Shutdown, StepEvents
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -13,7 +13,7 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.engine import EngineSpec, build_engine
 from engine.generate import generate
 from engine.gpu_thread import GpuThread
-from engine.messages import Admit, Cancel, Released, Shutdown, StepEvents, StopChoice
+from engine.contract import Admit, Cancel, Released, Shutdown, StepEvents, StopChoice
 
 PROMPTS = [[5, 9, 200, 31], [7], list(range(40, 90)), [300, 301, 302, 303], [12, 13]]
 MAXES = [12, 5, 9, 20, 1]

@@ -14,7 +14,7 @@ import torch
 
 from engine.engine import EngineSpec, build_engine
 from engine.gpu_thread import GpuThread
-from engine.messages import Admit, EngineDied, SamplingSpec, Shutdown, StepEvents
+from engine.contract import Admit, EngineDied, SamplingSpec, Shutdown, StepEvents
 from engine.sampler import prompt_logprobs
 
 PROMPT = [(7 * i + 3) % 1000 for i in range(50)]

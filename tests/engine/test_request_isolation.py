@@ -15,7 +15,7 @@ import torch
 from engine.batch import RowInput
 from engine.engine import EngineSpec, build_engine
 from engine.gpu_thread import GpuThread
-from engine.messages import Admit, EngineDied, SamplingSpec, Shutdown, StepEvents
+from engine.contract import Admit, EngineDied, SamplingSpec, Shutdown, StepEvents
 from engine.request_guard import device_fault
 from engine.sampler import Draw
 from ep.backend import RankFailure

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.counter_rng import mix32, uniform
-from engine.messages import SamplingSpec
+from engine.contract import SamplingSpec
 from engine.sampler import Draw, SamplingBatch, apply_penalties, sample
 
 LOGITS = [2.0, 1.0, 0.5, 0.0, -0.5, -1.0, -2.0, -3.0]  # V = 8

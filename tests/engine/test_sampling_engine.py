@@ -13,7 +13,7 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.engine import EngineSpec, build_engine
 from engine.generate import generate
 from engine.gpu_thread import GpuThread
-from engine.messages import Admit, SamplingSpec, Shutdown, StepEvents, StepRecord
+from engine.contract import Admit, SamplingSpec, Shutdown, StepEvents, StepRecord
 
 PROMPT = [5, 9, 200, 31, 77, 12]
 HOT = SamplingSpec(temperature=1.0, seed=1234)

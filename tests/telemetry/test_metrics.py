@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from engine.messages import StepRecord
+from engine.contract import StepRecord
 from lifecycle.scheduler import Scheduler
 from telemetry.metrics import Metrics
 from tests.lifecycle.fakes import FakeClock, FakeEngine, make_request

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from daemon.protocol import parse_completion
-from engine.messages import StepRecord
+from engine.contract import StepRecord
 from lifecycle.rejection import NotReady, QueueFull
 from lifecycle.scheduler import Scheduler
 from telemetry.clock import EpochClock

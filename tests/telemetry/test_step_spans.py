@@ -7,7 +7,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanKind
 
-from engine.messages import StepRecord
+from engine.contract import StepRecord
 from telemetry import otlp_json
 from telemetry.engine_info import EngineInfo
 from telemetry.recent import RecentSpans

@@ -9,7 +9,7 @@ import time
 import torch
 
 from engine.gpu_thread import GpuThread
-from engine.messages import Admit, Shutdown, StepEvents
+from engine.contract import Admit, Shutdown, StepEvents
 
 
 def thread_decode(engine, batches: list[int], prompt_len: int, new_tokens: int, overlap: bool) -> list[dict]:

@@ -1,5 +1,6 @@
-"""The typed messages across the thread boundary: commands into the GPU thread, events out of it.
-Plain data only (ints, floats, strings, tuples, lists), so the asyncio side never touches a tensor."""
+"""The contract between the GPU side and the rest (torch-free, stdlib only): the typed commands into
+the GPU thread and the events out of it, the sampling specification, the step record. Plain data only
+(ints, floats, strings, tuples, lists), so the asyncio side never touches a tensor."""
 from __future__ import annotations
 
 import dataclasses
