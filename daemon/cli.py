@@ -14,11 +14,11 @@ from engine.weights import WeightsError
 from ep.launch import EPStartError
 from ep.nccl_runtime import NcclRuntimeError
 from ep.ownership import OwnershipError
-from ep.registry import UnknownBackend
+from ep.registry import TestOnlyBackend, UnknownBackend
 
 # Errors whose message is the whole story for a user: no traceback.
 USER_ERRORS = (SettingsError, EPStartError, NcclRuntimeError, ConfigError, WeightsError, RequestError, OwnershipError,
-               UnknownBackend, FileNotFoundError)
+               UnknownBackend, TestOnlyBackend, FileNotFoundError)
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -74,12 +74,15 @@ def main(argv: list[str] | None = None) -> int:
             from daemon.generate import run_generate
             return run_generate(args)
         if args.command == "expert-worker":
+            from engine.ep_setup import load_rank_experts
+            from ep.preflight import preflight
             from ep.worker import run_expert_worker
             if not (args.model or args.random_preset):
                 raise CliError("expert-worker needs --model DIR (or --random-preset)")
+            preflight(args.backend, args.device, 1, remote_ranks=True)
             return run_expert_worker(args.rank, args.world_size, args.master_addr, args.master_port,
-                                     model_dir=args.model, backend=args.backend, device=args.device,
-                                     dtype=args.dtype, random_preset=args.random_preset,
+                                     loader=load_rank_experts, model_dir=args.model, backend=args.backend,
+                                     device=args.device, dtype=args.dtype, random_preset=args.random_preset,
                                      join_timeout_s=args.join_timeout, num_threads=args.num_threads)
         if args.command == "serve":
             from daemon.serve import run_serve

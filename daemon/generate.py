@@ -10,6 +10,7 @@ from daemon.errors import CliError
 from engine.engine import EngineSpec, build_engine, default_model_dir
 from engine.generate import generate
 from engine.tokenizer import Tokenizer
+from ep.preflight import preflight
 
 
 def parse_ids(text: str) -> list[int]:
@@ -23,6 +24,7 @@ def parse_ids(text: str) -> list[int]:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    preflight(args.backend, args.device, args.ep_size)  # before loading: one line on what to change
     model_dir = str(args.model or default_model_dir())
     prompt_ids = parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
     tok = Tokenizer(model_dir)

@@ -14,8 +14,10 @@ from typing import Protocol
 
 import orjson
 
-# The engine announces start-up milestones as one JSON object per line on this logger (log_event).
+# The engine and ep/ announce start-up milestones as one JSON object per line on these loggers
+# (log_event): weights loaded on the engine's, expert ranks joining on ep/'s.
 ENGINE_LOGGER = "pegainfer.engine"
+EP_LOGGER = "pegainfer.ep"
 
 
 class Heartbeat(Protocol):
@@ -63,12 +65,14 @@ class Notifier:
         ranks joining), so `systemctl status` shows where a long load is. The events are info-level
         log records: with log_level warning or above only the runtime's own STATUS lines remain."""
         handler = _LoadProgress(self, ep_size)
-        logger = logging.getLogger(ENGINE_LOGGER)
-        logger.addHandler(handler)
+        loggers = [logging.getLogger(name) for name in (ENGINE_LOGGER, EP_LOGGER)]
+        for logger in loggers:
+            logger.addHandler(handler)
         try:
             yield
         finally:
-            logger.removeHandler(handler)
+            for logger in loggers:
+                logger.removeHandler(handler)
 
     async def watchdog(self, runtime: Heartbeat) -> None:
         """Ping at half the watchdog interval, only while the GPU thread has proved it is alive within

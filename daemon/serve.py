@@ -21,6 +21,7 @@ from daemon.notify import Notifier
 from daemon.runtime import Runtime
 from daemon.settings import resolve
 from engine.startup_log import log_event
+from ep.preflight import preflight
 from telemetry.setup import build_telemetry
 
 log = logging.getLogger("pegainfer.daemon")
@@ -86,6 +87,9 @@ async def serve_runtime(runtime: Runtime) -> int:
 
 def run_serve(args: argparse.Namespace) -> int:
     settings = resolve(args)
+    # Refuse what cannot start (nccl without a GPU per rank, a test-only transport) before the port
+    # is bound or anything loads: one line on stderr (daemon.cli), exit status 1.
+    preflight(settings.backend, settings.device, settings.ep_size, remote_ranks=settings.ep_master_addr is not None)
     logging.getLogger().setLevel(settings.log_level.upper())
     try:
         import uvloop

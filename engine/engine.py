@@ -10,6 +10,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.cuda_graphs import DecodeGraphs
+from engine.ep_setup import ep_spec, moe_shape
 from engine.kernels import triton_available
 from engine.prefill_graphs import PrefillGraphs
 from engine.kv_cache import MLACache
@@ -18,10 +19,10 @@ from engine.model import DeepseekV2
 from engine.runner import ModelRunner
 from engine.startup_log import log_event
 from engine.weights import LoadStats, is_expert_tensor, load_tensors
-from ep import registry
 from ep.backend import ExpertBackend
 from ep.experts import ExpertShard
 from ep.ownership import Ownership
+from ep.preflight import preflight
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -99,7 +100,8 @@ class Engine:
 def build_engine(spec: EngineSpec) -> Engine:
     t0 = time.perf_counter()
     device, dtype = torch.device(spec.device), spec.torch_dtype()
-    entry = registry.entry(spec.backend)
+    entry = preflight(spec.backend, spec.device, spec.ep_size, remote_ranks=spec.ep_master_addr is not None,
+                      allow_test_only=True)  # before loading anything: nccl without a GPU per rank fails here
     if spec.model_dir is not None:
         cfg = ModelConfig.load(spec.model_dir)
     else:
@@ -121,7 +123,7 @@ def build_engine(spec: EngineSpec) -> Engine:
               load_s=round(stats.total_s, 4), device=str(device), dtype=str(dtype).removeprefix("torch."),
               backend=entry.name, maturity=entry.maturity, experts=f"{mine.start}..{mine.stop - 1}")
     shard = ExpertShard.from_tensors(mine, tensors, cfg.moe_layers)
-    backend = entry.load().start(spec, cfg, ownership, shard)
+    backend = entry.load().start(ep_spec(spec), moe_shape(cfg), ownership, shard)
     max_len = spec.max_model_len or min(cfg.max_position_embeddings, 4096)
     if max_len > cfg.max_position_embeddings:
         raise ValueError(f"max_model_len {max_len} exceeds the model's max_position_embeddings "

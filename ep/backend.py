@@ -13,7 +13,7 @@ import torch
 
 from ep.plan import RoutePlan
 
-MATURITIES = ("production", "candidate")
+MATURITIES = ("production", "candidate", "test-only")
 
 
 class RankFailure(RuntimeError):

@@ -1,6 +1,8 @@
 """Rank 0 brings up an EP group: host the rendezvous store, spawn the expert ranks on this host (or
 wait for `pegainfer expert-worker` ranks started elsewhere), wait for every rank with a deadline,
-vet what they report, then build the process group and start watching the ranks' heartbeats."""
+vet what they report, then build the process group and start watching the ranks' heartbeats.
+Everything it knows of the model comes in the EPSpec (ep/spec.py), including the engine's function
+that loads a spawned rank's experts."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,10 +12,11 @@ from collections.abc import Callable
 import torch
 import torch.multiprocessing as mp
 
-from engine.startup_log import log_event
 from ep.group import RankGroup, make_process_group
 from ep.heartbeat import RankWatch
+from ep.log import log_event
 from ep.rendezvous import ReadyRecord, decide, free_port, host_store, wait_for_ranks
+from ep.spec import EPSpec
 from ep.worker import WorkerSpec, spawned_main
 
 DEFAULT_JOIN_TIMEOUT_S = 300.0  # loading a rank's experts of a real checkpoint takes a while
@@ -33,17 +36,14 @@ class LaunchPlan:
     join_timeout_s: float
 
     @classmethod
-    def from_spec(cls, spec, world_size: int, pg_backend: str) -> LaunchPlan:
-        # Multi-host fields are optional on EngineSpec: without them rank 0 spawns every rank itself.
-        addr = getattr(spec, "ep_master_addr", None)
-        port = getattr(spec, "ep_master_port", None)
-        join = getattr(spec, "rank_join_timeout_s", None) or DEFAULT_JOIN_TIMEOUT_S
-        spawn = addr is None
-        return cls(world_size, spec.backend, pg_backend, addr or "127.0.0.1", port or free_port(), spawn,
-                   spec.rank_timeout_s, join)
+    def from_spec(cls, spec: EPSpec, world_size: int, pg_backend: str) -> LaunchPlan:
+        # Without a master address rank 0 spawns every rank itself, on this host and a free port.
+        return cls(world_size, spec.backend, pg_backend, spec.master_addr or "127.0.0.1",
+                   spec.master_port or free_port(), spec.spawn, spec.rank_timeout_s,
+                   spec.join_timeout_s or DEFAULT_JOIN_TIMEOUT_S)
 
 
-def launch_group(spec, plan: LaunchPlan, device_of: Callable[[int], torch.device],
+def launch_group(spec: EPSpec, plan: LaunchPlan, device_of: Callable[[int], torch.device],
                  vet: Callable[[list[ReadyRecord]], str | None] = lambda records: None) -> RankGroup:
     """Rank 0's side of start-up. device_of(rank): the device a spawned rank runs on; vet: a reason
     to refuse the ranks as they reported themselves (None: accept). Raises RankFailure naming the
@@ -71,26 +71,26 @@ def launch_group(spec, plan: LaunchPlan, device_of: Callable[[int], torch.device
     except BaseException as e:
         if not decided:
             decide(store, f"rank 0 gave up: {e}")
-        RankGroup(0, plan.world_size, store, None, plan.pg_backend, plan.rank_timeout_s, procs).close()
+        RankGroup(0, plan.world_size, store, None, plan.pg_backend, plan.rank_timeout_s, procs=procs).close()
         raise
-    return RankGroup(0, plan.world_size, store, pg, plan.pg_backend, plan.rank_timeout_s, procs, watch)
+    return RankGroup(0, plan.world_size, store, pg, plan.pg_backend, plan.rank_timeout_s, procs=procs, watch=watch)
 
 
 class EPStartError(RuntimeError):
     """Rank 0 refused the group the expert ranks formed (the message says what to change)."""
 
 
-def _spawn(spec, plan: LaunchPlan, device_of: Callable[[int], torch.device]) -> dict:
+def _spawn(spec: EPSpec, plan: LaunchPlan, device_of: Callable[[int], torch.device]) -> dict:
+    if spec.loader is None:
+        raise ValueError("spawning expert ranks needs the engine's expert loader (EPSpec.loader)")
     ctx = mp.get_context("spawn")
     level = logging.getLogger("pegainfer").getEffectiveLevel()
     procs = {}
     for r in range(1, plan.world_size):
-        device = device_of(r)
         ws = WorkerSpec(rank=r, world_size=plan.world_size, master_addr=plan.addr, master_port=plan.port,
-                        backend=plan.backend,
-                        model_dir=None if spec.model_dir is None else str(spec.model_dir), random_preset=spec.random_preset,
-                        seed=spec.seed, device=str(device), dtype=str(spec.torch_dtype()).removeprefix("torch."),
-                        num_threads=torch.get_num_threads(), join_timeout_s=plan.join_timeout_s, log_level=level)
+                        backend=plan.backend, loader=spec.loader, source=spec.source, device=str(device_of(r)),
+                        dtype=spec.dtype, num_threads=torch.get_num_threads(), join_timeout_s=plan.join_timeout_s,
+                        log_level=level)
         p = ctx.Process(target=spawned_main, args=(ws,), name=f"pegainfer-expert-rank-{r}", daemon=True)
         p.start()
         procs[r] = p

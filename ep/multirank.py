@@ -1,6 +1,7 @@
 """The rank-0 half shared by the backends that move route rows to expert ranks (host-staged, nccl):
 start-up, the per-layer skeleton (counts, spans, dispatch, rank 0's own span, combine), counters,
-the failed state and close. A subclass says only how the bytes move."""
+the failed state and close. A subclass says only how the bytes move. Start-up gets plain data: the
+EPSpec and the MoEShape (ep/spec.py), never the engine's own spec or config."""
 from __future__ import annotations
 
 import abc
@@ -16,12 +17,13 @@ from ep.launch import LaunchPlan, launch_group
 from ep.ownership import Ownership
 from ep.plan import RoutePlan
 from ep.rendezvous import ReadyRecord
+from ep.spec import EPSpec, MoEShape
 
 Spans = list[tuple[int, int]]  # [start, end) of each rank's routes in execution order
 
 
 class MultiRankBackend(ExpertBackend):
-    def __init__(self, group: RankGroup, shard: ExpertShard, cfg, ownership: Ownership, device: torch.device,
+    def __init__(self, group: RankGroup, shard: ExpertShard, cfg: MoEShape, ownership: Ownership, device: torch.device,
                  dtype: torch.dtype):
         self.group = group
         self.shard = shard
@@ -77,13 +79,12 @@ class MultiRankBackend(ExpertBackend):
 
     # ---- the contract ---------------------------------------------------------------------------
     @classmethod
-    def start(cls, spec, cfg, ownership: Ownership, shard: ExpertShard) -> MultiRankBackend:
+    def start(cls, spec: EPSpec, cfg: MoEShape, ownership: Ownership, shard: ExpertShard) -> MultiRankBackend:
         device, world = torch.device(spec.device), ownership.world_size
-        spawn = getattr(spec, "ep_master_addr", None) is None
-        cls.check_runtime(device, world if spawn else 1)
+        cls.check_runtime(device, world if spec.spawn else 1)
         plan = LaunchPlan.from_spec(spec, world, cls.pg_backend_for(device))
         group = launch_group(spec, plan, lambda r: cls.device_of(r, device, world), lambda recs: cls.vet(recs, device))
-        return cls(group, shard, cfg, ownership, device, spec.torch_dtype())
+        return cls(group, shard, cfg, ownership, device, getattr(torch, spec.dtype))
 
     def expert_outputs(self, layer: int, hidden: torch.Tensor, plan: RoutePlan) -> torch.Tensor:
         """hidden: [T, H] -> [R, H] float32, execution order: rank 0's span computed here, the rest

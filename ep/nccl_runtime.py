@@ -1,6 +1,7 @@
-"""Start-up checks that keep the nccl backend from running where NCCL is known to fail: one GPU per
-rank, no GPU shared by two ranks, and a minimum NCCL runtime per GPU architecture. Each failure says
-what to change."""
+"""Start-up checks that keep the nccl backend from running where NCCL cannot or is known to fail: a
+CUDA GPU for every rank (a CPU device, no CUDA, or fewer visible GPUs than ranks is refused, naming
+host-staged as the way out), no GPU shared by two ranks, and a minimum NCCL runtime per GPU
+architecture. Each failure says what to change."""
 from __future__ import annotations
 
 import torch
@@ -66,9 +67,11 @@ def check_nccl_runtime(device: torch.device, ranks_here: int) -> None:
     """All checks rank 0 (or an expert-worker) can make before NCCL is touched. ranks_here: how many
     ranks this host runs from `device` on (the whole group when rank 0 spawns them, else 1)."""
     if device.type != "cuda":
-        return  # CPU runs the same backend code over gloo
+        raise NcclRuntimeError(f"--backend nccl needs one CUDA GPU per rank, but --device {device} is not a GPU; "
+                               f"use --backend host-staged (it runs on CPU, and lets ranks share a GPU)")
     if not torch.cuda.is_available():
-        raise NcclRuntimeError(f"--device {device} but CUDA is not available; use --device cpu")
+        raise NcclRuntimeError(f"--backend nccl needs one CUDA GPU per rank, but --device {device} was given and "
+                               f"CUDA is not available (no GPU visible); use --backend host-staged --device cpu")
     if not dist.is_nccl_available():
         raise NcclRuntimeError("this torch build has no NCCL; use --backend host-staged")
     first = device.index or 0

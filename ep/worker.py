@@ -2,7 +2,8 @@
 ready, then serve the backend's per-layer exchange until rank 0 says stop (or goes away).
 
 `run_expert_worker` is what `pegainfer expert-worker` calls on another host; rank 0 spawns the same
-code on its own host through `spawned_main`."""
+code on its own host through `spawned_main`. Which tensors a rank loads, and the model facts, come
+from the engine's ExpertLoader (ep/spec.py) that the caller passes in: ep/ reads no checkpoint."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,15 +17,11 @@ import time
 import torch
 import torch.distributed as dist
 
-from engine.config import ModelConfig
-from engine.engine import EngineSpec
-from engine.startup_log import log_event
-from engine.weights import is_expert_tensor, load_tensors
 from ep import registry
 from ep.experts import ExpertShard
 from ep.group import RankGroup, make_process_group
 from ep.heartbeat import beat_until_lost, make_liveness_group
-from ep.ownership import Ownership
+from ep.log import log_event
 from ep.rendezvous import (
     ReadyRecord,
     await_decision,
@@ -32,8 +29,7 @@ from ep.rendezvous import (
     post_failed,
     post_ready,
 )
-
-log = logging.getLogger("pegainfer.ep.worker")
+from ep.spec import ExpertLoader, MoEShape, WeightSource, resolve_dtype
 
 SERVE_TIMEOUT_S = 7 * 24 * 3600.0  # an expert rank idles as long as rank 0 does: only rank 0 times out
 
@@ -45,9 +41,8 @@ class WorkerSpec:
     master_addr: str
     master_port: int
     backend: str
-    model_dir: str | None = None
-    random_preset: str | None = None
-    seed: int = 0
+    loader: ExpertLoader  # the engine's: loads this rank's experts and says the model's MoE shape
+    source: WeightSource = WeightSource()
     device: str = "cpu"
     dtype: str | None = None  # default as rank 0's: float32 on CPU, bfloat16 on CUDA
     num_threads: int | None = None  # CPU GEMM threads; rank 0 passes its own so the bits match
@@ -55,14 +50,16 @@ class WorkerSpec:
     log_level: int | None = None  # set by rank 0 for the ranks it spawns (they inherit its stderr)
 
 
-def run_expert_worker(rank: int, world_size: int, master_addr: str, master_port: int, model_dir: str | None = None,
-                      backend: str = "host-staged", device: str = "cpu", dtype: str | None = None, seed: int = 0,
-                      random_preset: str | None = None, *, join_timeout_s: float = 300.0,
-                      num_threads: int | None = None) -> int:
-    """Run expert rank `rank` of a `world_size` EP group whose rank 0 listens at master_addr:master_port.
-    Returns the process exit code: 0 after rank 0's stop message, 1 when start-up or the group failed."""
-    return serve(WorkerSpec(rank, world_size, master_addr, master_port, backend, model_dir, random_preset, seed,
-                            device, dtype, num_threads, join_timeout_s))
+def run_expert_worker(rank: int, world_size: int, master_addr: str, master_port: int, *, loader: ExpertLoader,
+                      model_dir: str | None = None, random_preset: str | None = None, seed: int = 0,
+                      backend: str = "host-staged", device: str = "cpu", dtype: str | None = None,
+                      join_timeout_s: float = 300.0, num_threads: int | None = None) -> int:
+    """Run expert rank `rank` of a `world_size` EP group whose rank 0 listens at master_addr:master_port,
+    loading its experts with `loader` (the CLI passes the engine's). Returns the process exit code:
+    0 after rank 0's stop message, 1 when start-up or the group failed."""
+    return serve(WorkerSpec(rank, world_size, master_addr, master_port, backend, loader,
+                            WeightSource(model_dir, random_preset, seed), device=device, dtype=dtype,
+                            num_threads=num_threads, join_timeout_s=join_timeout_s))
 
 
 def spawned_main(spec: WorkerSpec) -> None:
@@ -88,10 +85,8 @@ def serve(spec: WorkerSpec) -> int:
             raise ValueError(f"backend {spec.backend!r} runs no expert ranks (use host-staged or nccl)")
         device = _rank_device(spec.device)
         cls.check_rank_runtime(device)
-        cfg = _config(spec)
-        experts = Ownership(cfg.n_routed_experts, spec.world_size).experts_of(spec.rank)
-        dtype = EngineSpec(device=str(device), dtype=spec.dtype).torch_dtype()
-        shard, record = load_shard(spec, cfg, experts, device, dtype)
+        dtype = getattr(torch, resolve_dtype(spec.dtype, str(device)))
+        cfg, shard, record = load_shard(spec, device, dtype)
     except Exception as e:  # noqa: BLE001 - any start-up error goes to rank 0, which names it and this rank
         post_failed(store, spec.rank, f"{type(e).__name__}: {e}")
         log_event("expert_rank_failed", rank=spec.rank, error=f"{type(e).__name__}: {e}")
@@ -136,37 +131,17 @@ def _beat_until_rank0_is_gone(spec: WorkerSpec, live: dist.ProcessGroup, stopped
     threading.Thread(target=beat, name=f"pegainfer-heartbeat-{spec.rank}", daemon=True).start()
 
 
-def load_shard(spec: WorkerSpec, cfg: ModelConfig, experts: range, device: torch.device,
-               dtype: torch.dtype) -> tuple[ExpertShard, ReadyRecord]:
-    """This rank's experts of every MoE layer, and nothing else: from the checkpoint through the
-    loader's keep filter, or drawn from the random preset with rank 0's seed (the same values)."""
+def load_shard(spec: WorkerSpec, device: torch.device,
+               dtype: torch.dtype) -> tuple[MoEShape, ExpertShard, ReadyRecord]:
+    """This rank's experts of every MoE layer, and nothing else, through the engine's loader (from
+    the checkpoint, or drawn from the random preset with rank 0's seed: the same values)."""
     t0 = time.perf_counter()
-
-    def keep(name: str) -> bool:
-        e = is_expert_tensor(name)
-        return e is not None and e in experts
-
-    if spec.model_dir is not None:
-        tensors, _ = load_tensors(spec.model_dir, cfg, keep=keep, device=device, dtype=dtype)
-    else:
-        from engine.presets import random_tensors
-        tensors = dict(random_tensors(cfg, spec.seed, device=device, dtype=dtype, keep=keep))
-    shard = ExpertShard.from_tensors(experts, tensors, cfg.moe_layers)
-    if tensors:
-        raise ValueError(f"rank {spec.rank} loaded tensors it does not use: {sorted(tensors)[:3]}")
+    cfg, shard = spec.loader(spec.source, spec.rank, spec.world_size, device, dtype)
+    experts = shard.experts
     record = ReadyRecord(rank=spec.rank, host=socket.gethostname(), pid=os.getpid(), device=str(device),
                          gpu=_gpu_id(device), experts=f"{experts.start}..{experts.stop - 1}", bytes=shard.nbytes(),
                          load_s=round(time.perf_counter() - t0, 4))
-    return shard, record
-
-
-def _config(spec: WorkerSpec) -> ModelConfig:
-    if spec.model_dir is not None:
-        return ModelConfig.load(spec.model_dir)
-    if spec.random_preset is None:
-        raise ValueError("an expert rank needs a model directory or a random preset")
-    from engine.presets import PRESETS
-    return ModelConfig.from_dict(PRESETS[spec.random_preset], f"preset {spec.random_preset}")
+    return cfg, shard, record
 
 
 def _rank_device(name: str) -> torch.device:

@@ -25,6 +25,7 @@ import torch  # noqa: E402
 
 from engine.engine import EngineSpec, build_engine  # noqa: E402
 from engine.presets import PRESETS  # noqa: E402
+from ep.preflight import REFUSALS, preflight  # noqa: E402
 from tools.benchkit import hardware, hf_side, report  # noqa: E402
 from tools.benchkit.attribution import profile_steps  # noqa: E402
 from tools.benchkit.direct import DecodeRun, batch_prompts, run_ours, summarise, synchronizer  # noqa: E402
@@ -135,6 +136,11 @@ def run_hf_side(a: argparse.Namespace, spec: EngineSpec, cfg, rows: list[dict], 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     a = parse_args(argv)
+    try:
+        preflight(a.backend, a.device, a.ep_size)  # before loading: one line on what to change
+    except REFUSALS as e:
+        print(f"bench_direct: error: {e}", file=sys.stderr)
+        return 2
     spec = EngineSpec(model_dir=a.model, random_preset=a.preset, seed=a.seed, device=a.device, dtype=a.dtype,
                       backend=a.backend, ep_size=a.ep_size, max_model_len=a.prompt_len + a.new_tokens,
                       num_slots=max(a.batch_sizes))

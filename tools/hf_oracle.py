@@ -27,6 +27,7 @@ import torch  # noqa: E402
 from engine.engine import EngineSpec, build_engine  # noqa: E402
 from engine.generate import generate  # noqa: E402
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer  # noqa: E402
+from ep.preflight import REFUSALS, preflight  # noqa: E402
 
 DEFAULT_CASES = ROOT / "tests" / "data" / "cases.json"
 
@@ -235,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     kw = dict(cases_path=a.cases, backend=a.backend, ep_size=a.ep_size, device=a.device, dtype=a.dtype)
     try:
+        preflight(a.backend, a.device, a.ep_size)  # before HF or the engine loads anything
         if a.variants:
             names = list(VARIANTS) if a.variants == "all" else a.variants.split(",")
             unknown = [n for n in names if n not in VARIANTS]
@@ -245,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             report = run_gate(a.model, engine_dir=a.engine_model, **kw)
         else:
             raise GateError("give --model DIR or --variants")
-    except GateError as e:
+    except (GateError, *REFUSALS) as e:
         print(f"hf_oracle: error: {e}", file=sys.stderr)
         return 2
     a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -7,9 +7,9 @@ import contextlib
 import numpy as np
 import torch
 
-from engine.startup_log import log_event
 from ep.backend import ExchangeCounters, ExpertBackend
 from ep.experts import ExpertShard
+from ep.log import log_event
 from ep.ownership import OwnershipError
 from ep.plan import RoutePlan
 

@@ -1,8 +1,10 @@
 """`nccl`: route rows stay on the device. Per MoE layer rank 0 broadcasts a small header (the
 per-expert counts every rank needs to size the exchange), then one all-to-all moves the packed rows
 (model dtype + float32 weight) out and one moves the float32 results back, on reusable scratch
-buffers, split into collectives of at most `chunk_bytes`. One GPU per rank; on CPU the same code
-runs over gloo, so CI covers it."""
+buffers, split into collectives of at most `chunk_bytes`. One CUDA GPU per rank, or it refuses to
+start (ep/nccl_runtime.py names host-staged as the way out). CPU tests run this code over gloo
+through the test-only `nccl-over-gloo-test` (ep/backends/nccl_over_gloo_test.py), which says so in
+every artifact: NCCL itself never runs on CPU."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,6 +20,7 @@ from ep.ownership import Ownership
 from ep.plan import RoutePlan
 from ep.rendezvous import ReadyRecord
 from ep.scratch import Scratch
+from ep.spec import EPSpec
 from ep.wire import (
     CMD_RUN,
     CMD_STOP,
@@ -35,9 +38,9 @@ CHUNK_ENV = "PEGAINFER_EP_CHUNK_BYTES"
 DEFAULT_CHUNK_BYTES = 64 << 20
 
 
-def chunk_bytes_of(spec) -> int:
-    """EngineSpec.ep_chunk_bytes if set, else $PEGAINFER_EP_CHUNK_BYTES, else 64 MiB."""
-    value = getattr(spec, "ep_chunk_bytes", None) or os.environ.get(CHUNK_ENV) or DEFAULT_CHUNK_BYTES
+def chunk_bytes_of(spec: EPSpec) -> int:
+    """EPSpec.chunk_bytes if set, else $PEGAINFER_EP_CHUNK_BYTES, else 64 MiB."""
+    value = spec.chunk_bytes or os.environ.get(CHUNK_ENV) or DEFAULT_CHUNK_BYTES
     value = int(value)
     if value < 1:
         raise ValueError(f"EP chunk size must be a positive number of bytes, got {value}")
@@ -75,11 +78,11 @@ class NcclBackend(MultiRankBackend):
 
     @classmethod
     def pg_backend_for(cls, device: torch.device) -> str:
-        return "nccl" if device.type == "cuda" else "gloo"
+        return "nccl"  # check_runtime refuses every device but CUDA
 
     @classmethod
     def device_of(cls, rank: int, device: torch.device, world_size: int) -> torch.device:
-        return torch.device("cuda", (device.index or 0) + rank) if device.type == "cuda" else device
+        return torch.device("cuda", (device.index or 0) + rank)
 
     @classmethod
     def check_runtime(cls, device: torch.device, ranks_here: int) -> None:

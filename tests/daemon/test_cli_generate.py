@@ -104,3 +104,21 @@ def test_bad_prompt_ids_syntax(tiny_model_dir):
 def test_local_backend_refuses_ep_size(tiny_model_dir):
     _one_line_error(run("--model", str(tiny_model_dir), "--prompt", "hi", "--max-tokens", "2", "--ep-size", "2"),
                     "--ep-size")
+
+
+@pytest.mark.parametrize("extra", [[], ["--ep-size", "2"], ["--device", "cuda", "--ep-size", "2"]])
+def test_nccl_without_a_gpu_per_rank_exits_with_one_line_naming_host_staged(extra):
+    """On a machine without GPUs, --backend nccl is refused before anything loads: exactly one line on
+    stderr (no start-up log, no traceback) that names the problem and the way out."""
+    p = run("--backend", "nccl", *extra, "--prompt-ids", "5,6", "--max-tokens", "2")
+    assert p.returncode == 1 and p.stdout == ""
+    [line] = p.stderr.strip().splitlines()
+    assert line.startswith("pegainfer: error: --backend nccl needs one CUDA GPU per rank"), line
+    assert "--backend host-staged" in line
+
+
+def test_the_test_only_transport_is_refused():
+    p = run("--backend", "nccl-over-gloo-test", "--ep-size", "2", "--prompt-ids", "5,6", "--max-tokens", "2")
+    assert p.returncode == 1
+    [line] = p.stderr.strip().splitlines()
+    assert "--backend nccl-over-gloo-test is test-only" in line and "host-staged" in line

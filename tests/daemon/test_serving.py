@@ -123,3 +123,18 @@ def test_drain_timeout_cancels_the_rest(tiny_model_dir):
     err = json.loads(rest[-2][6:])["error"]
     assert err["code"] == "server_shutdown" and "shutting down" in err["message"]
     assert d.wait(60) not in (0, None)
+
+
+@pytest.mark.parametrize("backend, says", [
+    ("nccl", "--backend nccl needs one CUDA GPU per rank, but --device cpu is not a GPU; use --backend host-staged"),
+    ("nccl-over-gloo-test", "--backend nccl-over-gloo-test is test-only"),
+])
+def test_serve_refuses_a_transport_that_cannot_run_here_before_binding(backend, says, tmp_path):
+    """`serve --backend nccl --device cpu` (and the test-only transport) exits non-zero before it
+    binds the port or loads anything: its whole output is one line that names the way out."""
+    d = DaemonProcess("--random-preset", "tiny", "--device", "cpu", "--backend", backend, "--ep-size", "2",
+                      log_path=tmp_path / "serve.log")
+    d.start(wait_ready=False)
+    assert d.wait(60) == 1
+    [line] = d.log().strip().splitlines()
+    assert line.startswith("pegainfer: error: ") and says in line, line

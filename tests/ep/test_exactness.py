@@ -9,13 +9,14 @@ import torch
 from engine.generate import generate
 from tests.ep.conftest import PROMPTS, random_batch
 
-# (backend, ep size, weights source, dtype, chunk bytes): every multi-rank shape the gate covers.
+# (backend, ep size, weights source, dtype, chunk bytes): every multi-rank shape the gate covers. On
+# CPU the nccl backend's code runs through its test-only twin over gloo (ep/backends/nccl_over_gloo_test.py).
 CASES = {
     "host-staged-ep2": ("host-staged", 2, "checkpoint", "float32", None),
     "host-staged-ep4": ("host-staged", 4, "preset", "float32", None),
-    "nccl-ep2": ("nccl", 2, "checkpoint", "float32", None),
-    "nccl-ep3-chunked": ("nccl", 3, "preset", "float32", 1000),  # many all-to-alls per layer
-    "nccl-ep2-bf16": ("nccl", 2, "preset", "bfloat16", None),
+    "nccl-over-gloo-test-ep2": ("nccl-over-gloo-test", 2, "checkpoint", "float32", None),
+    "nccl-over-gloo-test-ep3-chunked": ("nccl-over-gloo-test", 3, "preset", "float32", 1000),  # many all-to-alls per layer
+    "nccl-over-gloo-test-ep2-bf16": ("nccl-over-gloo-test", 2, "preset", "bfloat16", None),
 }
 
 

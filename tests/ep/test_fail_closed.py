@@ -1,6 +1,7 @@
 """Runtimes the EP backends cannot work on are refused at start-up, before any rank is spawned, with a
-message that says what to change: nccl with more ranks than GPUs or two ranks on one GPU, an NCCL
-runtime older than the GPU architecture's floor, more ranks than routed experts."""
+message that says what to change: nccl on a CPU device or without CUDA, with more ranks than GPUs or
+two ranks on one GPU, an NCCL runtime older than the GPU architecture's floor, more ranks than routed
+experts; and the test-only transport (nccl's code over gloo) outside the library API."""
 from __future__ import annotations
 
 import pytest
@@ -9,8 +10,11 @@ import torch.distributed as dist
 
 from engine.config import ModelConfig
 from engine.engine import EngineSpec, build_engine
+from engine.ep_setup import ep_spec, moe_shape
 from engine.presets import PRESETS
+from ep import registry
 from ep.backends.nccl import NcclBackend, chunk_bytes_of
+from ep.backends.nccl_over_gloo_test import NcclOverGlooTestBackend
 from ep.nccl_runtime import (
     NCCL_FLOORS,
     NcclRuntimeError,
@@ -18,7 +22,9 @@ from ep.nccl_runtime import (
     check_nccl_runtime,
 )
 from ep.ownership import Ownership, OwnershipError
+from ep.preflight import preflight
 from ep.rendezvous import ReadyRecord
+from ep.spec import EPSpec
 
 
 @pytest.fixture
@@ -39,7 +45,9 @@ def test_more_ranks_than_gpus_is_refused_before_anything_starts(fake_gpus) -> No
     spec = EngineSpec(random_preset="tiny", device="cuda:0", backend="nccl", ep_size=4)
     with pytest.raises(NcclRuntimeError, match=r"one GPU per rank: 4 rank\(s\) on this host starting at cuda:0 need 4 "
                                                r"visible GPUs, found 2\. Use --ep-size <= 2.*--backend host-staged"):
-        NcclBackend.start(spec, cfg, Ownership(8, 4), shard=None)
+        NcclBackend.start(ep_spec(spec), moe_shape(cfg), Ownership(8, 4), shard=None)
+    with pytest.raises(NcclRuntimeError, match=r"need 4 visible GPUs, found 2"):
+        build_engine(spec)  # refused before any weight is loaded
 
 
 def test_placement_counts_from_rank0s_gpu(fake_gpus) -> None:
@@ -63,7 +71,7 @@ def test_nccl_older_than_the_architecture_floor_is_refused(fake_gpus) -> None:
 
 def test_no_cuda_or_no_nccl_is_refused(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(NcclRuntimeError, match="CUDA is not available; use --device cpu"):
+    with pytest.raises(NcclRuntimeError, match="CUDA is not available .*; use --backend host-staged --device cpu"):
         check_nccl_runtime(torch.device("cuda:0"), 2)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(dist, "is_nccl_available", lambda: False)
@@ -71,10 +79,36 @@ def test_no_cuda_or_no_nccl_is_refused(monkeypatch) -> None:
         check_nccl_runtime(torch.device("cuda:0"), 2)
 
 
-def test_cpu_runs_the_nccl_code_over_gloo_without_gpu_checks() -> None:
-    check_nccl_runtime(torch.device("cpu"), 64)
-    assert NcclBackend.pg_backend_for(torch.device("cpu")) == "gloo"
+@pytest.mark.parametrize("ranks", [1, 2, 64])
+def test_nccl_on_a_cpu_device_is_refused_naming_host_staged(ranks: int) -> None:
+    with pytest.raises(NcclRuntimeError, match=r"--backend nccl needs one CUDA GPU per rank, but --device cpu is "
+                                               r"not a GPU; use --backend host-staged"):
+        check_nccl_runtime(torch.device("cpu"), ranks)
+    with pytest.raises(NcclRuntimeError, match="use --backend host-staged"):
+        preflight("nccl", "cpu", ranks)
+    with pytest.raises(NcclRuntimeError, match="use --backend host-staged"):
+        build_engine(EngineSpec(random_preset="tiny", backend="nccl", ep_size=ranks))
     assert NcclBackend.pg_backend_for(torch.device("cuda:0")) == "nccl"
+
+
+def test_the_test_only_transport_runs_nccls_code_over_gloo_on_cpu_only() -> None:
+    e = registry.entry("nccl-over-gloo-test")
+    assert e.maturity == "test-only" and e.load() is NcclOverGlooTestBackend
+    assert issubclass(NcclOverGlooTestBackend, NcclBackend)  # the same code, another transport underneath
+    assert NcclOverGlooTestBackend.pg_backend_for(torch.device("cpu")) == "gloo"
+    preflight("nccl-over-gloo-test", "cpu", 64, allow_test_only=True)
+    with pytest.raises(NcclRuntimeError, match="runs on CPU only"):
+        preflight("nccl-over-gloo-test", "cuda:0", 2, allow_test_only=True)
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_user_entry_points_refuse_the_test_only_transport(remote: bool) -> None:
+    with pytest.raises(registry.TestOnlyBackend, match=r"--backend nccl-over-gloo-test is test-only .*; use "
+                                                       r"--backend local or host-staged or nccl"):
+        preflight("nccl-over-gloo-test", "cpu", 2, remote_ranks=remote)
+    assert "nccl-over-gloo-test" not in registry.user_backends()
+    with pytest.raises(registry.UnknownBackend, match=r"known: local, host-staged, nccl\)$"):
+        preflight("mpi", "cpu", 2)
 
 
 def _rec(rank: int, gpu: str, host: str = "h1") -> ReadyRecord:
@@ -96,9 +130,10 @@ def test_more_ranks_than_experts_is_refused_before_spawning() -> None:
 
 def test_chunk_size_comes_from_the_spec_then_the_environment(monkeypatch) -> None:
     monkeypatch.delenv("PEGAINFER_EP_CHUNK_BYTES", raising=False)
-    assert chunk_bytes_of(EngineSpec()) == 64 << 20
+    assert chunk_bytes_of(EPSpec()) == 64 << 20
+    assert chunk_bytes_of(ep_spec(EngineSpec(ep_chunk_bytes=1000))) == 1000
     monkeypatch.setenv("PEGAINFER_EP_CHUNK_BYTES", "4096")
-    assert chunk_bytes_of(EngineSpec()) == 4096
+    assert chunk_bytes_of(EPSpec()) == 4096
     with pytest.raises(ValueError, match="positive"):
         monkeypatch.setenv("PEGAINFER_EP_CHUNK_BYTES", "0")
-        chunk_bytes_of(EngineSpec())
+        chunk_bytes_of(EPSpec())

@@ -46,7 +46,7 @@ def _assert_failed_for_good(engine, match: str) -> None:
     assert all(p.exitcode is not None for p in backend.group.procs.values())
 
 
-@pytest.mark.parametrize("backend, ep, victim", [("host-staged", 2, 1), ("nccl", 3, 2)])
+@pytest.mark.parametrize("backend, ep, victim", [("host-staged", 2, 1), ("nccl-over-gloo-test", 3, 2)])
 def test_killed_rank_fails_fast_and_stays_failed(backend: str, ep: int, victim: int) -> None:
     engine = build_engine(EngineSpec(random_preset="tiny", backend=backend, ep_size=ep, rank_timeout_s=TIMEOUT_S))
     try:

@@ -43,7 +43,7 @@ def _resume_and_kill(pid: int) -> None:
             return
 
 
-@pytest.mark.parametrize("backend, ep, victim", [("host-staged", 2, 1), ("nccl", 3, 2)])
+@pytest.mark.parametrize("backend, ep, victim", [("host-staged", 2, 1), ("nccl-over-gloo-test", 3, 2)])
 def test_idle_killed_rank_is_noticed_within_a_second(backend: str, ep: int, victim: int) -> None:
     engine = build_engine(EngineSpec(random_preset="tiny", backend=backend, ep_size=ep, rank_timeout_s=TIMEOUT_S))
     try:

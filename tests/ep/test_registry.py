@@ -62,5 +62,19 @@ def test_the_ep_backends_of_the_design_are_registered() -> None:
 
 
 def test_unknown_backend_names_the_known_ones() -> None:
-    with pytest.raises(registry.UnknownBackend, match="known: local, host-staged, nccl"):
+    with pytest.raises(registry.UnknownBackend, match=r"known: local, host-staged, nccl\)"):
         registry.entry("mpi")
+
+
+def test_test_only_transports_say_so_and_users_cannot_choose_them() -> None:
+    """A transport that exists for CPU tests is named as such (so no artifact can pass it off as
+    the backend it imitates), is registered `test-only`, and user entry points refuse it."""
+    test_only = {n for n, e in registry.REGISTRY.items() if e.maturity == registry.TEST_ONLY}
+    assert test_only == {"nccl-over-gloo-test"}
+    for name in test_only:
+        assert name.endswith("-test")
+        assert registry.entry(name).load().maturity == "test-only"
+        with pytest.raises(registry.TestOnlyBackend, match="is test-only"):
+            registry.user_entry(name)
+    assert registry.user_backends() == ["local", "host-staged", "nccl"]
+    assert registry.user_entry("nccl").maturity == "candidate"

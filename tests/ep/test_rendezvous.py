@@ -12,6 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 from engine.engine import EngineSpec, build_engine
+from engine.ep_setup import load_rank_experts
 from engine.generate import generate
 from ep.backend import RankFailure
 from ep.rendezvous import (
@@ -74,7 +75,7 @@ def test_rank0_names_missing_remote_ranks_and_how_to_start_them() -> None:
 
 
 def _worker_main(kwargs: dict) -> None:
-    sys.exit(run_expert_worker(**kwargs))
+    sys.exit(run_expert_worker(loader=load_rank_experts, **kwargs))  # as `pegainfer expert-worker` does
 
 
 def _start_worker(**kwargs):
@@ -83,7 +84,7 @@ def _start_worker(**kwargs):
     return p
 
 
-@pytest.mark.parametrize("backend", ["host-staged", "nccl"])
+@pytest.mark.parametrize("backend", ["host-staged", "nccl-over-gloo-test"])
 def test_expert_worker_started_on_its_own_serves_exactly(backend: str, tiny_model_dir) -> None:
     port = free_port()
     worker = _start_worker(rank=1, world_size=2, master_addr="127.0.0.1", master_port=port,
@@ -148,9 +149,10 @@ def test_surviving_expert_worker_exits_after_rank0_gives_up() -> None:
     cannot terminate it) notices and exits."""
     port = free_port()
     workers = {r: _start_worker(rank=r, world_size=3, master_addr="127.0.0.1", master_port=port,
-                                random_preset="tiny", backend="nccl") for r in (1, 2)}
-    engine = build_engine(MultiHostSpec(random_preset="tiny", backend="nccl", ep_size=3, rank_timeout_s=3.0,
-                                        ep_master_addr="127.0.0.1", ep_master_port=port, rank_join_timeout_s=60))
+                                random_preset="tiny", backend="nccl-over-gloo-test") for r in (1, 2)}
+    engine = build_engine(MultiHostSpec(random_preset="tiny", backend="nccl-over-gloo-test", ep_size=3,
+                                        rank_timeout_s=3.0, ep_master_addr="127.0.0.1", ep_master_port=port,
+                                        rank_join_timeout_s=60))
     try:
         generate(engine, PROMPTS, 2, ignore_eos=True)
         workers[1].kill()

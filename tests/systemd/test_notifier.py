@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from daemon.notify import ENGINE_LOGGER, Notifier
+from daemon.notify import ENGINE_LOGGER, EP_LOGGER, Notifier
 from engine.engine import log_event
+from ep.log import log_event as ep_log_event
 from tests.systemd.notify_listener import NotifyListener
 
 
@@ -25,14 +26,16 @@ def test_watchdog_belongs_to_the_pid_systemd_named():
 
 
 def test_load_progress_reports_weights_and_expert_ranks(tmp_path, caplog):
+    """Weights loaded comes on the engine's logger, expert ranks joining on ep/'s (ep/launch.py)."""
     caplog.set_level(logging.INFO, logger=ENGINE_LOGGER)  # the daemon's default log level
+    caplog.set_level(logging.INFO, logger=EP_LOGGER)
     with NotifyListener.at_path(tmp_path) as listener:
         notifier = Notifier(listener.address, None)
         with notifier.load_progress(ep_size=3):
             log_event("weights_loaded", rank=0, shards=4, bytes=31_400_000_000, load_s=61.2)
-            log_event("expert_rank_joined", rank=1)
-            log_event("expert_rank_joined", rank=2)
-        log_event("expert_rank_joined", rank=3)  # after loading: no longer followed
+            ep_log_event("expert_rank_joined", rank=1)
+            ep_log_event("expert_rank_joined", rank=2)
+        ep_log_event("expert_rank_joined", rank=3)  # after loading: no longer followed
         listener.wait_for(lambda line: "2/2" in line, 2)
         assert listener.lines() == [
             "STATUS=weights loaded: 4 shards, 31.4 GB in 61.2 s; starting expert ranks (0/2 joined)",

@@ -98,9 +98,10 @@ def test_weights_in_the_engine_are_the_checkpoint(tiny_model_dir):
     assert torch.equal(w13[on_disk.shape[0]:], on_disk)
 
 
-@pytest.mark.parametrize("backend,ep_size", [("host-staged", 2), ("host-staged", 4), ("nccl", 2)])
+@pytest.mark.parametrize("backend,ep_size", [("host-staged", 2), ("host-staged", 4), ("nccl-over-gloo-test", 2)])
 def test_gate_passes_across_ep_backends(backend, ep_size, tiny_model_dir, tmp_path):
-    """The same HF gate through expert-parallel ranks (nccl's code over gloo on CPU)."""
+    """The same HF gate through expert-parallel ranks (nccl's code over gloo on CPU, through the
+    test-only transport, which the report names as such)."""
     cases = tmp_path / "cases.json"
     full = json.loads((ROOT / "tests/data/cases.json").read_text())
     full["cases"] = [c for c in full["cases"] if c["name"] in ("ascii", "utf8_cjk_emoji", "batch8_mixed")]
@@ -108,4 +109,20 @@ def test_gate_passes_across_ep_backends(backend, ep_size, tiny_model_dir, tmp_pa
     report = run_gate(tiny_model_dir, cases_path=cases, backend=backend, ep_size=ep_size)
     assert report["classification"] == "all_token_text_exact", report["first_divergence"]
     assert report["backend"] == backend and report["ep_size"] == ep_size
-    assert report["maturity"] == {"host-staged": "production", "nccl": "candidate"}[backend]
+    assert report["maturity"] == {"host-staged": "production", "nccl-over-gloo-test": "test-only"}[backend]
+
+
+@pytest.mark.parametrize("backend,says", [
+    ("nccl", "--backend nccl needs one CUDA GPU per rank, but --device cpu is not a GPU; use --backend host-staged"),
+    ("nccl-over-gloo-test", "--backend nccl-over-gloo-test is test-only"),
+])
+def test_the_gate_refuses_a_transport_that_cannot_run_here_in_one_line(backend, says, tmp_path):
+    """No report may name a transport that did not move the bytes: nccl on CPU and the test-only
+    transport are refused before anything loads, with one line on stderr and no report."""
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "tools/hf_oracle.py", "--variants", "base", "--backend", backend,
+                           "--ep-size", "2", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("hf_oracle: error: ") and says in line
+    assert not out.exists()
