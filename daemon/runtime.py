@@ -36,12 +36,12 @@ log = logging.getLogger("pegainfer.daemon")
 # The cyclic collector's thresholds while serving (Python's defaults: 700, 10, 10). Streaming makes
 # garbage at a high rate, and every full collection walks all the live request and span objects while
 # holding the GIL (about 45 ms at 256 streams on the CPU box): collect the young generation a little
-# less often and the whole heap ten times less often. tools/bench_host_path.py prints the collector's
+# less often and the whole heap ten times less often. tools/dev/bench_host_path.py prints the collector's
 # time per token.
 GC_THRESHOLDS = (2000, 10, 100)
 # How long a thread that wants the GIL waits before the holder is asked to let go (Python's default:
 # 5 ms). The GPU thread wants it back the moment the device finishes a step, while the loop thread is
-# busy streaming: with the default it waited up to 5 ms per step (tools/bench_host_path.py
+# busy streaming: with the default it waited up to 5 ms per step (tools/dev/bench_host_path.py
 # --fake-step-ms 8.3 at 256 streams: steps of 14.6-16.0 ms; with 0.5 ms, 11.0-11.5 ms).
 GIL_SWITCH_INTERVAL_S = 0.0005
 EXIT_UNFINISHED = 3  # accepted requests did not finish: the shutdown cancelled them or cut them off

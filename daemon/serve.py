@@ -60,7 +60,7 @@ async def _serve(settings) -> int:
 
 async def serve_runtime(runtime: Runtime) -> int:
     """Load the runtime's engine and serve HTTP until a drain or an engine failure ends it; the
-    process's exit code. tools/bench_host_path.py runs it in-process to read its threads' clocks."""
+    process's exit code. tools/dev/bench_host_path.py runs it in-process to read its threads' clocks."""
     settings, notifier = runtime.settings, runtime.notifier
     http = protocol_factory(ConnectionGuard(apply_budget(settings)), settings.http_header_timeout)
     config = uvicorn.Config(build_app(runtime), host=settings.host, port=settings.port, loop="none",

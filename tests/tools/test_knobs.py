@@ -1,4 +1,4 @@
-"""The A/B switches of tools/gpu_probe.py (tools/benchkit/knobs.py): each flag names an engine
+"""The A/B switches of tools/dev/gpu_probe.py (tools/benchkit/knobs.py): each flag names an engine
 constant that exists, sets it to the value its flag means, and leaves the rest alone."""
 from __future__ import annotations
 

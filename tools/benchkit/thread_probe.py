@@ -1,4 +1,4 @@
-"""The GPU thread timed as the daemon runs it, without HTTP (`tools/gpu_probe.py --thread`)."""
+"""The GPU thread timed as the daemon runs it, without HTTP (`tools/dev/gpu_probe.py --thread`)."""
 from __future__ import annotations
 
 import json

@@ -1,5 +1,5 @@
 """Socket-free, model-free timings of the daemon's two host paths, steadier than
-tools/bench_host_path.py on a shared or small machine (no client process, no kernel, no GIL
+tools/dev/bench_host_path.py on a shared or small machine (no client process, no kernel, no GIL
 contention), for comparing two versions of the code:
 
 - loop: N streamed requests go through create_completion and the response's ASGI call with a no-op
@@ -12,8 +12,8 @@ where the code under test has them.
   (tools/benchkit/fake_device.py, zero device time); prints the thread's host µs per step and per row,
   step by step or overlapped (--overlap, the daemon's default --async-scheduling).
 
-    python tools/bench_host_micro.py loop [--streams 64] [--tokens 64] [--rounds 6]
-    python tools/bench_host_micro.py gpu [--rows 64] [--steps 200] [--rounds 7] [--overlap]
+    python tools/dev/bench_host_micro.py loop [--streams 64] [--tokens 64] [--rounds 6]
+    python tools/dev/bench_host_micro.py gpu [--rows 64] [--steps 200] [--rounds 7] [--overlap]
 
 Both print the median and the minimum over rounds (the first round of `loop` warms up and is dropped)."""
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 import types
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -5,9 +5,9 @@ MoE captured in a CUDA graph (so launch overhead on the host is excluded, as in 
 the bytes that layer must read and the bandwidth that implies, and how far the two paths' outputs
 are apart. With --sweep it also times the expert kernels under several tilings.
 
-    python tools/kernel_bench.py [--batches 1,8,64,256] [--sweep] [--profile] [--out report.json]
-    python tools/kernel_bench.py --mla [--batches 1,8,64,256]
-    python tools/kernel_bench.py --norm-proj
+    python tools/dev/kernel_bench.py [--batches 1,8,64,256] [--sweep] [--profile] [--out report.json]
+    python tools/dev/kernel_bench.py --mla [--batches 1,8,64,256]
+    python tools/dev/kernel_bench.py --norm-proj
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

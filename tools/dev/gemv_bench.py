@@ -5,7 +5,7 @@ has layers, so every call reads its weight from HBM as the decode step does (a r
 weight would find it in the 50 MB L2). "warm" repeats one weight, for comparison (what an L2
 prefetch could give). Prints one JSON line per shape and writes them with --out.
 
-    python tools/gemv_bench.py [--rows 1] [--out report.json]
+    python tools/dev/gemv_bench.py [--rows 1] [--out report.json]
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -22,7 +22,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from engine.kernels import gemv  # noqa: E402
-from tools.kernel_bench import graph_time_us  # noqa: E402
+from tools.dev.kernel_bench import graph_time_us  # noqa: E402
 
 SHAPES = {"q_kv_a": (3072 + 576, 2048), "o_proj": (2048, 2048), "shared_gate_up": (2 * 2816, 2048),
           "shared_down": (2048, 2816)}  # [N, K]

@@ -3,9 +3,9 @@ the device's copy and matmul ceilings, grouped-GEMM availability, decode TPOT of
 several batch sizes with and without CUDA graphs, and greedy agreement of the graph path with the
 eager expand path.
 
-    python tools/gpu_probe.py [--batches 1,8,32] [--prompt-len 86] [--new-tokens 64] [--variants triton,plain]
-    python tools/gpu_probe.py --diag tiny,lite
-    python tools/gpu_probe.py --thread --batches 1,64,256 --out FILE.json  (the GPU thread, overlap off/on)
+    python tools/dev/gpu_probe.py [--batches 1,8,32] [--prompt-len 86] [--new-tokens 64] [--variants triton,plain]
+    python tools/dev/gpu_probe.py --diag tiny,lite
+    python tools/dev/gpu_probe.py --thread --batches 1,64,256 --out FILE.json  (the GPU thread, overlap off/on)
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

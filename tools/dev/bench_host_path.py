@@ -9,7 +9,7 @@ the daemon's two hot threads are read by their own CPU clocks:
   call): batch forming, token bookkeeping, events, step records. On CUDA the forward includes the
   device wait, so "outside" is the serial host cost that stretches every step.
 
-    python tools/bench_host_path.py [--concurrency 64,256] [--num-requests N] [--max-tokens 64]
+    python tools/dev/bench_host_path.py [--concurrency 64,256] [--num-requests N] [--max-tokens 64]
         [--prompt-words 64] [--device cpu|cuda] [--model DIR | --random-preset lite] [--trace-file PATH]
         [--torch-threads N] [--profile loop|gpu] [--out FILE.json]
 
@@ -37,7 +37,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -369,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
             print(profile_text(prof, a.profile_top))
     if a.out:
         a.out.write_text(json.dumps({
-            "tool": "tools/bench_host_path.py", "command": hardware.command_line("tools/bench_host_path.py", argv),
+            "tool": "tools/dev/bench_host_path.py",
+            "command": hardware.command_line("tools/dev/bench_host_path.py", argv),
             "date": hardware.now_utc(), "git": hardware.git(), "host": hardware.host(), "levels": bench.results,
         }, indent=2) + "\n")
     return 0
