@@ -60,7 +60,7 @@ class JsonlSpanExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
     def _rotate(self) -> None:
-        """FILE -> FILE.1 -> ... -> FILE.N; readers (telemetry/trace_reader.py) read the whole chain."""
+        """FILE -> FILE.1 -> ... -> FILE.N; readers (tools/traceview/reader.py) read the whole chain."""
         log.info("trace records: %s reached %d MiB; rotating (%d kept)", self.path, self.max_bytes >> 20, self.backups)
         self._file.close()
         if self.backups == 0:

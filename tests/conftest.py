@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny synthetic checkpoints written once per test session."""
+"""Shared fixtures: tiny synthetic checkpoints written once per test session, and one real daemon run
+that the telemetry tests and the trace viewer's test read."""
 from __future__ import annotations
 
 import json
@@ -30,3 +31,12 @@ def tiny_variant_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., 
         return made[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def daemon_run(tmp_path_factory: pytest.TempPathFactory):
+    """One real daemon run per session (tests/telemetry/run.py), shared by the telemetry tests and
+    the trace viewer's (tests/tools/test_trace_view.py)."""
+    from tests.telemetry.run import run_daemon
+
+    return run_daemon(tmp_path_factory.mktemp("telemetry-daemon"))

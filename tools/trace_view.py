@@ -21,7 +21,7 @@ from typing import NoReturn
 if __package__ in (None, ""):  # run as a script: make the repository's packages importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from telemetry import trace_reader, viewer_html, viewer_perfetto  # noqa: E402
+from tools.traceview import page, perfetto, reader  # noqa: E402
 
 PROG = "trace_view"
 
@@ -59,19 +59,19 @@ def main(argv: list[str] | None = None) -> int:
     since_ns = parse_time(args.since) if args.since else None
     until_ns = parse_time(args.until) if args.until else None
     try:
-        spans = trace_reader.load(args.trace)
+        spans = reader.load(args.trace)
     except (OSError, ValueError, KeyError) as e:
         fail(f"{args.trace}: {e}")
-    requests, steps = trace_reader.build(spans)
+    requests, steps = reader.build(spans)
     reasons = {r for item in args.reason for r in item.split(",") if r}
-    requests, steps = trace_reader.select(
+    requests, steps = reader.select(
         requests, steps, reasons=reasons or None,
         since_ns=since_ns, until_ns=until_ns)
     out = Path(args.out)
     if args.format == "html":
-        out.write_text(viewer_html.render(requests, steps, source=args.trace))
+        out.write_text(page.render(requests, steps, source=args.trace))
     else:
-        out.write_text(json.dumps(viewer_perfetto.render(requests, steps)))
+        out.write_text(json.dumps(perfetto.render(requests, steps)))
     print(f"{out}: {len(requests)} requests, {len(steps)} engine steps ({args.format})")
     return 0
 

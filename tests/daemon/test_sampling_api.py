@@ -16,8 +16,8 @@ import torch
 from engine.engine import EngineSpec, build_engine
 from engine.generate import generate
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
-from telemetry.trace_reader import load
 from tests.daemon_process import DaemonProcess
+from tools.traceview.reader import load
 
 PROMPT = "The weather in the mountains is"
 PROMPT_IDS = [1, 5, 9, 200, 31, 77, 12]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 
-from telemetry import trace_reader
 from tests.daemon_process import DaemonProcess
+from tools.traceview import reader as trace_reader
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN_ID = "00f067aa0ba902b7"

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from telemetry.trace_reader import SpanRecord
 from tests.telemetry.otlp_check import check_line
 from tests.telemetry.run import FRONT_PARENT_SPAN_ID, FRONT_TRACE_ID, PARENT_SPAN_ID, TRACE_ID, DaemonRun
+from tools.traceview.reader import SpanRecord
 
 ROOT_ATTRS = ("gen_ai.operation.name", "gen_ai.request.model", "gen_ai.request.max_tokens", "gen_ai.request.stream",
               "gen_ai.response.id", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens",

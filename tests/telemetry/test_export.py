@@ -16,7 +16,7 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from daemon.settings import Settings, SettingsError
-from telemetry import trace_reader
+from tools.traceview import reader as trace_reader
 from telemetry.export import GatedBatchProcessor
 from telemetry.recent import RecentSpans
 from telemetry.records import JsonlSpanExporter

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from telemetry.trace_reader import StepView, build, load  # noqa: E402
+from tools.traceview.reader import StepView, build, load  # noqa: E402
 
 PHASES = ("decode", "mixed", "prefill")
 

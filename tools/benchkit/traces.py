@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from telemetry.trace_reader import whole_lines
+from tools.traceview.reader import whole_lines
 
 ROOT_PREFIX = "text_completion"  # request root spans: `text_completion {model}`
 MISSING_LISTED = 10

@@ -1,5 +1,5 @@
 """The server's side of each request: request root spans read back from the daemon's trace-record
-files (OTLP/JSON lines, parsed by telemetry/trace_reader.py) and indexed by trace id, which is the
+files (OTLP/JSON lines, parsed by tools/traceview/reader.py) and indexed by trace id, which is the
 id the runner put in each request's traceparent."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from telemetry.trace_reader import ROOT_PREFIX, SpanRecord, parse_lines, whole_lines
+from tools.traceview.reader import ROOT_PREFIX, SpanRecord, parse_lines, whole_lines
 
 # The attributes joined into each request's entry in the artifact.
 JOINED = {

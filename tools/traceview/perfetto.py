@@ -5,7 +5,7 @@ inside it, and first-token and terminal instant events. Times are microseconds f
 span, so that large epoch values keep their precision in the viewer's doubles."""
 from __future__ import annotations
 
-from telemetry.trace_reader import PHASES, RequestView, StepView
+from tools.traceview.reader import PHASES, RequestView, StepView
 
 PID = 1
 ENGINE_TID = 1

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.telemetry.browser import dump_dom, rows, screenshot
+from tests.tools.browser import dump_dom, rows, screenshot
 from tests.telemetry.run import DaemonRun
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,8 +15,8 @@ import html
 import json
 from collections.abc import Callable
 
-from telemetry.trace_reader import PHASES, RequestView, StepView
-from telemetry.viewer_assets import SCRIPT, STYLE
+from tools.traceview.assets import SCRIPT, STYLE
+from tools.traceview.reader import PHASES, RequestView, StepView
 
 REASONS = ("completed_stop", "completed_length", "cancelled", "disconnected", "rejected", "failed")
 MAX_STEP_ROWS = 5000  # the engine-step table stops here; the lane above still draws every step
