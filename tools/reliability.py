@@ -68,6 +68,13 @@ def main(argv: list[str] | None = None) -> int:
         record = dry_record(a.selected, a.backend, a.ep_size, spawn=mode == "spawn")
     else:
         from tools.reliakit.runner import RunConfig, Runner
+        if mode == "spawn":
+            from ep.preflight import REFUSALS, preflight
+            try:  # what the daemons would refuse (nccl without a GPU per rank), refused here in one line
+                preflight(a.backend, a.device, a.ep_size)
+            except REFUSALS as e:
+                print(f"reliability: error: {e}", file=sys.stderr)
+                return 2
         if mode == "spawn" and a.work_dir is None:
             a.work_dir = Path(tempfile.mkdtemp(prefix="pegainfer-reliability-"))
         if a.work_dir is not None:

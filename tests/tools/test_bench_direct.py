@@ -106,3 +106,16 @@ def test_a_tensor_hf_has_no_home_for_is_refused():
     assert name == "model.layers.1.mlp.experts.gate_up_proj" and view.shape == (3, 4)
     view.fill_(1)
     assert fused[name][1, 3:].sum() == 12 and fused[name][1, :3].sum() == 0 and fused[name][0].sum() == 0
+
+
+@pytest.mark.parametrize("backend, says", [("nccl", "needs one CUDA GPU per rank"),
+                                           ("nccl-over-gloo-test", "is test-only")])
+def test_a_transport_that_cannot_run_here_is_refused_before_loading(backend, says, tmp_path, capsys):
+    """A bench report names the transport that moved its bytes: nccl on CPU, or the test-only
+    transport, is refused with one line before anything loads, and no report is written."""
+    out = tmp_path / "direct.json"
+    assert bench_direct.main(["--preset", "tiny", "--device", "cpu", "--backend", backend, "--ep-size", "2",
+                              "--out", str(out)]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("bench_direct: error: ") and says in line and "host-staged" in line
+    assert not out.exists()

@@ -120,3 +120,14 @@ def test_runs_as_a_script_from_the_repository_root(tmp_path):
                         "--scenarios", "drain"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 0, r.stderr
     assert "PASS: wrote" in r.stderr and json.loads(out.read_text())["scenarios"][0]["name"] == "drain"
+
+
+@pytest.mark.parametrize("backend, says", [("nccl", "needs one CUDA GPU per rank"),
+                                           ("nccl-over-gloo-test", "is test-only")])
+def test_spawn_refuses_a_transport_the_daemons_cannot_run_in_one_line(backend, says, tmp_path, capsys):
+    """No daemon starts and no artifact is written for a transport that cannot move the bytes here."""
+    out = tmp_path / "r.json"
+    assert reliability.main(["--spawn", "--backend", backend, "--ep-size", "2", "--out", str(out)]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("reliability: error: ") and says in line and "host-staged" in line
+    assert not out.exists()
