@@ -137,3 +137,26 @@ def test_chunk_size_comes_from_the_spec_then_the_environment(monkeypatch) -> Non
     with pytest.raises(ValueError, match="positive"):
         monkeypatch.setenv("PEGAINFER_EP_CHUNK_BYTES", "0")
         chunk_bytes_of(EPSpec())
+
+
+def test_the_test_only_transports_artifacts_say_so(caplog) -> None:
+    """The engine, its start-up log and everything built from them (/v1/models, bench and correctness
+    reports, trace records) name the test-only transport and its maturity, never `nccl`."""
+    import json
+    import logging
+
+    from engine.generate import generate
+    caplog.set_level(logging.INFO, logger="pegainfer")
+    engine = build_engine(EngineSpec(random_preset="tiny", backend="nccl-over-gloo-test", ep_size=2))
+    try:
+        assert (engine.backend_name, engine.maturity) == ("nccl-over-gloo-test", "test-only")
+        assert engine.backend.group.pg_backend == "gloo"
+        assert len(generate(engine, [[5, 6, 7]], 2, ignore_eos=True)[0].token_ids) == 2
+    finally:
+        engine.close()
+    events = {e["event"]: e for e in (json.loads(r.getMessage()) for r in caplog.records
+                                      if r.getMessage().startswith("{"))}
+    for name in ("weights_loaded", "engine_ready"):
+        assert (events[name]["backend"], events[name]["maturity"]) == ("nccl-over-gloo-test", "test-only")
+    assert events["expert_rank_joined"]["backend"] == "nccl-over-gloo-test"  # ep/'s own logger, same form
+    assert not any('"nccl"' in r.getMessage() for r in caplog.records)
