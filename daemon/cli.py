@@ -76,14 +76,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "expert-worker":
             from engine.ep_setup import load_rank_experts
             from ep.preflight import preflight
-            from ep.worker import run_expert_worker
+            from ep.worker import end_process, run_expert_worker
             if not (args.model or args.random_preset):
                 raise CliError("expert-worker needs --model DIR (or --random-preset)")
             preflight(args.backend, args.device, 1, remote_ranks=True)
-            return run_expert_worker(args.rank, args.world_size, args.master_addr, args.master_port,
+            code = run_expert_worker(args.rank, args.world_size, args.master_addr, args.master_port,
                                      loader=load_rank_experts, model_dir=args.model, backend=args.backend,
                                      device=args.device, dtype=args.dtype, random_preset=args.random_preset,
                                      join_timeout_s=args.join_timeout, num_threads=args.num_threads)
+            end_process(code)  # as the ranks rank 0 spawns end: no interpreter teardown
         if args.command == "serve":
             from daemon.serve import run_serve
             return run_serve(args)

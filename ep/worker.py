@@ -13,6 +13,7 @@ import socket
 import sys
 import threading
 import time
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -66,11 +67,17 @@ def spawned_main(spec: WorkerSpec) -> None:
     """torch.multiprocessing entry point for the ranks rank 0 starts on its own host."""
     if spec.log_level is not None:
         logging.basicConfig(level=spec.log_level, stream=sys.stderr, format="%(message)s")
-    code = serve(spec)
+    end_process(serve(spec))
+
+
+def end_process(code: int) -> NoReturn:
+    """Exit an expert rank's process once serve() returned, skipping interpreter teardown: it takes
+    seconds with torch loaded, and the heartbeat thread may still sit in a gloo call, which aborts
+    the process (std::terminate) while the interpreter finalizes. Nothing is left to clean up."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)  # skip interpreter teardown (seconds with torch loaded): nothing is left to clean up
+    os._exit(code)
 
 
 def serve(spec: WorkerSpec) -> int:

@@ -165,3 +165,36 @@ def test_surviving_expert_worker_exits_after_rank0_gives_up() -> None:
         engine.close()
         for w in workers.values():
             w.kill()
+
+
+def test_the_cli_expert_worker_loads_through_the_engines_loader(tiny_model_dir) -> None:
+    """`pegainfer expert-worker` wires the engine's loader into ep's worker: the rank joins, reports
+    ready on ep/'s logger in the engine's JSON form, serves exactly, and exits 0 on the stop message."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    port = free_port()
+    worker = subprocess.Popen([sys.executable, "-m", "daemon.cli", "expert-worker", "--rank", "1", "--world-size", "2",
+                               "--master-addr", "127.0.0.1", "--master-port", str(port), "--model",
+                               str(tiny_model_dir), "--backend", "host-staged", "--num-threads", "1"],
+                              cwd=Path(__file__).resolve().parents[2], stderr=subprocess.PIPE, text=True)
+    local = build_engine(EngineSpec(model_dir=str(tiny_model_dir)))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        engine = build_engine(MultiHostSpec(model_dir=str(tiny_model_dir), backend="host-staged", ep_size=2,
+                                            ep_master_addr="127.0.0.1", ep_master_port=port, rank_join_timeout_s=60))
+        try:
+            got = generate(engine, PROMPTS, 4, ignore_eos=True)
+            assert [g.token_ids for g in got] == [w.token_ids for w in generate(local, PROMPTS, 4, ignore_eos=True)]
+        finally:
+            engine.close()
+        _, err = worker.communicate(timeout=30)
+    finally:
+        torch.set_num_threads(threads)
+        worker.kill()
+    assert worker.returncode == 0, err
+    events = {e["event"]: e for e in (json.loads(line) for line in err.splitlines() if line.startswith("{"))}
+    assert events["expert_rank_ready"]["rank"] == 1 and events["expert_rank_ready"]["experts"] == "4..7"
+    assert "expert_rank_stopped" in events
