@@ -69,7 +69,7 @@ class RankGroup:
     blocks, bounded by the group's own timeout."""
 
     def __init__(self, rank: int, world_size: int, store: dist.Store, pg: dist.ProcessGroup | None, pg_backend: str,
-                 timeout_s: float, procs: dict[int, BaseProcess] | None = None, watch: RankWatch | None = None):
+                 timeout_s: float, *, procs: dict[int, BaseProcess] | None = None, watch: RankWatch | None = None):
         self.rank = rank
         self.world_size = world_size
         self.store = store
