@@ -23,8 +23,8 @@ Spans = list[tuple[int, int]]  # [start, end) of each rank's routes in execution
 
 
 class MultiRankBackend(ExpertBackend):
-    def __init__(self, group: RankGroup, shard: ExpertShard, cfg: MoEShape, ownership: Ownership, device: torch.device,
-                 dtype: torch.dtype):
+    def __init__(self, group: RankGroup, shard: ExpertShard, cfg: MoEShape, ownership: Ownership,
+                 device: torch.device, dtype: torch.dtype):
         self.group = group
         self.shard = shard
         self.cfg = cfg

@@ -21,6 +21,10 @@ def preflight(backend: str, device: str, ep_size: int, *, remote_ranks: bool = F
     so this host runs one rank; else rank 0 spawns all ep_size ranks here."""
     e = registry.entry(backend) if allow_test_only else registry.user_entry(backend)
     check = getattr(e.load(), "check_runtime", None)  # only the backends with expert ranks have one
+    try:
+        where = torch.device(device)
+    except RuntimeError:  # not a device name: start-up reports it where it always has
+        return e
     if check is not None:
-        check(torch.device(device), 1 if remote_ranks else ep_size)
+        check(where, 1 if remote_ranks else ep_size)
     return e
