@@ -23,7 +23,7 @@ from ep.rendezvous import (
     post_ready,
     wait_for_ranks,
 )
-from ep.worker import run_expert_worker
+from ep.worker import end_process, run_expert_worker
 from tests.ep.conftest import PROMPTS
 
 
@@ -75,7 +75,7 @@ def test_rank0_names_missing_remote_ranks_and_how_to_start_them() -> None:
 
 
 def _worker_main(kwargs: dict) -> None:
-    sys.exit(run_expert_worker(loader=load_rank_experts, **kwargs))  # as `pegainfer expert-worker` does
+    end_process(run_expert_worker(loader=load_rank_experts, **kwargs))  # as `pegainfer expert-worker` does
 
 
 def _start_worker(**kwargs):
