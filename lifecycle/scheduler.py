@@ -103,28 +103,16 @@ class Scheduler:
 
     def cancel(self, request_id: str, message: str = "cancelled", code: str | None = None) -> bool:
         """The server or an API call ends a request: CANCELLED, `code` its cause. False if not live."""
-        request = self._live(request_id)
-        if request is None:
-            return False
-        self._abort(request, RequestState.CANCELLED, message, code)
-        return True
+        return self._abort_live(request_id, RequestState.CANCELLED, message, code)
 
     def disconnect(self, request_id: str, message: str = "client disconnected") -> bool:
         """The client closed its stream: DISCONNECTED. False if the request was not live."""
-        request = self._live(request_id)
-        if request is None:
-            return False
-        self._abort(request, RequestState.DISCONNECTED, message)
-        return True
+        return self._abort_live(request_id, RequestState.DISCONNECTED, message)
 
     def fail(self, request_id: str, message: str) -> bool:
         """The daemon could not serve a live request (its output failed to render): FAILED, and the
         engine drops it. False if it was not live."""
-        request = self._live(request_id)
-        if request is None:
-            return False
-        self._abort(request, RequestState.FAILED, message)
-        return True
+        return self._abort_live(request_id, RequestState.FAILED, message)
 
     def stop_choice(self, request_id: str, index: int) -> bool:
         """The daemon found a stop string in choice `index`'s text: the choice is finished ("stop"),
@@ -290,6 +278,12 @@ class Scheduler:
         old = request.state
         request.move(new, self._clock())
         self._observer.on_transition(request, old, new)
+
+    def _abort_live(self, request_id: str, new: RequestState, message: str, code: str | None = None) -> bool:
+        request = self._live(request_id)
+        if request is not None:
+            self._abort(request, new, message, code)
+        return request is not None
 
     def _abort(self, request: Request, new: RequestState, message: str, code: str | None = None) -> None:
         """End a live request early; if the engine holds it, tell the engine to drop it."""
