@@ -1,7 +1,9 @@
-"""The HTTP application: routes for completions, cancel, models, health, readiness and metrics, the
-bearer-token check on /v1/* and /debug/* (daemon.access), and OpenAI-shaped JSON for every error the
-framework itself answers (unknown route, wrong method, a trailing slash, an unhandled exception).
-Handlers stay thin; the work lives in completions.py."""
+"""The HTTP application: routes for completions, cancel, models, health, readiness and metrics (and
+/debug/traces), the bearer-token check on /v1/* and /debug/* (daemon.access), and OpenAI-shaped JSON
+for every error the framework itself answers (unknown route, wrong method, a trailing slash, an
+unhandled exception). Handlers stay thin; the work lives in completions.py. What /ready and /metrics
+say of the engine comes from the snapshot the GPU thread publishes (daemon.bridge), never from its
+objects."""
 from __future__ import annotations
 
 import logging
@@ -16,6 +18,7 @@ from starlette.routing import Route, request_response
 
 from daemon import access
 from daemon.completions import create_completion, error_response
+from daemon.debug_traces import traces_route
 from daemon.protocol import APIError, bad_request
 from daemon.request_end import LOAD_FAILED_MESSAGE, engine_failure
 from daemon.runtime import Runtime
@@ -76,17 +79,19 @@ def build_app(rt: Runtime) -> Starlette:
                 "maturity": _maturity(rt), "ep_size": rt.settings.ep_size}
         if rt.scheduler is not None:
             body["scheduler"] = rt.scheduler.snapshot()
-        if rt.engine is not None:
-            body["kv_slots_free"] = rt.engine.cache.free_slots
-            body["kv_slots_total"] = rt.engine.cache.num_slots
-        if rt.gpu is not None:
-            body["engine"] = {"steps": rt.gpu.steps, "decode_batch_max": rt.gpu.decode_batch_max,
-                              "running": len(rt.gpu.running), "waiting": len(rt.gpu.waiting),
-                              "async_scheduling": rt.gpu.overlap, "overlapped_steps": rt.gpu.overlapped_steps}
+        engine = rt.bridge.snapshot if rt.bridge is not None else None  # as the GPU thread last published it
+        if engine is not None:
+            body["kv_slots_free"] = engine.kv_slots_free
+            body["kv_slots_total"] = engine.kv_slots_total
+            body["engine"] = {"steps": engine.steps, "decode_batch_max": engine.decode_batch_max,
+                              "running": engine.running, "waiting": engine.waiting,
+                              "async_scheduling": engine.async_scheduling, "overlapped_steps": engine.overlapped_steps}
         return JSONResponse(body, status_code=200 if ok else 503)
 
     async def metrics(http: HTTPRequest) -> Response:
-        payload, content_type = rt.telemetry.render_metrics(rt)
+        payload, content_type = rt.telemetry.render_metrics(
+            rt.scheduler.snapshot() if rt.scheduler is not None else None,
+            rt.bridge.snapshot if rt.bridge is not None else None)
         return Response(payload, media_type=content_type)
 
     routes = [
@@ -98,7 +103,8 @@ def build_app(rt: Runtime) -> Starlette:
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    debug = list(rt.telemetry.extra_routes(rt))
+    recent = rt.telemetry.tracing.recent
+    debug = [traces_route(recent)] if recent is not None else []
     if rt.settings.debug_hooks:
         log.warning("debug hooks are on: /debug/stall and /debug/fail stall the engine and fail requests on "
                     "demand%s; never in production", "" if rt.settings.api_key else ", and no API key guards them")

@@ -1,26 +1,25 @@
-"""The bridge between the asyncio side and the GPU thread: the scheduler's EngineClient (commands
-into the thread's inbox) and the dispatcher that turns the thread's typed events, delivered on the
-loop with call_soon_threadsafe, into scheduler calls and telemetry records. Token details the
-scheduler does not carry (choice index, log-probs) go to `details` for the completion handler."""
+"""The bridge between the asyncio side and the GPU thread: the scheduler's EngineClient (the
+contract's commands into the thread's inbox) and the dispatcher that turns the thread's typed
+events, delivered on the loop with call_soon_threadsafe, into scheduler calls and telemetry
+records. Token and prompt log-prob events go to the scheduler whole, which hands them to the
+request's sink; the engine snapshot each StepEvents carries is kept here for /ready and /metrics."""
 from __future__ import annotations
 
 import asyncio
 from typing import Protocol
 
-from daemon.token_details import TokenDetails
-from engine.gpu_thread import GpuThread
 from engine.contract import (
     Admit,
     Cancel,
     EngineDied,
+    EngineSnapshot,
     Event,
     PrefillStarted,
-    SamplingSpec,
     StepEvents,
     StepRecord,
     StopChoice,
 )
-from lifecycle.params import GenerationParams
+from engine.gpu_thread import GpuThread
 from lifecycle.scheduler import Scheduler
 
 
@@ -37,21 +36,21 @@ class EngineBridge:
         self.gpu: GpuThread | None = None
         self.scheduler: Scheduler | None = None
         self.died: str | None = None
-        self.details = TokenDetails()
+        self.snapshot: EngineSnapshot | None = None  # the engine's state as last published
 
     def connect(self, gpu: GpuThread, scheduler: Scheduler) -> None:
-        """The GPU thread needs the bridge's emit and the scheduler its EngineClient: wire both ways."""
+        """The GPU thread needs the bridge's emit and the scheduler its EngineClient: wire both ways.
+        The thread's first snapshot is taken here, before it starts."""
         self.gpu, self.scheduler = gpu, scheduler
+        self.snapshot = gpu.snapshot()
 
     # ---- EngineClient (called on the loop) ---------------------------------------------------------
-    def admit(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> None:
-        self.gpu.submit(Admit(request_id, prompt_ids, params.max_tokens, params.ignore_eos, sampling_spec(params),
-                              params.n, params.stop_token_ids))
+    def admit(self, command: Admit) -> None:
+        self.gpu.submit(command)
 
     def cancel(self, request_id: str) -> None:
         self.gpu.submit(Cancel(request_id))
 
-    # ---- beyond the EngineClient: the completion handler found a stop string ----------------------
     def stop_choice(self, request_id: str, index: int) -> None:
         self.gpu.submit(StopChoice(request_id, index))
 
@@ -69,12 +68,13 @@ class EngineBridge:
                 for rid in event.request_ids:
                     s.on_prefill_started(rid)
             case StepEvents():
+                if event.snapshot is not None:
+                    self.snapshot = event.snapshot
                 batch = event.record.decode_rows if event.record else 0
                 for p in event.prompt_logprobs:
-                    self.details.add_prompt(p)
+                    s.on_prompt_logprobs(p)
                 for t in event.tokens:
-                    self.details.add_token(t)  # before the sink wakes the handler for it
-                    s.on_token(t.request_id, t.token_id, batch)
+                    s.on_token(t, batch)
                 for f in event.finished:
                     s.on_finished(f.request_id, f.reason)
                 for f in event.failed:
@@ -83,12 +83,7 @@ class EngineBridge:
                     self.observer.on_step(event.record)
             case EngineDied():
                 self.died = event.message
+                if event.snapshot is not None:
+                    self.snapshot = event.snapshot
                 s.fail_all(f"engine failed: {event.message}")
                 self.observer.on_engine_died(event.message)
-
-
-def sampling_spec(p: GenerationParams) -> SamplingSpec:
-    return SamplingSpec(temperature=float(p.temperature), top_p=float(p.top_p), top_k=p.top_k, min_p=float(p.min_p),
-                        presence_penalty=float(p.presence_penalty), frequency_penalty=float(p.frequency_penalty),
-                        repetition_penalty=float(p.repetition_penalty), seed=p.seed, logprobs=p.logprobs,
-                        prompt_logprobs=p.prompt_logprobs, logit_bias=p.logit_bias)

@@ -1,12 +1,15 @@
-"""All choices of one completion request: the engine's token details routed to each choice, the
-echoed prompt put in front of each, the choices that hit a stop string (so the engine can be told),
-and, at the end, the choices returned (best_of: the n with the highest cumulative log-prob)."""
+"""All choices of one completion request: the engine's token events (read from the request's sink)
+routed to each choice, the echoed prompt put in front of each (its log-probs joined from the
+prompt's chunk events), the choices that hit a stop string (so the scheduler can finish them), and,
+at the end, the choices returned (best_of: the n with the highest cumulative log-prob)."""
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from daemon.choice import ChoiceOutput, Delta
 from daemon.logprobs import as_openai, prompt_entries
 from daemon.protocol import CompletionRequest
-from engine.contract import Token, TopLogprobs
+from engine.contract import PromptLogprobs, Token, TopLogprobs
 from engine.tokenizer import Tokenizer
 
 
@@ -24,13 +27,17 @@ class Choices:
         self.texts = [""] * len(self.items)
         self.entries: list[list] = [[] for _ in self.items]
         self._echoed = not req.echo
+        self._prompt: list[tuple[float, TopLogprobs] | None] | None = None  # the prompt's log-prob entries
 
-    def feed(self, tokens: list[Token], prompt: list[tuple[float, TopLogprobs] | None] | None
+    def feed(self, tokens: list[Token], prompt: Sequence[PromptLogprobs] = ()
              ) -> tuple[list[tuple[int, Delta]], list[int]]:
-        """Route new tokens; returns each choice's combined delta (in choice order) and the choices
-        that have just found a stop string (the engine should stop them)."""
+        """Route new tokens (and prompt log-prob events, which come before the first token);
+        returns each choice's combined delta (in choice order) and the choices that have just found
+        a stop string (the scheduler should finish them)."""
+        for event in prompt:
+            self._join_prompt(event)
         if tokens and not self._echoed:
-            self._put_echo(prompt)
+            self._put_echo(self._prompt)
         if len(tokens) == 1 and self._echoed:  # one token of one choice: no merging, no sorting
             t = tokens[0]
             c = self.items[t.index]
@@ -68,6 +75,13 @@ class Choices:
         return [{"index": i, "text": self.texts[c.index],
                  "logprobs": as_openai(self.entries[c.index]) if self.logprobs else None,
                  "finish_reason": c.finish_reason} for i, c in enumerate(chosen)]
+
+    def _join_prompt(self, event: PromptLogprobs) -> None:
+        """One chunk's prompt log-probs: the entries of prompt tokens event.start, start + 1, ..."""
+        joined = self._prompt if self._prompt is not None else []
+        del joined[event.start:]
+        joined.extend(event.entries)
+        self._prompt = joined
 
     def _put_echo(self, prompt: list[tuple[float, TopLogprobs] | None] | None) -> None:
         self._echoed = True

@@ -9,6 +9,7 @@ import sys
 from daemon.errors import CliError
 from daemon.settings import SettingsError
 from engine.config import ConfigError
+from engine.contract import ParamError
 from engine.engine import RequestError
 from engine.weights import WeightsError
 from ep.launch import EPStartError
@@ -18,7 +19,7 @@ from ep.registry import TestOnlyBackend, UnknownBackend
 
 # Errors whose message is the whole story for a user: no traceback.
 USER_ERRORS = (SettingsError, EPStartError, NcclRuntimeError, ConfigError, WeightsError, RequestError, OwnershipError,
-               UnknownBackend, TestOnlyBackend, FileNotFoundError)
+               UnknownBackend, TestOnlyBackend, FileNotFoundError, ParamError)
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:

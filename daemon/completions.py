@@ -1,8 +1,10 @@
-"""POST /v1/completions: from the HTTP body to a lifecycle Request, then its output rendered as
-OpenAI SSE chunks (or one JSON body). The token sink wakes the handler and carries the end; the
-bridge's TokenDetails carry each token's choice and log-probs (daemon.choices turns them into text,
-stop strings, log-probs). A client that goes away becomes DISCONNECTED; an error after the stream
-started becomes an error chunk and then [DONE]."""
+"""POST /v1/completions: from the HTTP body to a lifecycle Request (whose engine command, the
+contract's Admit, the parsed request builds once), then its output rendered as OpenAI SSE chunks
+(or one JSON body). The token sink is the one channel of the output: it wakes the handler and
+carries the engine's whole token events (choice, log-probs, finish reason), the prompt's log-probs
+and the end; daemon.choices turns them into text, stop strings and log-probs. A choice that hits a
+stop string is finished through the scheduler. A client that goes away becomes DISCONNECTED; an
+error after the stream started becomes an error chunk and then [DONE]."""
 from __future__ import annotations
 
 import asyncio
@@ -23,10 +25,9 @@ from daemon.runtime import Runtime
 from daemon.sse import EventStream
 from daemon.tokenize_pool import INLINE_MAX_CHARS
 from engine.startup_log import log_event
-from lifecycle.params import GenerationParams
 from lifecycle.rejection import Draining, NotReady, QueueFull, Rejection
 from lifecycle.request import Request
-from lifecycle.sink import SinkEnd, TokenSink
+from lifecycle.sink import SinkEnd, SinkItem, TokenSink
 from lifecycle.states import RequestState
 
 
@@ -97,40 +98,25 @@ async def create_completion(http: HTTPRequest, rt: Runtime, owner: str | None = 
 
     ids = req.prompt_ids if req.prompt_ids is not None else await rt.tokenize.encode(rt.tokenizer, req.prompt)
     rid = protocol.completion_id()
-    request = Request(rid, ids, generation_params(req), rt.model_name, TokenSink(s.sink_max_buffered), owner=owner)
+    request = Request(req.admit(rid, ids), rt.model_name, TokenSink(s.sink_max_buffered), owner=owner)
     rt.telemetry.on_request_start(rid, req, http.headers)
     problem = _context_problem(rt, ids, req)
     if problem is not None:
         rt.scheduler.reject(request, problem.message)
         return error_response(problem, rid)
-    rt.bridge.details.open(rid)
     try:
         rt.scheduler.submit(request)
     except Rejection as r:
-        rt.bridge.details.close(rid)
         return error_response(rejection_error(r), rid)
     created = int(time.time())
     try:
         choices = Choices(req, rt.tokenizer, ids)
     except Exception as e:  # noqa: BLE001 - this request's own output failed: it alone ends
-        rt.bridge.details.close(rid)
         return error_response(_output_failed(rt, request, e), rid)
     if req.stream:
         return EventStream(_stream(rt, request, choices, created, req.include_usage), ping_s=15,
                            headers={"X-Request-Id": rid})
     return await _complete(http, rt, request, choices, created)
-
-
-def generation_params(req: CompletionRequest) -> GenerationParams:
-    """The engine's view of a request. best_of ranks candidates by cumulative log-prob, so the
-    engine reports the chosen tokens' log-probs whenever there is a choice to make."""
-    logprobs = req.logprobs if req.logprobs is not None else (0 if req.candidates > req.n else None)
-    return GenerationParams(
-        req.max_tokens, req.ignore_eos, temperature=float(req.temperature or 0.0), top_p=req.top_p, top_k=req.top_k,
-        min_p=req.min_p, seed=req.seed, presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty, logprobs=logprobs,
-        prompt_logprobs=req.logprobs if req.echo else None, stop_token_ids=tuple(req.stop_token_ids),
-        n=req.candidates, logit_bias=tuple(req.logit_bias.items()))
 
 
 def _prompt_too_long(rt: Runtime, req: CompletionRequest) -> APIError | None:
@@ -166,13 +152,12 @@ def _context_problem(rt: Runtime, ids: list[int], req: CompletionRequest) -> API
     return None
 
 
-def _advance(rt: Runtime, request: Request, choices: Choices) -> list:
-    """Take the token details recorded so far; tell the engine about choices that hit a stop string."""
-    rid = request.request_id
-    deltas, stopped = choices.feed(rt.bridge.details.take(rid), rt.bridge.details.prompt(rid))
+def _advance(rt: Runtime, request: Request, choices: Choices, item: SinkItem) -> list:
+    """Render what one read of the sink brought; choices that hit a stop string are finished through
+    the scheduler (which tells the engine)."""
+    deltas, stopped = choices.feed(item.tokens, item.prompt)
     for index in stopped:
-        if not request.is_terminal:
-            rt.bridge.stop_choice(rid, index)
+        rt.scheduler.stop_choice(request.request_id, index)
     return deltas
 
 
@@ -184,7 +169,7 @@ async def _stream(rt: Runtime, request: Request, choices: Choices, created: int,
     try:
         async for item in request.sink:
             try:
-                deltas = _advance(rt, request, choices)
+                deltas = _advance(rt, request, choices, item)
                 end = item.end
                 if end is None:
                     if len(deltas) == 1:  # the common case: one choice moved
@@ -210,7 +195,6 @@ async def _stream(rt: Runtime, request: Request, choices: Choices, created: int,
                 return
             yield out
     finally:
-        rt.bridge.details.close(rid)
         # the client went away mid-stream (daemon.sse cancels this generator) or we are exiting
         if not request.is_terminal and rt.scheduler is not None:
             rt.scheduler.disconnect(rid)
@@ -247,8 +231,9 @@ async def _complete(http: HTTPRequest, rt: Runtime, request: Request, choices: C
                 read.cancel()
                 rt.scheduler.disconnect(request.request_id)
                 return Response(status_code=499)
-            end = read.result().end
-            _advance(rt, request, choices)
+            item = read.result()
+            end = item.end
+            _advance(rt, request, choices, item)
         if end.state is not RequestState.FINISHED:
             return error_response(end_error(request.request_id, end), request.request_id)
         choices.finish(end.finish_reason.value)
@@ -259,7 +244,6 @@ async def _complete(http: HTTPRequest, rt: Runtime, request: Request, choices: C
         return error_response(_output_failed(rt, request, e), request.request_id)
     finally:
         watcher.cancel()
-        rt.bridge.details.close(request.request_id)
 
 
 async def _wait_disconnect(http: HTTPRequest) -> None:

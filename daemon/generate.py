@@ -1,4 +1,5 @@
-"""`pegainfer generate`: load the engine, run one prompt greedily, print the result."""
+"""`pegainfer generate`: load the engine, run one prompt greedily, print the result. The prompt and
+max_tokens are checked here, where they are parsed, once the model's limits are known."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +8,8 @@ import orjson
 
 from daemon.errors import CliError
 
-from engine.engine import EngineSpec, build_engine, default_model_dir
+from engine.contract import ParamError, check
+from engine.engine import Engine, EngineSpec, build_engine, default_model_dir
 from engine.generate import generate
 from engine.tokenizer import Tokenizer
 from ep.preflight import preflight
@@ -23,6 +25,18 @@ def parse_ids(text: str) -> list[int]:
     return ids
 
 
+def _check_limits(prompt_ids: list[int], max_tokens: int, engine: Engine) -> None:
+    """The request's limits against the loaded model; a ParamError (one line) names the broken one."""
+    check("max_tokens", max_tokens)
+    vocab, limit = engine.cfg.vocab_size, engine.max_model_len
+    bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise ParamError("prompt", f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
+    if len(prompt_ids) + max_tokens > limit:
+        raise ParamError("prompt", f"prompt of {len(prompt_ids)} tokens plus max_tokens {max_tokens} exceeds the "
+                                   f"context limit of {limit} tokens")
+
+
 def run_generate(args: argparse.Namespace) -> int:
     preflight(args.backend, args.device, args.ep_size)  # before loading: one line on what to change
     model_dir = str(args.model or default_model_dir())
@@ -34,7 +48,7 @@ def run_generate(args: argparse.Namespace) -> int:
                       ep_size=args.ep_size, num_slots=1)
     engine = build_engine(spec)
     try:
-        engine.check_request(prompt_ids, args.max_tokens)
+        _check_limits(prompt_ids, args.max_tokens, engine)
         [out] = generate(engine, [prompt_ids], args.max_tokens, ignore_eos=args.ignore_eos)
     finally:
         engine.close()

@@ -1,13 +1,25 @@
 """The OpenAI completions protocol: request parsing and validation into a typed CompletionRequest,
-the response and SSE chunk shapes, and the error JSON every 4xx/5xx carries."""
+the response and SSE chunk shapes, and the error JSON every 4xx/5xx carries.
+
+Parsing is where every request field is checked, once: the HTTP-shaped fields (prompt, stream,
+echo, stop strings, n, best_of) here, and the sampling parameters by the contract's
+SamplingParams.checked against its one table of bounds (engine/contract.py). The parsed request
+then builds the engine's Admit command (`admit`), which the lifecycle carries to the engine as it
+is; the engine only asserts what the parse guaranteed."""
 from __future__ import annotations
 
 import dataclasses
-import math
 import secrets
 from typing import Any
 
-from lifecycle.params import BOUNDS, INT64_MAX, MAX_CHOICES, MAX_LOGIT_BIAS_ENTRIES
+from engine.contract import (
+    BOUNDS,
+    INT64_MAX,
+    MAX_CHOICES,
+    Admit,
+    ParamError,
+    SamplingParams,
+)
 
 MAX_STOP = 4  # stop sequences per request, as OpenAI allows
 
@@ -42,27 +54,26 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     ignore_eos: bool
-    temperature: float | None  # as sent; None (absent) means greedy, as 0 does
     raw: dict[str, Any]
-    top_p: float = 1.0
-    top_k: int = -1  # -1: off
-    min_p: float = 0.0
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logprobs: int | None = None
+    # what the engine runs: the API's logprobs for generated tokens (0 with best_of > n, which ranks
+    # candidates by their log-probs), and for the prompt's tokens with echo
+    sampling: SamplingParams = SamplingParams()
+    logprobs: int | None = None  # as the API asked (the response carries log-probs when not None)
     echo: bool = False
     stop: list[str] = dataclasses.field(default_factory=list)
     stop_token_ids: list[int] = dataclasses.field(default_factory=list)
     n: int = 1
     best_of: int | None = None
-    logit_bias: dict[int, float] = dataclasses.field(default_factory=dict)
 
     @property
     def candidates(self) -> int:
         """How many sequences the engine generates: best_of when given, else n."""
         return self.best_of if self.best_of is not None else self.n
+
+    def admit(self, request_id: str, prompt_ids: list[int]) -> Admit:
+        """The engine's command for this request: built once, carried unchanged by the lifecycle."""
+        return Admit(request_id, prompt_ids, self.max_tokens, self.ignore_eos, self.sampling, self.candidates,
+                     tuple(self.stop_token_ids))
 
 
 def _typed(body: dict, name: str, kinds: tuple[type, ...], label: str) -> Any:
@@ -76,22 +87,15 @@ def _typed(body: dict, name: str, kinds: tuple[type, ...], label: str) -> Any:
     return value
 
 
-def _bounded(name: str, value: Any) -> Any:
-    """`value` if lifecycle.params.BOUNDS allows it for `name` (the one table of bounds), else a 400."""
+def _integer(body: dict, name: str) -> int | None:
+    """An integer field, None when absent; a 400 unless the contract's BOUNDS allow it."""
+    value = body.get(name)
+    if value is None:
+        return None
     found = BOUNDS[name].problem(name, value)
     if found is not None:
-        raise bad_request(found[1], name)
+        raise bad_request(str(found), name)
     return value
-
-
-def _number(body: dict, name: str, default: float | None) -> float | None:
-    value = body.get(name)
-    return default if value is None else float(_bounded(name, value))
-
-
-def _integer(body: dict, name: str) -> int | None:
-    value = body.get(name)
-    return None if value is None else _bounded(name, value)
 
 
 def _token_ids(value: Any, name: str) -> list[int]:
@@ -118,41 +122,22 @@ def _stop(body: dict) -> list[str]:
     return list(dict.fromkeys(stops))
 
 
-def _logit_bias(body: dict) -> dict[int, float]:
+def _logit_bias(body: dict) -> tuple[tuple[int, Any], ...]:
     """OpenAI's shape: an object whose keys are token ids (decimal strings) and whose values are
-    biases in [-100, 100], added to those tokens' logits before sampling."""
+    biases, as (token id, bias) pairs; the contract checks the biases, their number and repeats."""
     raw = body.get("logit_bias")
     if raw is None:
-        return {}
+        return ()
     if not isinstance(raw, dict):
         raise bad_request("'logit_bias' must be an object mapping token ids to biases", "logit_bias")
-    if len(raw) > MAX_LOGIT_BIAS_ENTRIES:
-        raise bad_request(f"'logit_bias' may name at most {MAX_LOGIT_BIAS_ENTRIES} tokens, got {len(raw)}",
-                          "logit_bias")
-    out: dict[int, float] = {}
-    for key, bias in raw.items():
+    for key in raw:
         if not (key.isascii() and key.isdigit() and len(key) <= 19 and int(key) <= INT64_MAX):
             raise bad_request(f"'logit_bias' keys must be token ids (decimal strings), got {key[:24]!r}", "logit_bias")
-        token = int(key)
-        if token in out:
-            raise bad_request(f"'logit_bias' names token {token} twice", "logit_bias")
-        out[token] = float(_bounded("logit_bias", bias))
-    return out
+    return tuple((int(key), bias) for key, bias in raw.items())
 
 
-def _sampling(body: dict, req: CompletionRequest) -> None:
-    """The sampling, log-prob, stop and choice fields, validated into `req` against the bounds of
-    lifecycle.params (the model-dependent ones: vocabulary_problem)."""
-    req.top_p = _number(body, "top_p", 1.0)
-    top_k = _integer(body, "top_k")
-    req.top_k = -1 if top_k is None else top_k
-    req.min_p = _number(body, "min_p", 0.0)
-    req.seed = _integer(body, "seed")
-    req.presence_penalty = _number(body, "presence_penalty", 0.0)
-    req.frequency_penalty = _number(body, "frequency_penalty", 0.0)
-    req.repetition_penalty = _number(body, "repetition_penalty", 1.0)
-    req.logit_bias = _logit_bias(body)
-    req.logprobs = _integer(body, "logprobs")
+def _choices(body: dict, req: CompletionRequest) -> None:
+    """The HTTP-shaped fields after the sampling ones: echo, stop strings and ids, n and best_of."""
     req.echo = bool(_typed(body, "echo", (bool,), "a boolean") or False)
     req.stop = _stop(body)
     ids = body.get("stop_token_ids")
@@ -165,6 +150,18 @@ def _sampling(body: dict, req: CompletionRequest) -> None:
         if req.stream and best_of > 1:
             raise bad_request("'best_of' greater than 1 cannot be streamed", "best_of")
     req.best_of = best_of
+
+
+def _sampling(body: dict) -> SamplingParams:
+    """The sampling parameters as sent, checked by the contract (the one check); a 400 naming the
+    first field outside its bound. logprobs is the API's here; `parse_completion` then sets what
+    the engine runs."""
+    sent = {name: body.get(name) for name in ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+                                              "frequency_penalty", "repetition_penalty", "logprobs")}
+    try:
+        return SamplingParams.checked(**sent, logit_bias=_logit_bias(body))
+    except ParamError as e:
+        raise bad_request(str(e), e.param) from None
 
 
 def parse_completion(body: Any, *, max_tokens_default: int) -> CompletionRequest:
@@ -206,9 +203,15 @@ def parse_completion(body: Any, *, max_tokens_default: int) -> CompletionRequest
         if not isinstance(include_usage, bool):
             raise bad_request("'stream_options.include_usage' must be a boolean", "stream_options")
     ignore_eos = bool(_typed(body, "ignore_eos", (bool,), "a boolean") or False)
-    temperature = _number(body, "temperature", None)
-    req = CompletionRequest(model, text, ids, max_tokens, stream, include_usage, ignore_eos, temperature, body)
-    _sampling(body, req)
+    sampling = _sampling(body)
+    req = CompletionRequest(model, text, ids, max_tokens, stream, include_usage, ignore_eos, body,
+                            logprobs=sampling.logprobs)
+    _choices(body, req)
+    # best_of ranks candidates by cumulative log-prob: the engine reports the chosen tokens' log-probs
+    # whenever there is a choice to make; echo with logprobs asks for the prompt's too
+    engine_logprobs = req.logprobs if req.logprobs is not None else (0 if req.candidates > req.n else None)
+    req.sampling = dataclasses.replace(sampling, logprobs=engine_logprobs,
+                                       prompt_logprobs=req.logprobs if req.echo else None)
     return req
 
 
@@ -218,14 +221,14 @@ def vocabulary_problem(req: CompletionRequest, prompt_ids: list[int], vocab: int
     names lies in the vocabulary, and top_k is at most its size. tokenized: the prompt ids came from
     the tokenizer, so they are in the vocabulary (scanning 400k of them held the loop for 9 ms)."""
     named = (("prompt", "prompt token id", () if tokenized else prompt_ids), ("stop_token_ids", "stop token id", req.stop_token_ids),
-             ("logit_bias", "logit_bias token id", req.logit_bias))
+             ("logit_bias", "logit_bias token id", [t for t, _ in req.sampling.logit_bias]))
     for param, what, ids in named:
         bad = next((t for t in ids if not 0 <= t < vocab), None)
         if bad is not None:
             return bad_request(f"{what} {bad} is outside the vocabulary [0, {vocab})", param)
-    if req.top_k > vocab:
-        return bad_request(f"'top_k' must be -1 (off) or in [1, {vocab}] (the vocabulary size), got {req.top_k}",
-                           "top_k")
+    top_k = req.sampling.top_k
+    if top_k > vocab:
+        return bad_request(f"'top_k' must be -1 (off) or in [1, {vocab}] (the vocabulary size), got {top_k}", "top_k")
     return None
 
 

@@ -20,9 +20,9 @@ from daemon.http_protocol import protocol_factory
 from daemon.notify import Notifier
 from daemon.runtime import Runtime
 from daemon.settings import resolve
+from daemon.telemetry_setup import telemetry_for
 from engine.startup_log import log_event
 from ep.preflight import preflight
-from telemetry.setup import build_telemetry
 
 log = logging.getLogger("pegainfer.daemon")
 
@@ -55,7 +55,7 @@ class DrainingServer(uvicorn.Server):
 
 async def _serve(settings) -> int:
     notifier = Notifier.from_env()
-    return await serve_runtime(Runtime(settings, build_telemetry(settings), notifier))
+    return await serve_runtime(Runtime(settings, telemetry_for(settings), notifier))
 
 
 async def serve_runtime(runtime: Runtime) -> int:

@@ -2,13 +2,14 @@
 against the sampler's domain and converted once, when the GPU thread admits the request, so that a
 step's batch build cannot fail on one row's values. The domain is what keeps the device maths
 defined (finite float32 numbers, int64 integers, token ids and top-k within the vocabulary), not
-the API's policy (lifecycle.params holds that): a value outside it fails that request alone."""
+the API's policy (engine.contract's BOUNDS, checked where a request is parsed): a value outside it
+is an invariant the parse broke, and fails that request alone (engine.admission)."""
 from __future__ import annotations
 
 import dataclasses
 import math
 
-from engine.contract import GREEDY_BELOW, SamplingSpec
+from engine.contract import GREEDY_BELOW, SamplingParams
 
 FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
@@ -34,7 +35,7 @@ class DrawParams:
     penalised: bool = False
 
     @classmethod
-    def of(cls, spec: SamplingSpec, seed: int, vocab: int) -> DrawParams:
+    def of(cls, spec: SamplingParams, seed: int, vocab: int) -> DrawParams:
         temperature = _float32("temperature", spec.temperature, low=0.0)
         top_k = _int("top_k", spec.top_k, -1, vocab)
         if top_k == 0:

@@ -1,5 +1,6 @@
 """Rank 0's engine: config, weights, the model, the KV cache, the runner and the EP backend, built
-from a checkpoint folder (or a random-weight preset) and checked against each request's limits."""
+from a checkpoint folder (or a random-weight preset). A request's limits are checked where it is
+parsed; engine.admission asserts the invariants the engine relies on."""
 from __future__ import annotations
 
 import dataclasses
@@ -28,7 +29,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class RequestError(ValueError):
-    """A request the engine cannot run as given (ids outside the vocabulary, over the context)."""
+    """A request that breaks an invariant the engine relies on (ids outside the vocabulary, over the
+    context): the parse that built it should have refused it (engine.admission). It fails alone."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -80,18 +82,6 @@ class Engine:
     @property
     def maturity(self) -> str:
         return self.backend.maturity
-
-    def check_request(self, prompt_ids: list[int], max_tokens: int) -> None:
-        if not prompt_ids:
-            raise RequestError("the prompt is empty")
-        bad = [t for t in prompt_ids if not 0 <= t < self.cfg.vocab_size]
-        if bad:
-            raise RequestError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.cfg.vocab_size})")
-        if max_tokens < 1:
-            raise RequestError(f"max_tokens must be at least 1, got {max_tokens}")
-        if len(prompt_ids) + max_tokens > self.max_model_len:
-            raise RequestError(f"prompt of {len(prompt_ids)} tokens plus max_tokens {max_tokens} exceeds the "
-                               f"context limit of {self.max_model_len} tokens")
 
     def close(self) -> None:
         self.backend.close()

@@ -1,14 +1,15 @@
 """Offline batched generation over the engine: what `pegainfer generate`, the HF oracle and the
 direct benchmark run. All rows prefill in one step, then decode together in one step each. Greedy
-unless a SamplingSpec is given (one for all prompts, or one per prompt)."""
+unless a SamplingParams is given (one for all prompts, or one per prompt)."""
 from __future__ import annotations
 
 import dataclasses
 
+from engine.admission import runnable
 from engine.batch import RowInput
 from engine.draw_params import DrawParams
 from engine.engine import Engine, RequestError
-from engine.contract import SamplingSpec, TopLogprobs
+from engine.contract import SamplingParams, TopLogprobs
 from engine.sampler import Draw
 
 
@@ -22,10 +23,10 @@ class Generation:
 
 
 def generate(engine: Engine, prompts: list[list[int]], max_tokens: int, ignore_eos: bool = False,
-             sampling: SamplingSpec | list[SamplingSpec] | None = None) -> list[Generation]:
-    for p in prompts:
-        engine.check_request(p, max_tokens)
-    specs = sampling if isinstance(sampling, list) else [sampling or SamplingSpec()] * len(prompts)
+             sampling: SamplingParams | list[SamplingParams] | None = None) -> list[Generation]:
+    for p in prompts:  # the caller checked its inputs; these are the engine's invariants
+        runnable(p, max_tokens, engine)
+    specs = sampling if isinstance(sampling, list) else [sampling or SamplingParams()] * len(prompts)
     if len(specs) != len(prompts):
         raise ValueError(f"{len(specs)} sampling specs for {len(prompts)} prompts")
     params = [DrawParams.of(s, s.seed or 0, engine.cfg.vocab_size) for s in specs]  # ValueError on a bad spec

@@ -17,6 +17,7 @@ KV slot is never handed out while a launched step may still write to it."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import queue
 import threading
 import time
@@ -32,6 +33,7 @@ from engine.contract import (
     Cancel,
     Command,
     EngineDied,
+    EngineSnapshot,
     Event,
     Failed,
     Finished,
@@ -58,7 +60,7 @@ class GpuThread:
     def __init__(self, engine: Engine, emit: Callable[[Event], None], *, max_prefill_tokens: int = 8192,
                  overlap: bool = True):
         self.engine = engine
-        self._emit = emit
+        self._send = emit  # every event goes out through _emit, which attaches the snapshot
         self.max_prefill_tokens = max_prefill_tokens
         self.overlap = overlap  # launch decode step N+1 before reading step N's tokens
         self.in_flight: InFlight | None = None
@@ -389,3 +391,15 @@ class GpuThread:
             kv_slots_used=self.engine.cache.num_slots - self.engine.cache.free_slots, draws=draws, sampled=sampled,
             overlapped=overlapped, dropped_rows=dropped,
         )
+
+    # ---- the published snapshot: what /ready and the metrics know of this thread -----------------
+    def snapshot(self) -> EngineSnapshot:
+        c = self.engine.cache
+        return EngineSnapshot(self.steps, self.decode_batch_max, len(self.running), len(self.waiting),
+                              self.overlapped_steps, self.overlap, c.free_slots, c.num_slots)
+
+    def _emit(self, event: Event) -> None:
+        """A step's events, and the thread's death, carry the snapshot of the state they leave."""
+        if isinstance(event, (StepEvents, EngineDied)):
+            event = dataclasses.replace(event, snapshot=self.snapshot())
+        self._send(event)

@@ -26,7 +26,7 @@ import torch
 
 from engine.counter_rng import exponential
 from engine.draw_params import DrawParams
-from engine.contract import SamplingSpec, TopLogprobs
+from engine.contract import SamplingParams, TopLogprobs
 
 
 def argmax_rows(logits: torch.Tensor, chunks: int = 64, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -58,7 +58,7 @@ class Draw:
     the sequence's DrawParams from its admission; without them (tools, tests) the batch converts
     `spec` and `seed` itself."""
     row: int  # index of the forward row whose logits it draws from
-    spec: SamplingSpec
+    spec: SamplingParams
     seed: int  # the request's seed, as a signed 64-bit integer
     index: int  # the sequence's choice index
     step: int  # tokens the sequence generated before this one

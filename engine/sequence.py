@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from engine.draw_params import DrawParams
-from engine.contract import SamplingSpec
+from engine.contract import FinishReason, SamplingParams
 
 
 @dataclasses.dataclass(slots=True)
@@ -15,13 +15,13 @@ class Group:
     live: int
     reasons: list[str] = dataclasses.field(default_factory=list)
 
-    def end_one(self, reason: str) -> str | None:
+    def end_one(self, reason: str) -> FinishReason | None:
         """Record one sequence's end; the request's reason once its last sequence has ended."""
         self.live -= 1
         self.reasons.append(reason)
         if self.live > 0:
             return None
-        return "length" if "length" in self.reasons else "stop"
+        return FinishReason.LENGTH if FinishReason.LENGTH in self.reasons else FinishReason.STOP
 
 
 @dataclasses.dataclass(slots=True)
@@ -34,7 +34,7 @@ class Sequence:
     output_ids: list[int] = dataclasses.field(default_factory=list)
     cached: int = 0  # tokens already in the KV cache
     index: int = 0  # choice index within the request
-    sampling: SamplingSpec = dataclasses.field(default_factory=SamplingSpec)
+    sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
     seed: int = 0  # the request's seed (the client's, or one the engine drew)
     params: DrawParams | None = None  # `sampling` and `seed` as the sampler takes them, checked at admission
     stop_token_ids: frozenset[int] = frozenset()
@@ -63,10 +63,10 @@ class Sequence:
             return [self.output_ids[-1]]
         return self.prompt_ids[self.cached:self.cached + budget]
 
-    def finish_reason(self, eos_id: int | None) -> str | None:
+    def finish_reason(self, eos_id: int | None) -> FinishReason | None:
         last = self.output_ids[-1] if self.output_ids else None
         if last is not None and ((last == eos_id and not self.ignore_eos) or last in self.stop_token_ids):
-            return "stop"
+            return FinishReason.STOP
         if len(self.output_ids) >= self.max_tokens:
-            return "length"
+            return FinishReason.LENGTH
         return None

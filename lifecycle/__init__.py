@@ -1,12 +1,12 @@
-"""Request lifecycle on the asyncio side: states and their transition table, admission and FCFS
-deferral, cancel and disconnect, token sinks. Pure Python: no torch, nothing from engine/ or ep/;
+"""Request lifecycle on the asyncio side: the transition table between request states, admission
+and FCFS deferral, cancel, disconnect and stop strings, token sinks. Pure Python: the standard
+library and the contract (engine/contract.py) only, no torch, nothing else from engine/ or ep/;
 it reaches the GPU thread only through the EngineClient protocol."""
 from __future__ import annotations
 
 from lifecycle.counters import SchedulerCounters
 from lifecycle.engine_client import EngineClient
 from lifecycle.observer import LifecycleObserver, NullObserver
-from lifecycle.params import GenerationParams
 from lifecycle.rejection import Draining, NotReady, QueueFull, Rejection
 from lifecycle.request import Request
 from lifecycle.scheduler import Scheduler
@@ -22,7 +22,7 @@ from lifecycle.states import (
 )
 
 __all__ = [
-    "TERMINAL", "TRANSITIONS", "Draining", "EngineClient", "SchedulerCounters", "FinishReason", "GenerationParams",
+    "TERMINAL", "TRANSITIONS", "Draining", "EngineClient", "SchedulerCounters", "FinishReason",
     "IllegalTransition", "LifecycleObserver", "NotReady", "NullObserver", "QueueFull", "Rejection",
     "Request", "RequestState", "Scheduler", "SinkEnd", "SinkItem", "TerminalReason", "TokenSink",
     "advance",

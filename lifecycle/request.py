@@ -1,13 +1,15 @@
-"""One request as the asyncio side sees it: its state, its output so far, its timings, its sink.
+"""One request as the asyncio side sees it: the engine command it will be run as, its state, its
+output so far, its timings, its sink.
 
 Plain data plus two methods that move it through the transition table. Times come from the
-caller (the scheduler's injected clock), so a Request never reads a clock itself.
+caller (the scheduler's injected clock), so a Request never reads a clock itself. Its parameters
+are the contract's Admit, built once where the request was parsed and handed to the engine as it is.
 """
 from __future__ import annotations
 
 import dataclasses
 
-from lifecycle.params import GenerationParams
+from engine.contract import Admit
 from lifecycle.sink import SinkEnd, TokenSink
 from lifecycle.states import (
     TERMINAL,
@@ -21,9 +23,7 @@ from lifecycle.states import (
 
 @dataclasses.dataclass(slots=True)
 class Request:
-    request_id: str
-    prompt_ids: list[int]
-    params: GenerationParams
+    command: Admit  # what the engine runs: prompt ids, limits, sampling parameters, choices
     model: str
     sink: TokenSink
     state: RequestState = RequestState.RECEIVED
@@ -31,6 +31,8 @@ class Request:
     finish_reason: FinishReason | None = None
     terminal_reason: TerminalReason | None = None
     error: str | None = None
+    code: str | None = None  # the stable cause of the end, where the state alone does not say it
+    stopped_choices: list[int] = dataclasses.field(default_factory=list)  # choices ended by a stop string
     # timestamps, in the scheduler clock's seconds; None until the request gets there
     received_at: float | None = None
     pending_at: float | None = None
@@ -44,6 +46,14 @@ class Request:
     decode_batch_size_max: int = 0  # largest batch among the decode steps that made its tokens
     # who sent it, as the daemon identifies callers (a digest of the API key); only they may cancel it
     owner: str | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.command.request_id
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.command.prompt_ids
 
     @property
     def is_terminal(self) -> bool:
@@ -74,11 +84,12 @@ class Request:
     ) -> SinkEnd:
         """Move to a terminal state, record why, and return the sink's terminal item (the caller
         closes the sink, after its observers have seen the move). `code`: a stable cause the client
-        is told (e.g. "server_shutdown"), where the state alone does not say it."""
+        is told (e.g. "server_shutdown", "queue_full"), where the state alone does not say it."""
         reason = terminal_reason(new, finish_reason)  # validates before anything changes
         self.state = advance(self.state, new)
         self.finish_reason = finish_reason
         self.terminal_reason = reason
         self.error = error
+        self.code = code
         self.finished_at = now
         return SinkEnd(state=new, reason=reason, finish_reason=finish_reason, message=error, code=code)

@@ -1,7 +1,8 @@
 """The scheduler: admission, FCFS deferral and every request's walk to exactly one terminal state.
 
-Lives on the asyncio loop thread only. Requests come in through `submit`; engine events arrive as plain method
-calls (the daemon translates the GPU thread's typed events); the API side cancels or reports disconnects. Every
+Lives on the asyncio loop thread only. Requests come in through `submit`; engine events arrive as method calls
+with the contract's events (the daemon dispatches the GPU thread's StepEvents); the API side cancels, reports
+disconnects, or ends a choice on a stop string (the one finish the daemon finds in the text). Every
 terminal path goes through `_end`: it frees the active slot at most once, closes the sink with its one terminal
 item, and admits the head of the queue, so a slot is never idle while a request waits. Admission is FCFS:
 admitted at once only if a slot is free and nobody is queued, else PENDING if the queue has room, else QueueFull.
@@ -18,6 +19,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from engine.contract import PromptLogprobs, Token
 from lifecycle.counters import SchedulerCounters
 from lifecycle.engine_client import EngineClient
 from lifecycle.observer import LifecycleObserver, NullObserver
@@ -101,27 +103,26 @@ class Scheduler:
 
     def cancel(self, request_id: str, message: str = "cancelled", code: str | None = None) -> bool:
         """The server or an API call ends a request: CANCELLED, `code` its cause. False if not live."""
-        request = self._live(request_id)
-        if request is None:
-            return False
-        self._abort(request, RequestState.CANCELLED, message, code)
-        return True
+        return self._abort_live(request_id, RequestState.CANCELLED, message, code)
 
     def disconnect(self, request_id: str, message: str = "client disconnected") -> bool:
         """The client closed its stream: DISCONNECTED. False if the request was not live."""
-        request = self._live(request_id)
-        if request is None:
-            return False
-        self._abort(request, RequestState.DISCONNECTED, message)
-        return True
+        return self._abort_live(request_id, RequestState.DISCONNECTED, message)
 
     def fail(self, request_id: str, message: str) -> bool:
         """The daemon could not serve a live request (its output failed to render): FAILED, and the
         engine drops it. False if it was not live."""
-        request = self._live(request_id)
-        if request is None:
+        return self._abort_live(request_id, RequestState.FAILED, message)
+
+    def stop_choice(self, request_id: str, index: int) -> bool:
+        """The daemon found a stop string in choice `index`'s text: the choice is finished ("stop"),
+        and the engine is asked to end its sequence (the request finishes once every choice has).
+        False if the engine does not hold the request (it ended meanwhile, or never got it)."""
+        request = self._running.get(request_id)
+        if request is None or index in request.stopped_choices:
             return False
-        self._abort(request, RequestState.FAILED, message)
+        request.stopped_choices.append(index)
+        self._engine.stop_choice(request_id, index)
         return True
 
     def cancel_all(self, message: str, code: str | None = None) -> int:
@@ -141,13 +142,22 @@ class Scheduler:
             return
         self._move(request, RequestState.PREFILL)
 
-    def on_token(self, request_id: str, token_id: int, batch_size: int) -> None:
-        """One sampled token. The first one (from the prefill) moves the request to DECODE; the
-        engine may skip the prefill-start event, so ADMITTED passes through PREFILL here."""
-        request = self._running.get(request_id)  # the common case, without _held's call
-        if request is None and (request := self._held(request_id, "token")) is None:
+    def on_prompt_logprobs(self, event: PromptLogprobs) -> None:
+        """One prompt chunk's log-probs, for the request's sink (they go out with its first token).
+        Like the token it precedes, it may arrive after the request ended: then it is dropped (the
+        token's event is the one that counts as late)."""
+        request = self._running.get(event.request_id)
+        if request is not None:
+            request.sink.push_prompt(event)
+
+    def on_token(self, token: Token, batch_size: int) -> None:
+        """One sampled token, handed whole to the request's sink. The first one (from the prefill)
+        moves the request to DECODE; the engine may skip the prefill-start event, so ADMITTED
+        passes through PREFILL here."""
+        request = self._running.get(token.request_id)  # the common case, without _held's call
+        if request is None and (request := self._held(token.request_id, "token")) is None:
             return
-        request.output_ids.append(token_id)
+        request.output_ids.append(token.token_id)
         if request.state is RequestState.ADMITTED:
             self._move(request, RequestState.PREFILL)
         if request.state is RequestState.PREFILL:
@@ -155,7 +165,7 @@ class Scheduler:
         else:  # a decode step's token: the batch size is a decode batch size
             request.decode_batch_size_max = max(request.decode_batch_size_max, batch_size)
         sink = request.sink
-        sink.push(token_id)
+        sink.push(token)
         if sink.overflowed:
             self._abort(request, RequestState.CANCELLED, SLOW_READER)
 
@@ -247,7 +257,7 @@ class Scheduler:
 
     def _refused(self, request: Request, rejection: Rejection) -> Rejection:
         """End a refused request as REJECTED and hand back the rejection for the caller to raise."""
-        self._end(request, RequestState.REJECTED, error=rejection.message)
+        self._end(request, RequestState.REJECTED, error=rejection.message, code=rejection.code)
         return rejection
 
     def _admit_pending(self) -> None:
@@ -255,7 +265,7 @@ class Scheduler:
             request = next(iter(self._pending.values()))
             rid = request.request_id
             self._rate.observe(busy=True)
-            self._engine.admit(rid, request.prompt_ids, request.params)
+            self._engine.admit(request.command)
             del self._pending[rid]
             self._running[rid] = request
             request.pending_depth_at_admit = len(self._pending)
@@ -268,6 +278,12 @@ class Scheduler:
         old = request.state
         request.move(new, self._clock())
         self._observer.on_transition(request, old, new)
+
+    def _abort_live(self, request_id: str, new: RequestState, message: str, code: str | None = None) -> bool:
+        request = self._live(request_id)
+        if request is not None:
+            self._abort(request, new, message, code)
+        return request is not None
 
     def _abort(self, request: Request, new: RequestState, message: str, code: str | None = None) -> None:
         """End a live request early; if the engine holds it, tell the engine to drop it."""

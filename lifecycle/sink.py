@@ -1,9 +1,12 @@
-"""The token sink: one request's bounded, coalescing buffer between the scheduler and its stream.
+"""The token sink: one request's bounded, coalescing buffer between the scheduler and its stream,
+and the one channel by which the request's output reaches its handler.
 
-The scheduler (producer) pushes token ids and, exactly once, an end; it never blocks. The HTTP
+The scheduler (producer) pushes the engine's Token events whole (choice index, log-probs, finish
+reason), the prompt's PromptLogprobs events, and, exactly once, an end; it never blocks. The HTTP
 stream (the one consumer) awaits `next()` or iterates with `async for`, and each read returns
-every token buffered since the previous read in one item, so a reader that falls a little behind
-sends fewer, larger SSE chunks instead of queueing one item per token.
+everything buffered since the previous read in one item, so a reader that falls a little behind
+sends fewer, larger SSE chunks instead of queueing one item per token. Prompt log-probs wake
+nobody: they come before the prompt's first token, and go out with it.
 
 Bounded: when more than `max_buffered` tokens sit unread the sink reports `overflowed`, and the
 scheduler cancels the request ("client too slow to read"). A slow reader therefore costs at most
@@ -17,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Sequence
 
+from engine.contract import PromptLogprobs, Token
 from lifecycle.states import FinishReason, RequestState, TerminalReason
 
 
@@ -33,9 +38,12 @@ class SinkEnd:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SinkItem:
-    """What one read returns: the tokens since the last read, and the end if it has come."""
-    token_ids: list[int]
+    """What one read returns: the tokens since the last read (in the engine's order), the prompt
+    log-prob events since the last read (a prompt fed in chunks sends one per chunk), and the end
+    if it has come."""
+    tokens: list[Token]
     end: SinkEnd | None = None
+    prompt: Sequence[PromptLogprobs] = ()
 
     @property
     def is_last(self) -> bool:
@@ -45,25 +53,32 @@ class SinkItem:
 class TokenSink:
     """Single-producer, single-consumer, asyncio-side; see the module docstring."""
 
-    __slots__ = ("max_buffered", "_buffer", "_end", "_end_read", "_waiter", "_reading")
+    __slots__ = ("max_buffered", "_buffer", "_prompt", "_end", "_end_read", "_waiter", "_reading")
 
     def __init__(self, max_buffered: int) -> None:
         if max_buffered < 1:
             raise ValueError(f"max_buffered must be >= 1, got {max_buffered}")
         self.max_buffered = max_buffered
-        self._buffer: list[int] = []
+        self._buffer: list[Token] = []
+        self._prompt: list[PromptLogprobs] = []
         self._end: SinkEnd | None = None
         self._end_read = False
         self._waiter: asyncio.Future[None] | None = None  # the reader's, while it waits
         self._reading = False
 
     # ---- producer side (the scheduler) ----------------------------------------------------------
-    def push(self, token_id: int) -> None:
+    def push(self, token: Token) -> None:
         if self._end is not None:
             raise RuntimeError("push after the sink was closed")
-        self._buffer.append(token_id)
+        self._buffer.append(token)
         if self._waiter is not None:
             self._wake()
+
+    def push_prompt(self, event: PromptLogprobs) -> None:
+        """Buffer one prompt chunk's log-probs; they are read with the next token or the end."""
+        if self._end is not None:
+            raise RuntimeError("push after the sink was closed")
+        self._prompt.append(event)
 
     def close(self, end: SinkEnd) -> None:
         """Deliver the one terminal item; a second close is a scheduler bug and raises."""
@@ -100,6 +115,9 @@ class TokenSink:
             return None
         tokens, self._buffer = self._buffer, []
         self._end_read = self._end is not None
+        if self._prompt:
+            prompt, self._prompt = self._prompt, []
+            return SinkItem(tokens, self._end, prompt)
         return SinkItem(tokens, self._end)
 
     async def next(self) -> SinkItem:

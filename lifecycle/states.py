@@ -1,4 +1,7 @@
-"""Request states, the transition table between them, and the one function that applies it.
+"""The transition table between request states, and the one function that applies it. The states,
+the terminal and engine-held sets, and the finish and terminal reasons are the contract's
+(engine/contract.py), so that telemetry and the daemon speak the same vocabulary without importing
+lifecycle/; they are re-exported here.
 
 The table follows the diagram in DESIGN.md ("Request lifecycle"):
 
@@ -18,41 +21,10 @@ Decisions the diagram leaves open:
 """
 from __future__ import annotations
 
-import enum
+from engine.contract import ENGINE_HELD, TERMINAL, FinishReason, RequestState, TerminalReason
 
-
-class RequestState(enum.Enum):
-    RECEIVED = "received"
-    PENDING = "pending"
-    ADMITTED = "admitted"
-    PREFILL = "prefill"
-    DECODE = "decode"
-    # everything below is terminal (see TERMINAL)
-    FINISHED = "finished"
-    REJECTED = "rejected"
-    CANCELLED = "cancelled"
-    DISCONNECTED = "disconnected"
-    FAILED = "failed"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self in TERMINAL
-
-
-TERMINAL: frozenset[RequestState] = frozenset({
-    RequestState.FINISHED,
-    RequestState.REJECTED,
-    RequestState.CANCELLED,
-    RequestState.DISCONNECTED,
-    RequestState.FAILED,
-})
-
-# The states in which the engine (GPU thread) holds the request and a KV slot is reserved for it.
-ENGINE_HELD: frozenset[RequestState] = frozenset({
-    RequestState.ADMITTED,
-    RequestState.PREFILL,
-    RequestState.DECODE,
-})
+__all__ = ["ENGINE_HELD", "TERMINAL", "TRANSITIONS", "FinishReason", "IllegalTransition", "RequestState",
+           "TerminalReason", "advance", "terminal_reason"]
 
 _ABORTS = frozenset({RequestState.CANCELLED, RequestState.DISCONNECTED, RequestState.FAILED})
 
@@ -84,22 +56,6 @@ def advance(current: RequestState, new: RequestState) -> RequestState:
     if new not in TRANSITIONS[current]:
         raise IllegalTransition(current, new)
     return new
-
-
-class FinishReason(enum.Enum):
-    """Why a FINISHED request stopped, in OpenAI's words."""
-    STOP = "stop"
-    LENGTH = "length"
-
-
-class TerminalReason(enum.Enum):
-    """The telemetry vocabulary for how a request ended (one per terminal state, two for FINISHED)."""
-    COMPLETED_LENGTH = "completed_length"
-    COMPLETED_STOP = "completed_stop"
-    REJECTED = "rejected"
-    CANCELLED = "cancelled"
-    DISCONNECTED = "disconnected"
-    FAILED = "failed"
 
 
 _TERMINAL_REASONS: dict[RequestState, TerminalReason] = {

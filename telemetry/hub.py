@@ -1,7 +1,9 @@
 """The telemetry hub the daemon wires in: it observes every lifecycle transition (it is the
-scheduler's LifecycleObserver) and every engine step, and fans them out to request spans, engine
-step spans and Prometheus metrics. Everything here runs on the event loop and only records: spans
-are exported on the batch processors' worker threads, so nothing here blocks on I/O.
+scheduler's LifecycleObserver, seeing requests through telemetry.observed) and every engine step,
+and fans them out to request spans, engine step spans and Prometheus metrics. Everything here runs
+on the event loop and only records: spans are exported on the batch processors' worker threads, so
+nothing here blocks on I/O. The HTTP routes that serve what it keeps (/metrics, /debug/traces) are
+the daemon's; engine state reaches it only as the contract's step records and snapshots.
 
 A telemetry bug must not fail a request: the observer callbacks run inside the scheduler's moves,
 so an exception there is logged (the first few times), counted in
@@ -12,14 +14,11 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
-from starlette.routing import Route
-
-from engine.contract import StepRecord
-from lifecycle.request import Request
-from lifecycle.states import RequestState
+from engine.contract import EngineSnapshot, RequestState, StepRecord
 from telemetry.clock import EpochClock
 from telemetry.engine_info import EngineInfo
 from telemetry.metrics import Metrics
+from telemetry.observed import AnnouncedRequest, ObservedRequest
 from telemetry.request_spans import RequestSpans
 from telemetry.step_spans import StepSpans
 from telemetry.tracing import Tracing
@@ -55,7 +54,7 @@ class Telemetry:
         self.metrics.set_engine(backend, maturity, model)
 
     # ---- LifecycleObserver ------------------------------------------------------------------------
-    def on_transition(self, request: Request, old: RequestState, new: RequestState) -> None:
+    def on_transition(self, request: ObservedRequest, old: RequestState, new: RequestState) -> None:
         with self._guard("on_transition"):
             self.requests.on_transition(request, old, new)
         with self._guard("on_transition metrics"):
@@ -82,17 +81,17 @@ class Telemetry:
         with self._guard("on_front_rejection metrics"):
             self.metrics.on_front_rejection()
 
-    def on_request_start(self, request_id: str, parsed, headers) -> None:
-        """The parsed OpenAI request (daemon.protocol.CompletionRequest) and the HTTP headers
-        (for an incoming traceparent), before the request is submitted or rejected."""
+    def on_request_start(self, request_id: str, parsed: AnnouncedRequest, headers) -> None:
+        """The parsed OpenAI request and the HTTP headers (for an incoming traceparent), before the
+        request is submitted or rejected."""
         with self._guard("on_request_start"):
             self.requests.announce(request_id, parsed, self.tracing.extract(headers))
 
-    def render_metrics(self, runtime) -> tuple[bytes, str]:
-        return self.metrics.render(runtime.scheduler, runtime.engine, self.tracing.dropped())
-
-    def extra_routes(self, runtime) -> list[Route]:
-        return [self.tracing.recent.route()] if self.tracing.recent is not None else []
+    def render_metrics(self, scheduler: dict[str, int | bool] | None = None,
+                       engine: EngineSnapshot | None = None) -> tuple[bytes, str]:
+        """The text format: `scheduler` is the scheduler's snapshot and `engine` the GPU thread's
+        last published one (None: not known yet)."""
+        return self.metrics.render(scheduler, engine, self.tracing.dropped())
 
     def shutdown(self) -> None:
         """Flush every exporter (the trace file included) and close them; safe to call twice."""

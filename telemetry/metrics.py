@@ -1,7 +1,8 @@
 """Prometheus metrics for /metrics, in a CollectorRegistry this instance owns (never the process
-default). Names follow vLLM's (`vllm:` becomes `pegainfer:`): request gauges read from the scheduler
-at scrape time, latency histograms from request timestamps and engine steps, token and terminal
-counters, engine step durations, KV slot use, dropped spans and a backend info gauge."""
+default). Names follow vLLM's (`vllm:` becomes `pegainfer:`): request gauges from the scheduler's
+snapshot at scrape time, latency histograms from request timestamps and engine steps, token and
+terminal counters, engine step durations, KV slot use (from step records and the GPU thread's
+published snapshot, never its objects), dropped spans and a backend info gauge."""
 from __future__ import annotations
 
 import bisect
@@ -11,9 +12,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from engine.contract import StepRecord
-from lifecycle.request import Request
-from lifecycle.states import ENGINE_HELD, RequestState, TerminalReason
+from engine.contract import ENGINE_HELD, EngineSnapshot, RequestState, StepRecord, TerminalReason
+from telemetry.observed import ObservedRequest
 
 P = "pegainfer:"
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -89,7 +89,7 @@ class Metrics:
         self.backend_info.clear()
         self.backend_info.labels(backend, maturity, model).set(1)
 
-    def on_transition(self, request: Request, old: RequestState, new: RequestState) -> None:
+    def on_transition(self, request: ObservedRequest, old: RequestState, new: RequestState) -> None:
         r = request
         if new is RequestState.ADMITTED and r.pending_at is not None:
             self.queue_time.observe(r.admitted_at - r.pending_at)
@@ -128,14 +128,15 @@ class Metrics:
     def on_engine_died(self) -> None:
         self.engine_deaths.inc()
 
-    def render(self, scheduler, engine, dropped: dict[str, int]) -> tuple[bytes, str]:
-        """Read the live gauges (scheduler queue sizes, KV slots) and render the text format."""
+    def render(self, scheduler: dict[str, int | bool] | None, engine: EngineSnapshot | None,
+               dropped: dict[str, int]) -> tuple[bytes, str]:
+        """Set the scrape-time gauges (the scheduler's queue sizes from its snapshot, KV slots from
+        the engine's last published snapshot) and render the text format."""
         if scheduler is not None:
-            self.running.set(scheduler.num_running)
-            self.waiting.set(scheduler.num_waiting)
-        cache = getattr(engine, "cache", None)
-        if cache is not None:
-            self.kv_total.set(cache.num_slots)
-            self.kv_used.set(cache.num_slots - cache.free_slots)
+            self.running.set(scheduler["running"])
+            self.waiting.set(scheduler["waiting"])
+        if engine is not None:
+            self.kv_total.set(engine.kv_slots_total)
+            self.kv_used.set(engine.kv_slots_used)
         self._dropped.by_exporter = dict(dropped)
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,6 +1,6 @@
-"""The recent-span ring buffer behind GET /debug/traces: the last few thousand finished spans,
-kept in memory and served as the same OTLP/JSON lines the trace file holds, so the viewer can be
-pointed at a live daemon instead of a file."""
+"""The recent-span ring buffer behind GET /debug/traces (the daemon's route, daemon/debug_traces.py):
+the last few thousand finished spans, kept in memory and rendered as the same OTLP/JSON lines the
+trace file holds, so the viewer can be pointed at a live daemon instead of a file."""
 from __future__ import annotations
 
 import collections
@@ -8,15 +8,11 @@ import threading
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
-from starlette.requests import Request as HTTPRequest
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from telemetry import otlp_json
 
 CAPACITY = 4096
 SPANS_PER_LINE = 512
-MEDIA_TYPE = "application/x-ndjson"
 
 
 class RecentSpans(SpanProcessor):
@@ -37,22 +33,10 @@ class RecentSpans(SpanProcessor):
             spans = list(self._spans)
         return spans if limit is None else spans[max(0, len(spans) - limit):]
 
-    def jsonl(self, limit: int | None = None) -> bytes:
+    def jsonl(self, limit: int | None = None, dumps: otlp_json.Dumps = otlp_json.stdlib_dumps) -> bytes:
+        """The newest `limit` spans (all when None) as OTLP/JSON lines of up to SPANS_PER_LINE spans."""
         spans = self.snapshot(limit)
-        return b"".join(otlp_json.line(spans[i:i + SPANS_PER_LINE]) for i in range(0, len(spans), SPANS_PER_LINE))
-
-    def route(self) -> Route:
-        """GET /debug/traces[?limit=N]: recent spans as OTLP/JSON lines."""
-        async def traces(http: HTTPRequest) -> Response:
-            raw = http.query_params.get("limit")
-            if raw is not None and not (raw.isdigit() and int(raw) > 0):
-                # the OpenAI error shape every other 4xx of the daemon has
-                return JSONResponse({"error": {"message": f"limit must be a positive integer, got {raw[:50]!r}",
-                                               "type": "invalid_request_error", "param": "limit", "code": None}},
-                                    status_code=400)
-            return Response(self.jsonl(int(raw) if raw else None), media_type=MEDIA_TYPE)
-
-        return Route("/debug/traces", traces, methods=["GET"])
+        return b"".join(otlp_json.line(spans[i:i + SPANS_PER_LINE], dumps) for i in range(0, len(spans), SPANS_PER_LINE))
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True

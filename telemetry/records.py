@@ -26,12 +26,14 @@ log = logging.getLogger("pegainfer.telemetry")
 
 
 class JsonlSpanExporter(SpanExporter):
-    def __init__(self, path: str | os.PathLike, *, max_bytes: int = MAX_BYTES, backups: int = BACKUPS) -> None:
+    def __init__(self, path: str | os.PathLike, *, max_bytes: int = MAX_BYTES, backups: int = BACKUPS,
+                 dumps: otlp_json.Dumps = otlp_json.stdlib_dumps) -> None:
         if max_bytes < 1 or backups < 0:
             raise ValueError(f"max_bytes must be >= 1 and backups >= 0, got {max_bytes}, {backups}")
         self.path = Path(path)
         self.max_bytes = max_bytes
         self.backups = backups
+        self.dumps = dumps  # the JSON encoder (the daemon's: orjson)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._file = open(self.path, "ab")
@@ -41,7 +43,7 @@ class JsonlSpanExporter(SpanExporter):
         if not spans:
             return SpanExportResult.SUCCESS
         try:
-            record = otlp_json.line(spans)
+            record = otlp_json.line(spans, self.dumps)
         except Exception:  # noqa: BLE001 - a span that cannot be encoded must not kill the exporter thread
             log.exception("trace records: could not encode %d spans", len(spans))
             return SpanExportResult.FAILURE

@@ -7,7 +7,7 @@ engine steps can link to it while it runs; children, events and most attributes 
 the terminal transition, when every timestamp is known; the children go straight to the span
 processors (Tracing.end_child_span), as the tracer would have ended them. A request gets exactly one root span:
 the scheduler moves a request to a terminal state exactly once, and a front rejection never
-reaches the scheduler."""
+reaches the scheduler. Requests are seen through telemetry.observed (nothing from lifecycle/)."""
 from __future__ import annotations
 
 import collections
@@ -16,43 +16,40 @@ import hashlib
 from types import MappingProxyType
 from typing import Any
 
-import orjson
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Span
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from lifecycle.rejection import Draining, NotReady, QueueFull
-from lifecycle.request import Request
-from lifecycle.states import ENGINE_HELD, RequestState, TerminalReason
+from engine.contract import ENGINE_HELD, RequestState, TerminalReason
 from telemetry.clock import EpochClock
 from telemetry.engine_info import EngineInfo
+from telemetry.observed import AnnouncedRequest, ObservedRequest
 from telemetry.tracing import Tracing
 
 OPERATION = "text_completion"
 MAX_ANNOUNCED = 4096  # announced requests not yet seen by the scheduler (normally 0 or 1)
 
-# Scheduler refusals, by their message (or its start): (HTTP status, error.type). Anything else the daemon
-# rejected before admission (over the context, a token outside the vocabulary) was a 400.
-_REFUSALS = {QueueFull(0).message: (429, "queue_full"), NotReady(0).message: (503, "not_ready"),
-             Draining().message: (503, "draining")}
+# A scheduler refusal's HTTP status, by the stable code the refused request records (lifecycle's
+# Rejection.code; the daemon answers with the same statuses). A request the daemon rejected before
+# admission (over the context, a token outside the vocabulary) has no code: it was a 400.
+_REFUSAL_STATUS = {"queue_full": 429, "not_ready": 503, "draining": 503}
 _INVALID = (400, "invalid_request")
 
 
-def _refusal(error: str) -> tuple[int, str]:
-    """A scheduler refusal's (status, error.type) by its message, which may carry a reason after a
-    colon ("server not ready: engine failed: ..."); _INVALID for anything else."""
-    return next((v for m, v in _REFUSALS.items() if error == m or error.startswith(m + ": ")), _INVALID)
+def _refusal(code: str | None) -> tuple[int, str]:
+    """(HTTP status, error.type) of a REJECTED request, by its code."""
+    return (_REFUSAL_STATUS[code], code) if code in _REFUSAL_STATUS else _INVALID
 
 
 @dataclasses.dataclass(slots=True)
 class _Announced:
-    parsed: Any  # daemon.protocol.CompletionRequest
+    parsed: AnnouncedRequest
     parent: Context | None
 
 
 def output_hash(token_ids: list[int]) -> str:
     """sha256 of the output token ids as compact JSON (`[1,2,3]`)."""
-    return hashlib.sha256(orjson.dumps(token_ids)).hexdigest()
+    return hashlib.sha256(f"[{','.join(map(str, token_ids))}]".encode()).hexdigest()
 
 
 class RequestSpans:
@@ -69,12 +66,12 @@ class RequestSpans:
         self._ended: dict[str, Link] = {}
 
     # ---- what the hub calls ----------------------------------------------------------------------
-    def announce(self, request_id: str, parsed: Any, parent: Context | None) -> None:
+    def announce(self, request_id: str, parsed: AnnouncedRequest, parent: Context | None) -> None:
         self._announced[request_id] = _Announced(parsed, parent)
         while len(self._announced) > MAX_ANNOUNCED:
             self._announced.popitem(last=False)
 
-    def on_transition(self, request: Request, old: RequestState, new: RequestState) -> None:
+    def on_transition(self, request: ObservedRequest, old: RequestState, new: RequestState) -> None:
         if request.request_id not in self._live and old is RequestState.RECEIVED:
             self._start(request)
         if new.is_terminal:
@@ -113,7 +110,7 @@ class RequestSpans:
         return len(self._live)
 
     # ---- internals -------------------------------------------------------------------------------
-    def _start(self, request: Request) -> None:
+    def _start(self, request: ObservedRequest) -> None:
         rid = request.request_id
         announced = self._announced.pop(rid, None)
         parsed = announced.parsed if announced else None
@@ -121,11 +118,11 @@ class RequestSpans:
         attributes = {
             "gen_ai.operation.name": OPERATION,
             "gen_ai.request.model": (parsed.model if parsed and parsed.model else request.model),
-            "gen_ai.request.max_tokens": request.params.max_tokens,
+            "gen_ai.request.max_tokens": request.command.max_tokens,
             "gen_ai.response.id": rid,
             "gen_ai.response.model": request.model,
             "gen_ai.usage.input_tokens": len(request.prompt_ids),
-            "pegainfer.ignore_eos": request.params.ignore_eos,
+            "pegainfer.ignore_eos": request.command.ignore_eos,
             **self._engine.attributes(),
         }
         attributes.update(_sampling_attributes(request, parsed))
@@ -135,7 +132,7 @@ class RequestSpans:
         self._live[rid] = span
         self._links[rid] = Link(span.get_span_context(), MappingProxyType({"pegainfer.request_id": rid}))
 
-    def _finish(self, request: Request, linkable: bool) -> None:
+    def _finish(self, request: ObservedRequest, linkable: bool) -> None:
         rid = request.request_id
         span = self._live.pop(rid, None)
         link = self._links.pop(rid, None)
@@ -161,7 +158,7 @@ class RequestSpans:
         if reason is TerminalReason.FAILED:
             attributes["error.type"] = "engine_failed"
         elif reason is TerminalReason.REJECTED:
-            status, kind = _refusal(request.error or "")
+            status, kind = _refusal(request.code)
             attributes["error.type"] = kind
             attributes["http.response.status_code"] = status
         span.set_attributes(attributes)
@@ -176,7 +173,7 @@ class RequestSpans:
         if linkable and link is not None:  # the engine held it: its last step's record is still to come
             self._ended[rid] = link
 
-    def _children(self, root: Span, request: Request) -> None:
+    def _children(self, root: Span, request: ObservedRequest) -> None:
         """queue: PENDING -> ADMITTED; prefill: PREFILL -> first token; decode: first token -> end.
         A phase the request ended in is cut at its terminal time."""
         r, end = request, request.finished_at
@@ -195,11 +192,12 @@ class RequestSpans:
                                          {"pegainfer.phase": name, "gen_ai.response.id": r.request_id})
 
 
-def _sampling_attributes(request: Request, parsed: Any) -> dict[str, Any]:
+def _sampling_attributes(request: ObservedRequest, parsed: AnnouncedRequest | None) -> dict[str, Any]:
     """The sampling request attributes (GenAI semantic conventions' names where they have one). The
     numbers come from the engine's parameters (defaults included); stop sequences, the choice count
     and best_of from the parsed API request, when the daemon announced one."""
-    p = request.params
+    command = request.command
+    p = command.sampling
     out: dict[str, Any] = {
         "gen_ai.request.temperature": float(p.temperature), "gen_ai.request.top_p": float(p.top_p),
         "gen_ai.request.presence_penalty": float(p.presence_penalty),
@@ -212,10 +210,10 @@ def _sampling_attributes(request: Request, parsed: Any) -> dict[str, Any]:
         out["gen_ai.request.seed"] = p.seed
     if p.logprobs is not None:
         out["pegainfer.request.logprobs"] = p.logprobs
-    if p.stop_token_ids:
-        out["pegainfer.request.stop_token_ids"] = list(p.stop_token_ids)
+    if command.stop_token_ids:
+        out["pegainfer.request.stop_token_ids"] = list(command.stop_token_ids)
     if parsed is None:
-        out["gen_ai.request.choice.count"] = p.n
+        out["gen_ai.request.choice.count"] = command.n
         return out
     out["gen_ai.request.stream"] = parsed.stream
     out["gen_ai.request.choice.count"] = parsed.n
@@ -228,7 +226,7 @@ def _sampling_attributes(request: Request, parsed: Any) -> dict[str, Any]:
     return out
 
 
-def _durations(r: Request) -> dict[str, float]:
+def _durations(r: ObservedRequest) -> dict[str, float]:
     """The request's phase durations in seconds, for the phases it reached."""
     out = {}
     if r.first_token_at is not None and r.received_at is not None:

@@ -1,18 +1,23 @@
-"""Builds the daemon's telemetry from its settings: the trace-record file when `trace_file` is
-set, an OTLP/HTTP exporter when `otlp_endpoint` (or OTEL_EXPORTER_OTLP_ENDPOINT) is, the
-recent-span buffer when `debug_traces` is, and engine step sampling from `step_trace_every`."""
+"""Builds a Telemetry from plain values: the trace-record file when `trace_file` is set, an
+OTLP/HTTP exporter when `otlp_endpoint` is, the recent-span buffer when `debug_traces` is, and
+engine step sampling from `step_trace_every`. The daemon reads these from its settings
+(daemon/telemetry_setup.py) and hands in its JSON encoder."""
 from __future__ import annotations
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from daemon.settings import SettingsError
+from telemetry import otlp_json
 from telemetry.hub import Telemetry
 from telemetry.recent import RecentSpans
-from telemetry.records import JsonlSpanExporter
+from telemetry.records import BACKUPS, MAX_BYTES, JsonlSpanExporter
 from telemetry.tracing import Tracing
 
 OTLP_TRACES_PATH = "/v1/traces"
 OTLP_TIMEOUT_S = 5.0
+
+
+class TraceFileError(ValueError):
+    """The trace-record file cannot be opened: one line for the operator, not a traceback."""
 
 
 def otlp_traces_url(endpoint: str) -> str:
@@ -21,16 +26,18 @@ def otlp_traces_url(endpoint: str) -> str:
     return endpoint if endpoint.endswith(OTLP_TRACES_PATH) else endpoint + OTLP_TRACES_PATH
 
 
-def build_telemetry(settings) -> Telemetry:
+def build_telemetry(*, trace_file: str | None = None, trace_file_max_bytes: int = MAX_BYTES,
+                    trace_file_backups: int = BACKUPS, otlp_endpoint: str | None = None, debug_traces: bool = False,
+                    step_trace_every: int = 1, dumps: otlp_json.Dumps = otlp_json.stdlib_dumps) -> Telemetry:
     exporters: dict[str, SpanExporter] = {}
-    if settings.trace_file:
+    if trace_file:
         try:
-            exporters["file"] = JsonlSpanExporter(settings.trace_file, max_bytes=settings.trace_file_max_mb << 20,
-                                                  backups=settings.trace_file_backups)
-        except OSError as e:  # a misconfigured path stops start-up with one line, not a traceback
-            raise SettingsError(f"trace_file {settings.trace_file}: cannot open for writing: {e.strerror}") from None
-    if settings.otlp_endpoint:
+            exporters["file"] = JsonlSpanExporter(trace_file, max_bytes=trace_file_max_bytes,
+                                                  backups=trace_file_backups, dumps=dumps)
+        except OSError as e:
+            raise TraceFileError(f"trace_file {trace_file}: cannot open for writing: {e.strerror}") from None
+    if otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        exporters["otlp"] = OTLPSpanExporter(endpoint=otlp_traces_url(settings.otlp_endpoint), timeout=OTLP_TIMEOUT_S)
-    recent = RecentSpans() if settings.debug_traces else None
-    return Telemetry(Tracing(exporters, recent=recent), step_trace_every=settings.step_trace_every)
+        exporters["otlp"] = OTLPSpanExporter(endpoint=otlp_traces_url(otlp_endpoint), timeout=OTLP_TIMEOUT_S)
+    recent = RecentSpans() if debug_traces else None
+    return Telemetry(Tracing(exporters, recent=recent), step_trace_every=step_trace_every)

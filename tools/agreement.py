@@ -35,7 +35,7 @@ import torch  # noqa: E402
 from engine.batch import RowInput  # noqa: E402
 from engine.engine import EngineSpec, build_engine  # noqa: E402
 from engine.generate import generate  # noqa: E402
-from engine.contract import SamplingSpec  # noqa: E402
+from engine.contract import SamplingParams  # noqa: E402
 from engine.presets import DTYPES, PRESETS  # noqa: E402
 from engine.sampler import Draw  # noqa: E402
 from engine.tokenizer import Tokenizer  # noqa: E402
@@ -124,7 +124,7 @@ def release_memory(device: str) -> None:
 def ours_forced(engine, prompts: list[list[int]], refs: list[list[int]]) -> list[list[int]]:
     """Our greedy pick at every step when each row is fed the reference's tokens, not its own."""
     slots = [engine.cache.allocate() for _ in prompts]
-    greedy = SamplingSpec()
+    greedy = SamplingParams()
     try:
         picks: list[list[int]] = [[] for _ in prompts]
         rows = [RowInput(s, p, 0) for s, p in zip(slots, prompts)]

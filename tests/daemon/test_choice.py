@@ -10,7 +10,7 @@ import pytest
 from daemon.choice import ChoiceOutput, Delta
 from daemon.choices import Choices
 from daemon.protocol import parse_completion
-from engine.contract import Token
+from engine.contract import PromptLogprobs, Token
 from engine.tokenizer import Tokenizer
 
 
@@ -66,10 +66,27 @@ def test_choices_echo_and_best_of(tok):
     prompt = [None] + [(-0.5, ((t, -0.5),)) for t in tok.encode("hello")[1:]]
     a = [dataclasses.replace(t, index=0, logprob=-3.0) for t in tokens(tok, " a", last="length")]
     b = [dataclasses.replace(t, index=1, logprob=-1.0) for t in tokens(tok, " and", last="length")]
-    deltas, stopped = cs.feed(a + b, prompt)
+    deltas, stopped = cs.feed(a + b, [PromptLogprobs("r", prompt, 0)])
     assert not stopped and [i for i, _ in deltas] == [0, 1]
     [best] = cs.final()
     assert best["index"] == 0 and best["text"] == "hello and"  # candidate 1: the higher cumulative log-prob
     lp = best["logprobs"]
     assert lp["token_logprobs"][0] is None and lp["tokens"][-1] == " and" and lp["text_offset"][-1] == len("hello")
     assert cs.completion_tokens == 2
+
+
+def test_choices_join_a_chunked_prompts_log_prob_events(tok):
+    """One PromptLogprobs event per prompt chunk, each with where it starts, joined into the whole
+    prompt's entries in order whatever the chunk sizes, across several reads of the sink."""
+    whole = [None] + [(-float(i), ((i, -float(i)),)) for i in range(1, 10)]
+    for chunk in (1, 3, 4, 9, 10):
+        req = parse_completion({"prompt": [5] * 10, "echo": True, "logprobs": 1}, max_tokens_default=4)
+        cs = Choices(req, tok, [5] * 10)
+        events = [PromptLogprobs("r", whole[:chunk + 1], 0)]  # first chunk: None + `chunk` entries
+        start = chunk + 1
+        while start < len(whole):
+            events.append(PromptLogprobs("r", whole[start:start + chunk], start))
+            start += chunk
+        cs.feed([], events[:1])  # an earlier read brought the first chunk alone
+        cs.feed([], events[1:])
+        assert cs._prompt == whole

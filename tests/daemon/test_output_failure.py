@@ -15,11 +15,10 @@ import pytest
 from starlette.requests import Request as HTTPRequest
 
 from daemon.choices import Choices
-from daemon.completions import _complete, _stream, generation_params
+from daemon.completions import _complete, _stream
 from daemon.protocol import parse_completion
-from daemon.token_details import TokenDetails
 from engine.default_model import ensure_preset_tokenizer
-from engine.contract import Token
+from engine.contract import FinishReason, Token
 from engine.tokenizer import Tokenizer
 from lifecycle.request import Request
 from lifecycle.scheduler import Scheduler
@@ -48,14 +47,12 @@ def setup(tok, bodies: dict[str, dict]):
     engine = FakeEngine()
     scheduler = Scheduler(engine, max_active=4, max_pending=4)
     scheduler.set_ready(True)
-    rt = types.SimpleNamespace(bridge=types.SimpleNamespace(details=TokenDetails(), stop_choice=lambda rid, i: None),
-                               scheduler=scheduler)
+    rt = types.SimpleNamespace(scheduler=scheduler)
     live = {}
     for rid, body in bodies.items():
         req = parse_completion(body, max_tokens_default=16)
         ids = req.prompt_ids if req.prompt_ids is not None else tok.encode(req.prompt)
-        request = Request(rid, ids, generation_params(req), "tiny", TokenSink(64))
-        rt.bridge.details.open(rid)
+        request = Request(req.admit(rid, ids), "tiny", TokenSink(64))
         scheduler.submit(request)
         live[rid] = (request, Choices(req, tok, ids))
     return rt, engine, live
@@ -65,8 +62,7 @@ def feed(rt, rid: str, token_ids: list[int], finish: bool) -> None:
     """What the bridge does with one engine step's tokens for a request."""
     for i, t in enumerate(token_ids):
         last = finish and i == len(token_ids) - 1
-        rt.bridge.details.add_token(Token(rid, t, False, 0, finish_reason="length" if last else None))
-        rt.scheduler.on_token(rid, t, 1)
+        rt.scheduler.on_token(Token(rid, t, False, 0, finish_reason=FinishReason.LENGTH if last else None), 1)
     if finish:
         rt.scheduler.on_finished(rid, "length")
 

@@ -1,16 +1,16 @@
 """Every numeric field of a completions body is bounded at parse time, from the one table in
-lifecycle.params: integers beyond int64 (orjson parses up to 2^64 - 1), booleans and floats where an
-integer goes, NaN-like strings, penalties and logit_bias outside their ranges all get a 400 naming
-the field; the model-dependent bounds (token ids and top_k against the vocabulary) are checked once
-the vocabulary is known; and GenerationParams refuses exactly what the protocol refuses."""
+engine/contract.py: integers beyond int64 (orjson parses up to 2^64 - 1), booleans and floats where
+an integer goes, NaN-like strings, penalties and logit_bias outside their ranges all get a 400
+naming the field; the model-dependent bounds (token ids and top_k against the vocabulary) are
+checked once the vocabulary is known; and the parse builds the engine's Admit, the contract's
+SamplingParams inside it, with the values the body sent."""
 from __future__ import annotations
 
 import orjson
 import pytest
 
-from daemon.completions import generation_params
 from daemon.protocol import APIError, parse_completion, vocabulary_problem
-from lifecycle.params import BOUNDS, GenerationParams
+from engine.contract import BOUNDS, Admit, SamplingParams
 
 VOCAB = 1024
 HUGE = [2**63, 2**64 - 1, -2**63 - 1, 10**30]
@@ -56,8 +56,8 @@ def test_json_cannot_carry_nan_or_infinity():
 def test_signed_64_bit_edges_and_the_documented_ranges_pass():
     r = parse(seed=2**63 - 1, top_k=2**63 - 1, max_tokens=2**63 - 1, repetition_penalty=2.0, presence_penalty=-2,
               frequency_penalty=2.0, temperature=2, top_p=1e-9, min_p=1.0, logprobs=5, n=16, best_of=16)
-    assert (r.seed, r.top_k, r.repetition_penalty) == (2**63 - 1, 2**63 - 1, 2.0)
-    assert parse(seed=-2**63).seed == -2**63
+    assert (r.sampling.seed, r.sampling.top_k, r.sampling.repetition_penalty) == (2**63 - 1, 2**63 - 1, 2.0)
+    assert parse(seed=-2**63).sampling.seed == -2**63
     refused("repetition_penalty", repetition_penalty=2.01)
     refused("repetition_penalty", repetition_penalty=0)
     refused("top_k", top_k=0)
@@ -84,8 +84,8 @@ def test_logit_bias_shape_is_openais(bias):
 
 def test_logit_bias_is_parsed_and_reaches_the_engine_parameters():
     r = parse(logit_bias={"5": 100, "7": -100.0, "9": 0.5})
-    assert r.logit_bias == {5: 100.0, 7: -100.0, 9: 0.5}
-    assert generation_params(r).logit_bias == ((5, 100.0), (7, -100.0), (9, 0.5))
+    assert r.sampling.logit_bias == ((5, 100.0), (7, -100.0), (9, 0.5))
+    assert r.admit("r", [1]).sampling.logit_bias == ((5, 100.0), (7, -100.0), (9, 0.5))
 
 
 def test_stream_options_include_usage_is_a_boolean():
@@ -105,19 +105,20 @@ def test_vocabulary_bounds_are_checked_once_the_model_is_known():
         assert problem is not None and problem.status == 400 and problem.param == param, (param, problem)
 
 
-def test_generation_params_share_the_protocols_bounds():
-    """Each bounded field: the protocol's edge values pass GenerationParams, the first value past
-    them fails both (one table, one check)."""
-    edges = {"temperature": (2.0, 2.5), "top_p": (1.0, 0.0), "min_p": (1.0, 1.5), "presence_penalty": (2.0, 2.5),
-             "frequency_penalty": (-2.0, -2.5), "repetition_penalty": (2.0, 2.5), "top_k": (2**63 - 1, 2**63),
-             "seed": (-2**63, -2**63 - 1), "logprobs": (5, 6), "n": (16, 17), "max_tokens": (2**63 - 1, 2**63)}
-    for name, (good, bad) in edges.items():
+def test_every_bounded_field_is_in_the_one_table():
+    for name in ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+                 "frequency_penalty", "repetition_penalty", "logprobs", "n", "best_of", "logit_bias"):
         assert name in BOUNDS
-        GenerationParams(**{"max_tokens": 4, name: good})
-        with pytest.raises(ValueError):
-            GenerationParams(**{"max_tokens": 4, name: bad})
-        refused("n" if name == "n" else name, **{name: bad})
-    for bad in ({"logit_bias": ((1, 101.0),)}, {"logit_bias": ((-1, 1.0),)}, {"logit_bias": ((1, 1.0), (1, 2.0))},
-                {"repetition_penalty": float("inf")}, {"stop_token_ids": (2**63,)}):
-        with pytest.raises(ValueError):
-            GenerationParams(4, **bad)
+        refused(name, **{name: 10**30})
+
+
+def test_the_parse_builds_the_engine_command_once():
+    r = parse(max_tokens=7, temperature=1, top_k=4, seed=3, stop_token_ids=[9, 9, 2], n=2, best_of=3, ignore_eos=True)
+    command = r.admit("cmpl-1", [1, 2])
+    assert command == Admit("cmpl-1", [1, 2], 7, True, SamplingParams(temperature=1.0, top_k=4, seed=3, logprobs=0),
+                            3, (9, 2))
+    assert command.sampling is r.sampling and type(command.sampling.temperature) is float
+    echo = parse(logprobs=2, echo=True)
+    assert (echo.logprobs, echo.sampling.logprobs, echo.sampling.prompt_logprobs) == (2, 2, 2)
+    plain = parse()
+    assert plain.sampling == SamplingParams() and plain.sampling.plain_greedy and plain.logprobs is None

@@ -14,7 +14,7 @@ import torch
 
 from engine.engine import EngineSpec, build_engine
 from engine.gpu_thread import GpuThread
-from engine.contract import Admit, EngineDied, SamplingSpec, Shutdown, StepEvents
+from engine.contract import Admit, EngineDied, SamplingParams, Shutdown, StepEvents
 from engine.sampler import prompt_logprobs
 
 PROMPT = [(7 * i + 3) % 1000 for i in range(50)]
@@ -33,7 +33,7 @@ def echo_run(engine, budget: int, prompt: list[int], n: int = 3) -> tuple[list, 
     events: queue.SimpleQueue = queue.SimpleQueue()
     gpu = GpuThread(engine, events.put, max_prefill_tokens=budget)
     gpu.submit(Admit("g", [11, 12, 13], 8, True))
-    gpu.submit(Admit("e", prompt, 3, True, SamplingSpec(logprobs=n, prompt_logprobs=n)))
+    gpu.submit(Admit("e", prompt, 3, True, SamplingParams(logprobs=n, prompt_logprobs=n)))
     gpu.start()
     entries, starts, neighbour, done = [], [], [], set()
     while done != {"g", "e"}:
@@ -118,7 +118,7 @@ def _peak_growth(model_dir: str, echo: bool, out: multiprocessing.Queue) -> None
     events: queue.SimpleQueue = queue.SimpleQueue()
     gpu = GpuThread(engine, events.put)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    spec = SamplingSpec(logprobs=5, prompt_logprobs=5) if echo else SamplingSpec()
+    spec = SamplingParams(logprobs=5, prompt_logprobs=5) if echo else SamplingParams()
     gpu.submit(Admit("r", [(13 * i + 5) % VOCAB for i in range(LONG_PROMPT)], 2, True, spec))
     gpu.start()
     entries, finished = 0, False

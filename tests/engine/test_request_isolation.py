@@ -15,13 +15,13 @@ import torch
 from engine.batch import RowInput
 from engine.engine import EngineSpec, build_engine
 from engine.gpu_thread import GpuThread
-from engine.contract import Admit, EngineDied, SamplingSpec, Shutdown, StepEvents
+from engine.contract import Admit, EngineDied, SamplingParams, Shutdown, StepEvents
 from engine.request_guard import device_fault
 from engine.sampler import Draw
 from ep.backend import RankFailure
 
 PROMPT = [5, 9, 200, 31, 77, 12]
-NEIGHBOUR = Admit("n", [7, 8, 9, 10], 24, True, SamplingSpec(temperature=0.9, top_k=50, seed=42, logprobs=2))
+NEIGHBOUR = Admit("n", [7, 8, 9, 10], 24, True, SamplingParams(temperature=0.9, top_k=50, seed=42, logprobs=2))
 
 
 @pytest.fixture(scope="module")
@@ -76,22 +76,22 @@ def alone(engine) -> list[int]:
 
 
 BAD_SPECS = {
-    "top_k_2^63_hot": SamplingSpec(temperature=0.5, top_k=2**63),
-    "top_k_2^63_greedy": SamplingSpec(temperature=0.0, top_k=2**63, logprobs=1),
-    "top_k_over_vocab": SamplingSpec(temperature=0.5, top_k=1025),
-    "temperature_nan": SamplingSpec(temperature=float("nan")),
-    "temperature_inf": SamplingSpec(temperature=float("inf")),
-    "repetition_inf": SamplingSpec(repetition_penalty=float("inf")),
-    "repetition_zero": SamplingSpec(temperature=1.0, repetition_penalty=0.0),
-    "repetition_negative": SamplingSpec(repetition_penalty=-1.0),
-    "presence_beyond_float32": SamplingSpec(presence_penalty=1e300),
-    "top_p_zero": SamplingSpec(temperature=1.0, top_p=0.0),
-    "seed_float": SamplingSpec(temperature=1.0, seed=1.5),  # type: ignore[arg-type]
-    "logprobs_over_vocab": SamplingSpec(logprobs=10**6),
-    "prompt_logprobs_over_vocab": SamplingSpec(prompt_logprobs=2**63),
-    "logit_bias_outside_vocab": SamplingSpec(logit_bias=((1024, 1.0),)),
-    "logit_bias_nan": SamplingSpec(logit_bias=((3, float("nan")),)),
-    "logit_bias_not_pairs": SamplingSpec(logit_bias=(3,)),  # type: ignore[arg-type]
+    "top_k_2^63_hot": SamplingParams(temperature=0.5, top_k=2**63),
+    "top_k_2^63_greedy": SamplingParams(temperature=0.0, top_k=2**63, logprobs=1),
+    "top_k_over_vocab": SamplingParams(temperature=0.5, top_k=1025),
+    "temperature_nan": SamplingParams(temperature=float("nan")),
+    "temperature_inf": SamplingParams(temperature=float("inf")),
+    "repetition_inf": SamplingParams(repetition_penalty=float("inf")),
+    "repetition_zero": SamplingParams(temperature=1.0, repetition_penalty=0.0),
+    "repetition_negative": SamplingParams(repetition_penalty=-1.0),
+    "presence_beyond_float32": SamplingParams(presence_penalty=1e300),
+    "top_p_zero": SamplingParams(temperature=1.0, top_p=0.0),
+    "seed_float": SamplingParams(temperature=1.0, seed=1.5),  # type: ignore[arg-type]
+    "logprobs_over_vocab": SamplingParams(logprobs=10**6),
+    "prompt_logprobs_over_vocab": SamplingParams(prompt_logprobs=2**63),
+    "logit_bias_outside_vocab": SamplingParams(logit_bias=((1024, 1.0),)),
+    "logit_bias_nan": SamplingParams(logit_bias=((3, float("nan")),)),
+    "logit_bias_not_pairs": SamplingParams(logit_bias=(3,)),  # type: ignore[arg-type]
 }
 
 
@@ -104,13 +104,13 @@ def test_a_poisoned_spec_fails_alone_at_admission(engine, alone, name):
 
 
 EXTREME_BUT_VALID = {  # what the API accepts at its edges: each completes, with tokens in the vocabulary
-    "repetition_tiny": SamplingSpec(temperature=1.0, repetition_penalty=1e-300, seed=1),
-    "repetition_tiny_frequency_edges": SamplingSpec(temperature=2.0, repetition_penalty=1e-40, frequency_penalty=-2,
+    "repetition_tiny": SamplingParams(temperature=1.0, repetition_penalty=1e-300, seed=1),
+    "repetition_tiny_frequency_edges": SamplingParams(temperature=2.0, repetition_penalty=1e-40, frequency_penalty=-2,
                                                     presence_penalty=2, seed=2**63 - 1),
-    "top_p_tiny": SamplingSpec(temperature=1.0, top_p=1e-300, seed=-2**63),
-    "temperature_tiny_is_greedy": SamplingSpec(temperature=1e-9, top_k=1024, min_p=1.0, logprobs=5),
-    "bias_edges": SamplingSpec(temperature=0.5, logit_bias=((3, 100.0), (4, -100.0), (1023, 100.0)), seed=5),
-    "echo_logprobs_at_the_top": SamplingSpec(temperature=2.0, top_k=1024, logprobs=5, prompt_logprobs=5, seed=9),
+    "top_p_tiny": SamplingParams(temperature=1.0, top_p=1e-300, seed=-2**63),
+    "temperature_tiny_is_greedy": SamplingParams(temperature=1e-9, top_k=1024, min_p=1.0, logprobs=5),
+    "bias_edges": SamplingParams(temperature=0.5, logit_bias=((3, 100.0), (4, -100.0), (1023, 100.0)), seed=5),
+    "echo_logprobs_at_the_top": SamplingParams(temperature=2.0, top_k=1024, logprobs=5, prompt_logprobs=5, seed=9),
 }
 
 
@@ -140,7 +140,7 @@ def test_a_fault_in_a_steps_sampling_set_up_fails_only_its_request(engine, alone
         for s in (bad, *bad.forks):
             s.params = dataclasses.replace(s.params, top_k=2**63)
 
-    spec = SamplingSpec(temperature=0.7, seed=3)
+    spec = SamplingParams(temperature=0.7, seed=3)
     out = serve(engine, [NEIGHBOUR, Admit("bad", PROMPT, 6, True, spec, n=2), Admit("ok", PROMPT, 6, True, spec)],
                 poison)
     assert not out.died
@@ -156,7 +156,7 @@ def test_a_fault_in_a_prompt_chunks_log_probs_fails_only_its_request(engine, alo
         bad = next(s for s in gpu.waiting if s.request_id == "bad")
         bad.sampling = dataclasses.replace(bad.sampling, prompt_logprobs=10**6)
 
-    out = serve(engine, [NEIGHBOUR, Admit("bad", list(range(20, 40)), 4, True, SamplingSpec(prompt_logprobs=2))],
+    out = serve(engine, [NEIGHBOUR, Admit("bad", list(range(20, 40)), 4, True, SamplingParams(prompt_logprobs=2))],
                 poison)
     assert not out.died and set(out.failed) == {"bad"}
     assert out.tokens["n"] == alone
@@ -168,7 +168,7 @@ def test_the_runner_leaves_out_a_failing_draw_and_keeps_the_others_tokens(engine
     slots = [cache.allocate() for _ in range(3)]
     try:
         rows = [RowInput(s, [3 + i, 4, 5], 0) for i, s in enumerate(slots)]
-        hot = SamplingSpec(temperature=1.0, seed=11)
+        hot = SamplingParams(temperature=1.0, seed=11)
         draws = [Draw(r, hot, 11, 0, 0) for r in range(3)]
         ref = runner.run(rows, draws)
         for s in slots:

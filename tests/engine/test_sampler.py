@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.counter_rng import mix32, uniform
-from engine.contract import SamplingSpec
+from engine.contract import SamplingParams
 from engine.sampler import Draw, SamplingBatch, apply_penalties, sample
 
 LOGITS = [2.0, 1.0, 0.5, 0.0, -0.5, -1.0, -2.0, -3.0]  # V = 8
@@ -47,7 +47,7 @@ def chi_square_p(counts: list[int], probs: list[float]) -> float:
                                          torch.tensor(stat / 2, dtype=torch.float64)))
 
 
-def draw_counts(spec: SamplingSpec, *, vary: str = "step") -> list[int]:
+def draw_counts(spec: SamplingParams, *, vary: str = "step") -> list[int]:
     """DRAWS tokens from one logits row: one draw per step of one seed, or one per seed."""
     draws = [Draw(0, spec, 12345 if vary == "step" else i * 7919, 0, i if vary == "step" else 0)
              for i in range(DRAWS)]
@@ -67,26 +67,26 @@ def draw_counts(spec: SamplingSpec, *, vary: str = "step") -> list[int]:
 ], ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
 def test_draws_follow_the_masked_softmax(kw):
     probs = expected(LOGITS, kw["temperature"], kw.get("top_k", -1), kw.get("top_p", 1.0), kw.get("min_p", 0.0))
-    counts = draw_counts(SamplingSpec(**kw))
+    counts = draw_counts(SamplingParams(**kw))
     assert all(c == 0 for c, p in zip(counts, probs) if p == 0), (counts, probs)  # masked: never drawn
     assert chi_square_p(counts, probs) > P_MIN, (counts, [round(p * DRAWS) for p in probs])
 
 
 def test_draws_across_seeds_follow_the_softmax():
-    counts = draw_counts(SamplingSpec(temperature=0.8), vary="seed")
+    counts = draw_counts(SamplingParams(temperature=0.8), vary="seed")
     assert chi_square_p(counts, expected(LOGITS, 0.8)) > P_MIN
 
 
 def test_the_chi_square_check_has_power():
     """The same counts against a slightly wrong distribution (temperature 1.1 instead of 1) fail."""
-    counts = draw_counts(SamplingSpec(temperature=1.0))
+    counts = draw_counts(SamplingParams(temperature=1.0))
     assert chi_square_p(counts, expected(LOGITS, 1.1)) < 1e-6
 
 
 def _mixed_batch(gen: torch.Generator, vocab: int, rows: int) -> tuple[torch.Tensor, list[Draw]]:
     logits = torch.randn(rows, vocab, generator=gen) * 3  # [R, V]
-    specs = [SamplingSpec(), SamplingSpec(temperature=0.9, top_k=20), SamplingSpec(repetition_penalty=1.3),
-             SamplingSpec(temperature=1.2, top_p=0.7, min_p=0.01, frequency_penalty=0.4), SamplingSpec(logprobs=3)]
+    specs = [SamplingParams(), SamplingParams(temperature=0.9, top_k=20), SamplingParams(repetition_penalty=1.3),
+             SamplingParams(temperature=1.2, top_p=0.7, min_p=0.01, frequency_penalty=0.4), SamplingParams(logprobs=3)]
     draws = [Draw(r, specs[r % len(specs)], r * 31 + 1, 0, r, [1, 2, 3], [4, 4, 5]) for r in range(rows)]
     return logits, draws
 
@@ -115,7 +115,7 @@ def test_a_seed_draws_the_same_token_in_any_batch():
     gen = torch.Generator().manual_seed(1)
     logits, draws = _mixed_batch(gen, 500, 12)
     row = torch.randn(1, 500, generator=gen)
-    mine = Draw(0, SamplingSpec(temperature=1.0, top_p=0.95), -987654321, 2, 17)
+    mine = Draw(0, SamplingParams(temperature=1.0, top_p=0.95), -987654321, 2, 17)
     alone = sample(row, SamplingBatch.build([mine], 500, "cpu")).tokens[0]
     first = sample(torch.cat([row, logits]), SamplingBatch.build(
         [mine] + [Draw(d.row + 1, d.spec, d.seed, d.index, d.step, d.prompt_ids, d.output_ids) for d in draws],
@@ -144,9 +144,9 @@ def test_penalties_follow_vllm():
 
 def test_penalties_change_the_choice_through_sample():
     logits = torch.tensor([[3.0, 2.9, 0.0, 0.0]])
-    plain = Draw(0, SamplingSpec(), 0, 0, 1, [9], [0])
-    penalised = Draw(0, SamplingSpec(repetition_penalty=1.5), 0, 0, 1, [], [0])
-    presence = Draw(0, SamplingSpec(presence_penalty=0.5), 0, 0, 1, [], [0])
+    plain = Draw(0, SamplingParams(), 0, 0, 1, [9], [0])
+    penalised = Draw(0, SamplingParams(repetition_penalty=1.5), 0, 0, 1, [], [0])
+    presence = Draw(0, SamplingParams(presence_penalty=0.5), 0, 0, 1, [], [0])
     tokens = [int(sample(logits, SamplingBatch.build([d], 4, "cpu")).tokens[0]) for d in (plain, penalised, presence)]
     assert tokens == [0, 1, 1]
 
@@ -154,8 +154,8 @@ def test_penalties_change_the_choice_through_sample():
 def test_logprobs_are_from_the_raw_logits():
     gen = torch.Generator().manual_seed(2)
     logits = torch.randn(3, 64, generator=gen)
-    specs = [SamplingSpec(temperature=0.5, logprobs=4, presence_penalty=1.0), SamplingSpec(logprobs=0),
-             SamplingSpec(temperature=1.5, top_k=3, logprobs=2)]
+    specs = [SamplingParams(temperature=0.5, logprobs=4, presence_penalty=1.0), SamplingParams(logprobs=0),
+             SamplingParams(temperature=1.5, top_k=3, logprobs=2)]
     draws = [Draw(r, s, 7, 0, 0, [], [1, 2]) for r, s in enumerate(specs)]
     out = sample(logits, SamplingBatch.build(draws, 64, "cpu"))
     ref = torch.log_softmax(logits, dim=-1)
@@ -209,16 +209,16 @@ def test_extreme_penalties_and_biases_never_make_nan_or_inf():
         got = apply_penalties(logits, seen, counts, torch.tensor([presence]), torch.tensor([frequency]),
                               torch.tensor([1.1754944e-38]))
         assert torch.isfinite(got).all(), got
-    specs = [SamplingSpec(temperature=1e-5, repetition_penalty=1e-300, frequency_penalty=-2, presence_penalty=2),
-             SamplingSpec(temperature=2.0, logit_bias=((2, 100.0), (1, -100.0)), top_p=1e-300),
-             SamplingSpec(temperature=1.0, logit_bias=((0, 3e38), (4, 3e38)), repetition_penalty=1e-40)]
+    specs = [SamplingParams(temperature=1e-5, repetition_penalty=1e-300, frequency_penalty=-2, presence_penalty=2),
+             SamplingParams(temperature=2.0, logit_bias=((2, 100.0), (1, -100.0)), top_p=1e-300),
+             SamplingParams(temperature=1.0, logit_bias=((0, 3e38), (4, 3e38)), repetition_penalty=1e-40)]
     draws = [Draw(0, s, i, 0, 3, [0, 1], [1, 3, 3]) for i, s in enumerate(specs)]
     out = sample(logits, SamplingBatch.build(draws, 5, "cpu")).tokens.tolist()
     assert all(0 <= t < 5 for t in out) and out[1] == 2
 
 
 def test_a_temperature_below_the_greedy_threshold_is_greedy():
-    assert SamplingSpec(temperature=1e-6).plain_greedy and not SamplingSpec(temperature=1e-5).plain_greedy
+    assert SamplingParams(temperature=1e-6).plain_greedy and not SamplingParams(temperature=1e-5).plain_greedy
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(3))
-    draws = [Draw(r, SamplingSpec(temperature=1e-6, top_k=3), r, 0, 0) for r in range(4)]
+    draws = [Draw(r, SamplingParams(temperature=1e-6, top_k=3), r, 0, 0) for r in range(4)]
     assert torch.equal(sample(logits, SamplingBatch.build(draws, 50, "cpu")).tokens, torch.argmax(logits, dim=-1))

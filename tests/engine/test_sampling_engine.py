@@ -13,10 +13,10 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.engine import EngineSpec, build_engine
 from engine.generate import generate
 from engine.gpu_thread import GpuThread
-from engine.contract import Admit, SamplingSpec, Shutdown, StepEvents, StepRecord
+from engine.contract import Admit, SamplingParams, Shutdown, StepEvents, StepRecord
 
 PROMPT = [5, 9, 200, 31, 77, 12]
-HOT = SamplingSpec(temperature=1.0, seed=1234)
+HOT = SamplingParams(temperature=1.0, seed=1234)
 
 
 @pytest.fixture(scope="module")
@@ -74,9 +74,9 @@ def test_a_seed_reproduces_its_tokens_whatever_shares_the_batch(engine):
     alone = run(engine, [Admit("a", PROMPT, 12, True, HOT)]).tokens[("a", 0)]
     mixed = run(engine, [
         Admit("g", [7, 8, 9], 20, True),  # greedy, decoding while "a" prefills
-        Admit("b", [3, 4], 15, True, SamplingSpec(temperature=0.8, top_k=40, seed=99)),
+        Admit("b", [3, 4], 15, True, SamplingParams(temperature=0.8, top_k=40, seed=99)),
         Admit("a", PROMPT, 12, True, HOT),
-        Admit("p", list(range(40, 90)), 9, True, SamplingSpec(temperature=1.2, repetition_penalty=1.3, logprobs=2)),
+        Admit("p", list(range(40, 90)), 9, True, SamplingParams(temperature=1.2, repetition_penalty=1.3, logprobs=2)),
     ])
     assert mixed.tokens[("a", 0)] == alone
     assert mixed.tokens[("g", 0)] == generate(engine, [[7, 8, 9]], 20, ignore_eos=True)[0].token_ids
@@ -102,7 +102,7 @@ def test_n_choices_share_one_prefill_and_fork_the_cache(engine):
 def test_forked_siblings_decode_from_a_true_copy_of_the_prefill(engine):
     """Greedy n=3 on the sampling path (log-probs asked): every sibling must equal plain greedy."""
     greedy = generate(engine, [PROMPT], 12, ignore_eos=True)[0].token_ids
-    out = run(engine, [Admit("r", PROMPT, 12, True, SamplingSpec(logprobs=1), n=3)])
+    out = run(engine, [Admit("r", PROMPT, 12, True, SamplingParams(logprobs=1), n=3)])
     assert [out.tokens[("r", i)] for i in range(3)] == [greedy] * 3
 
 
@@ -130,7 +130,7 @@ def hf_logprobs(hf, ids: list[int]) -> torch.Tensor:
 
 
 def test_logprobs_are_the_log_softmax_of_hf_logits(engine, hf):
-    out = run(engine, [Admit("r", PROMPT, 8, True, SamplingSpec(logprobs=5, prompt_logprobs=5))])
+    out = run(engine, [Admit("r", PROMPT, 8, True, SamplingParams(logprobs=5, prompt_logprobs=5))])
     tokens = out.tokens[("r", 0)]
     ref = hf_logprobs(hf, PROMPT + tokens)  # [L, V]
     for j, (lp, top) in enumerate(out.logprobs[("r", 0)]):
@@ -150,7 +150,7 @@ def test_logprobs_are_the_log_softmax_of_hf_logits(engine, hf):
 
 
 def test_sampled_logprobs_are_the_raw_ones_of_the_token_drawn(engine, hf):
-    spec = SamplingSpec(temperature=1.5, top_k=50, presence_penalty=0.5, seed=5, logprobs=2)
+    spec = SamplingParams(temperature=1.5, top_k=50, presence_penalty=0.5, seed=5, logprobs=2)
     out = run(engine, [Admit("r", PROMPT, 6, True, spec)])
     tokens = out.tokens[("r", 0)]
     ref = hf_logprobs(hf, PROMPT + tokens)
@@ -193,11 +193,11 @@ def test_the_graph_paths_choose_the_same_tokens_as_the_eager_path(engine, with_e
     """The runner's CUDA routing (graph decode rows, graph or eager prompt rows, logits or argmax out)
     run on CPU with the graphs' own step functions: the same tokens as the eager runner."""
     admits = [Admit("g", PROMPT, 14, True),
-              Admit("s", [3, 4, 5], 4, True, SamplingSpec(temperature=0.9, seed=8), n=2),
-              Admit("p", [11, 12], 6, True, SamplingSpec(repetition_penalty=1.5, frequency_penalty=0.5))]
+              Admit("s", [3, 4, 5], 4, True, SamplingParams(temperature=0.9, seed=8), n=2),
+              Admit("p", [11, 12], 6, True, SamplingParams(repetition_penalty=1.5, frequency_penalty=0.5))]
     if with_echo:  # prompt log-probs: that step runs eagerly with every prompt position's logits
-        admits.append(Admit("e", [7, 8, 9, 10], 3, True, SamplingSpec(logprobs=2, prompt_logprobs=2)))
-    later = (Admit("q", [20, 21, 22], 5, True, SamplingSpec(temperature=1.0, seed=4)),)  # prefills beside decodes
+        admits.append(Admit("e", [7, 8, 9, 10], 3, True, SamplingParams(logprobs=2, prompt_logprobs=2)))
+    later = (Admit("q", [20, 21, 22], 5, True, SamplingParams(temperature=1.0, seed=4)),)  # prefills beside decodes
     ref = run(engine, admits, later)
     runner = engine.runner
     # the real DecodeGraphs: off CUDA each "graph" replays its step function eagerly

@@ -1,10 +1,10 @@
 """Test doubles for the lifecycle package: a recording engine client, a hand-driven clock, an
-observer that keeps every transition, and a request factory."""
+observer that keeps every transition, a request factory and a token-event factory."""
 from __future__ import annotations
 
 import dataclasses
 
-from lifecycle.params import GenerationParams
+from engine.contract import Admit, Token
 from lifecycle.request import Request
 from lifecycle.sink import TokenSink
 from lifecycle.states import RequestState
@@ -15,10 +15,16 @@ class FakeEngine:
     """Records the scheduler's commands and checks they make sense from the engine's side."""
     admitted: list[str] = dataclasses.field(default_factory=list)
     cancelled: list[str] = dataclasses.field(default_factory=list)
+    stopped: list[tuple[str, int]] = dataclasses.field(default_factory=list)
 
-    def admit(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> None:
-        assert request_id not in self.admitted, f"{request_id} admitted twice"
-        self.admitted.append(request_id)
+    def admit(self, command: Admit) -> None:
+        assert isinstance(command, Admit)
+        assert command.request_id not in self.admitted, f"{command.request_id} admitted twice"
+        self.admitted.append(command.request_id)
+
+    def stop_choice(self, request_id: str, index: int) -> None:
+        assert request_id in self.admitted and request_id not in self.cancelled, f"stop for {request_id}"
+        self.stopped.append((request_id, index))
 
     def cancel(self, request_id: str) -> None:
         assert request_id in self.admitted, f"cancel for {request_id}, never admitted"
@@ -55,12 +61,15 @@ def make_request(
     request_id: str, *, max_tokens: int = 4, max_buffered: int = 64, prompt: list[int] | None = None
 ) -> Request:
     return Request(
-        request_id=request_id,
-        prompt_ids=prompt if prompt is not None else [1, 2, 3],
-        params=GenerationParams(max_tokens=max_tokens),
+        command=Admit(request_id, prompt if prompt is not None else [1, 2, 3], max_tokens),
         model="deepseek-v2-lite",
         sink=TokenSink(max_buffered=max_buffered),
     )
+
+
+def tok(request_id: str, token_id: int, index: int = 0) -> Token:
+    """A token event as the engine sends it (only what the scheduler reads is set)."""
+    return Token(request_id, token_id, False, index)
 
 
 def drain_sink(request: Request) -> tuple[list[int], list[object]]:
@@ -74,6 +83,6 @@ def drain_sink(request: Request) -> tuple[list[int], list[object]]:
             return tokens, ends
         if item is None:
             return tokens, ends
-        tokens.extend(item.token_ids)
+        tokens.extend(t.token_id for t in item.tokens)
         if item.end is not None:
             ends.append(item.end)

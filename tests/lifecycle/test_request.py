@@ -1,9 +1,9 @@
-"""Request moves and their timestamps; generation-parameter validation."""
+"""Request moves and their timestamps; a request carries its engine command."""
 from __future__ import annotations
 
 import pytest
 
-from lifecycle.params import GenerationParams
+from engine.contract import Admit, SamplingParams
 from lifecycle.sink import SinkEnd
 from lifecycle.states import FinishReason, IllegalTransition, RequestState, TerminalReason
 
@@ -47,29 +47,9 @@ def test_terminal_states_go_through_end_only() -> None:
         request.end(S.CANCELLED, 3.0)
 
 
-def test_generation_params_validate() -> None:
-    assert GenerationParams(max_tokens=1).ignore_eos is False
-    with pytest.raises(ValueError):
-        GenerationParams(max_tokens=0)
-    with pytest.raises(TypeError):
-        GenerationParams(max_tokens=True)
-    with pytest.raises(TypeError):
-        GenerationParams(max_tokens=2.0)  # type: ignore[arg-type]
-
-
-def test_generation_params_default_to_greedy_and_validate_sampling() -> None:
-    p = GenerationParams(max_tokens=4)
-    assert (p.temperature, p.top_p, p.top_k, p.min_p, p.n, p.logprobs, p.seed) == (0.0, 1.0, -1, 0.0, 1, None, None)
-    ok = GenerationParams(4, temperature=2, top_p=0.1, top_k=1, min_p=1, seed=-(2**63), presence_penalty=-2,
-                          frequency_penalty=2, repetition_penalty=0.5, logprobs=5, prompt_logprobs=0,
-                          stop_token_ids=(0, 7), n=16)
-    assert ok.n == 16
-    for bad in ({"temperature": 2.5}, {"temperature": -0.1}, {"top_p": 0}, {"top_p": 1.01}, {"top_k": 0},
-                {"top_k": -2}, {"min_p": 1.5}, {"presence_penalty": 2.1}, {"frequency_penalty": -2.1},
-                {"repetition_penalty": 0}, {"logprobs": 6}, {"prompt_logprobs": -1}, {"n": 0}, {"n": 17},
-                {"seed": 2**63}, {"temperature": float("nan")}, {"stop_token_ids": (-1,)}, {"stop_token_ids": [1]}):
-        with pytest.raises(ValueError):
-            GenerationParams(4, **bad)
-    for bad in ({"temperature": "hot"}, {"seed": 1.5}, {"n": True}, {"logprobs": 2.0}):
-        with pytest.raises(TypeError):
-            GenerationParams(4, **bad)
+def test_a_request_carries_the_engine_command_it_was_parsed_into() -> None:
+    command = Admit("r", [1, 2], 8, True, SamplingParams(temperature=0.5), 2, (7,))
+    request = make_request("r")
+    request.command = command
+    assert request.request_id == "r" and request.prompt_ids is command.prompt_ids
+    assert request.command.sampling.temperature == 0.5 and request.command.n == 2

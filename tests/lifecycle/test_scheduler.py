@@ -6,13 +6,14 @@ import dataclasses
 
 import pytest
 
+from engine.contract import PromptLogprobs
 from lifecycle.rejection import Draining, NotReady, QueueFull
 from lifecycle.request import Request
 from lifecycle.scheduler import SLOW_READER, Scheduler
 from lifecycle.sink import SinkItem
 from lifecycle.states import FinishReason, RequestState, TerminalReason
 
-from tests.lifecycle.fakes import FakeClock, FakeEngine, RecordingObserver, drain_sink, make_request
+from tests.lifecycle.fakes import FakeClock, FakeEngine, RecordingObserver, drain_sink, make_request, tok
 
 S = RequestState
 
@@ -68,11 +69,11 @@ def test_full_request_story_with_times_and_batch_facts() -> None:
     rig.clock.tick()
     rig.scheduler.on_prefill_started("a")
     rig.clock.tick()
-    rig.scheduler.on_token("a", 11, batch_size=4)  # the prefill's token: not a decode batch
+    rig.scheduler.on_token(tok("a", 11), batch_size=4)  # the prefill's token: not a decode batch
     assert request.state is S.DECODE and request.decode_batch_size_max == 0
     rig.clock.tick()
-    rig.scheduler.on_token("a", 12, batch_size=2)
-    rig.scheduler.on_token("a", 13, batch_size=3)
+    rig.scheduler.on_token(tok("a", 12), batch_size=2)
+    rig.scheduler.on_token(tok("a", 13), batch_size=3)
     rig.scheduler.on_finished("a", "length")
     assert request.state is S.FINISHED and request.output_ids == [11, 12, 13]
     assert request.finish_reason is FinishReason.LENGTH
@@ -81,7 +82,7 @@ def test_full_request_story_with_times_and_batch_facts() -> None:
         101.0, 102.0, 103.0)
     assert request.decode_batch_size_max == 3 and request.active_set_size_max == 1
     item = request.sink.read_nowait()
-    assert item is not None and item.token_ids == [11, 12, 13]
+    assert item is not None and [t.token_id for t in item.tokens] == [11, 12, 13]
     assert item.end is not None and item.end.finish_reason is FinishReason.LENGTH
     assert rig.observer.path("a") == [S.RECEIVED, S.PENDING, S.ADMITTED, S.PREFILL, S.DECODE,
                                       S.FINISHED]
@@ -92,7 +93,7 @@ def test_full_request_story_with_times_and_batch_facts() -> None:
 def test_first_token_without_prefill_event_and_single_token_finish() -> None:
     rig = make_rig()
     request = rig.submit("one", max_tokens=1)
-    rig.scheduler.on_token("one", 7, batch_size=1)
+    rig.scheduler.on_token(tok("one", 7), batch_size=1)
     rig.scheduler.on_finished("one", FinishReason.STOP)
     assert rig.observer.path("one")[-4:] == [S.ADMITTED, S.PREFILL, S.DECODE, S.FINISHED]
     assert request.terminal_reason is TerminalReason.COMPLETED_STOP
@@ -105,7 +106,7 @@ def test_freed_slots_admit_pending_requests_in_arrival_order() -> None:
     first, *queued = [rig.submit(f"r{i}") for i in range(4)]
     assert [r.state for r in queued] == [S.PENDING] * 3
     rig.scheduler.cancel("r2")  # leaves the queue without ever reaching the engine
-    rig.scheduler.on_token("r0", 1, batch_size=1)
+    rig.scheduler.on_token(tok("r0", 1), batch_size=1)
     rig.scheduler.on_finished("r0", "stop")
     assert queued[0].state is S.ADMITTED and queued[0].pending_depth_at_admit == 1
     rig.scheduler.disconnect("r1")
@@ -147,17 +148,17 @@ def test_a_slow_reader_gets_its_request_cancelled_and_frees_the_slot() -> None:
     rig = make_rig(max_active=1, max_pending=1)
     slow = rig.submit("slow", max_tokens=100, max_buffered=3)
     waiting = rig.submit("next")
-    rig.scheduler.on_token("slow", 0, batch_size=1)
-    assert slow.sink.read_nowait() == SinkItem([0])  # a read keeps it under the bound
+    rig.scheduler.on_token(tok("slow", 0), batch_size=1)
+    assert slow.sink.read_nowait() == SinkItem([tok("slow", 0)])  # a read keeps it under the bound
     for token in range(1, 4):
-        rig.scheduler.on_token("slow", token, batch_size=1)
+        rig.scheduler.on_token(tok("slow", token), batch_size=1)
     assert slow.state is S.DECODE
-    rig.scheduler.on_token("slow", 4, batch_size=1)  # four unread tokens > max_buffered
+    rig.scheduler.on_token(tok("slow", 4), batch_size=1)  # four unread tokens > max_buffered
     assert slow.state is S.CANCELLED and slow.error == SLOW_READER
     assert rig.engine.cancelled == ["slow"] and waiting.state is S.ADMITTED
     tokens, ends = drain_sink(slow)
     assert tokens == [1, 2, 3, 4] and [e.message for e in ends] == [SLOW_READER]
-    rig.scheduler.on_token("slow", 5, batch_size=1)  # already in flight when the cancel went
+    rig.scheduler.on_token(tok("slow", 5), batch_size=1)  # already in flight when the cancel went
     assert rig.scheduler.late_events == 1
 
 
@@ -166,10 +167,10 @@ def test_late_and_unknown_engine_events_are_counted_and_ignored() -> None:
     request = rig.submit("gone")
     rig.scheduler.cancel("gone")
     rig.scheduler.on_prefill_started("gone")
-    rig.scheduler.on_token("gone", 1, batch_size=1)
+    rig.scheduler.on_token(tok("gone", 1), batch_size=1)
     rig.scheduler.on_finished("gone", "stop")
     rig.scheduler.on_failed("gone", "boom")
-    rig.scheduler.on_token("never-seen", 1, batch_size=1)
+    rig.scheduler.on_token(tok("never-seen", 1), batch_size=1)
     assert rig.scheduler.late_events == 5 and rig.scheduler.counters.protocol_errors == 0
     assert request.state is S.CANCELLED and request.output_ids == []
     assert len(drain_sink(request)[1]) == 1
@@ -184,7 +185,7 @@ def test_engine_protocol_errors_fail_the_request_instead_of_leaking_it(event: st
     if event == "finish-before-token":
         rig.scheduler.on_finished("held", "stop")
     elif event == "token-for-queued":
-        rig.scheduler.on_token("queued", 3, batch_size=1)
+        rig.scheduler.on_token(tok("queued", 3), batch_size=1)
         victim = queued
     else:
         rig.scheduler.on_prefill_started("held")
@@ -236,10 +237,10 @@ async def test_draining_refuses_new_work_and_finishes_the_accepted_work() -> Non
     with pytest.raises(Draining):
         rig.submit("c")
     assert await rig.scheduler.wait_idle(timeout=0.01) is False
-    rig.scheduler.on_token("a", 1, batch_size=1)
+    rig.scheduler.on_token(tok("a", 1), batch_size=1)
     rig.scheduler.on_finished("a", "stop")
     assert queued.state is S.ADMITTED  # accepted work still runs while draining
-    rig.scheduler.on_token("b", 1, batch_size=1)
+    rig.scheduler.on_token(tok("b", 1), batch_size=1)
     rig.scheduler.on_finished("b", "length")
     assert await rig.scheduler.wait_idle(timeout=1.0) is True
     assert rig.scheduler.snapshot()["draining"] is True
@@ -287,3 +288,32 @@ def test_observer_sees_terminal_fields_already_set() -> None:
 def test_constructor_refuses_nonsense_bounds(active: int, pending: int) -> None:
     with pytest.raises(ValueError):
         Scheduler(FakeEngine(), max_active=active, max_pending=pending)
+
+
+def test_a_stop_string_finishes_its_choice_through_the_engine_client() -> None:
+    rig = make_rig(max_active=1, max_pending=1)
+    rig.submit("a")
+    queued = rig.submit("q")
+    rig.scheduler.on_token(tok("a", 5, index=1), batch_size=1)
+    assert rig.scheduler.stop_choice("a", 1) and rig.engine.stopped == [("a", 1)]
+    assert not rig.scheduler.stop_choice("a", 1)  # already stopped: the engine is told once
+    assert rig.scheduler.get("a").stopped_choices == [1]
+    assert not rig.scheduler.stop_choice("q", 0) and queued.state is S.PENDING  # the engine never got it
+    rig.scheduler.on_finished("a", "stop")
+    assert not rig.scheduler.stop_choice("a", 0) and not rig.scheduler.stop_choice("never", 0)
+    assert rig.engine.stopped == [("a", 1)]
+
+
+def test_prompt_log_probs_reach_the_sink_with_the_first_token() -> None:
+    rig = make_rig()
+    request = rig.submit("e")
+    chunk = PromptLogprobs("e", [None, (-1.5, ((3, -1.5),))], 0)
+    rig.scheduler.on_prompt_logprobs(chunk)
+    assert request.sink.read_nowait() is None  # nothing to render before the first token
+    rig.scheduler.on_token(tok("e", 9), batch_size=1)
+    item = request.sink.read_nowait()
+    assert list(item.prompt) == [chunk] and [t.token_id for t in item.tokens] == [9]
+    rig.scheduler.cancel("e")
+    rig.scheduler.on_prompt_logprobs(PromptLogprobs("e", [None], 0))  # after the end: dropped, not counted
+    rig.scheduler.on_prompt_logprobs(PromptLogprobs("never-seen", [None], 0))
+    assert rig.scheduler.late_events == 0

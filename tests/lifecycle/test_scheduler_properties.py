@@ -14,7 +14,7 @@ from lifecycle.request import Request
 from lifecycle.scheduler import Scheduler
 from lifecycle.states import ENGINE_HELD, TERMINAL, RequestState
 
-from tests.lifecycle.fakes import FakeClock, FakeEngine, RecordingObserver, drain_sink, make_request
+from tests.lifecycle.fakes import FakeClock, FakeEngine, RecordingObserver, drain_sink, make_request, tok
 
 MAX_ACTIVE = 2
 MAX_PENDING = 2
@@ -122,7 +122,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def token(self, pick: int, token: int, batch: int) -> None:
         rid = self._pick(pick)
         if self._engine_may_speak_of(rid):
-            self.scheduler.on_token(rid, token, batch)
+            self.scheduler.on_token(tok(rid, token), batch)
 
     @rule(pick=picks, reason=st.sampled_from(["stop", "length"]))
     def finished(self, pick: int, reason: str) -> None:
@@ -136,7 +136,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         finished events for some of them."""
         held = [r.request_id for r in self.requests.values() if r.state in ENGINE_HELD]
         for rid in held:
-            self.scheduler.on_token(rid, len(self.requests[rid].output_ids), len(held))
+            self.scheduler.on_token(tok(rid, len(self.requests[rid].output_ids)), len(held))
         for slot in sorted(finishing):
             if slot < len(held):
                 self.scheduler.on_finished(held[slot], reason)

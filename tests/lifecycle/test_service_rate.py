@@ -10,7 +10,7 @@ import pytest
 from lifecycle.rejection import QueueFull
 from lifecycle.scheduler import Scheduler
 from lifecycle.service_rate import RETRY_AFTER_BOUNDS_S, ServiceRate
-from tests.lifecycle.fakes import FakeClock, FakeEngine, make_request
+from tests.lifecycle.fakes import FakeClock, FakeEngine, make_request, tok
 
 
 def served(max_pending: int, per_second: float, n: int = 80) -> tuple[Scheduler, FakeClock]:
@@ -22,7 +22,7 @@ def served(max_pending: int, per_second: float, n: int = 80) -> tuple[Scheduler,
     for i in range(n):
         scheduler.submit(make_request(f"done{i}"))
         clock.tick(1.0 / per_second)
-        scheduler.on_token(f"done{i}", 1, 1)
+        scheduler.on_token(tok(f"done{i}", 1), 1)
         scheduler.on_finished(f"done{i}", "length")
     return scheduler, clock
 

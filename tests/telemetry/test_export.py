@@ -20,7 +20,9 @@ from tools.traceview import reader as trace_reader
 from telemetry.export import GatedBatchProcessor
 from telemetry.recent import RecentSpans
 from telemetry.records import JsonlSpanExporter
-from telemetry.setup import build_telemetry, otlp_traces_url
+from daemon.debug_traces import traces_route
+from daemon.telemetry_setup import telemetry_for
+from telemetry.setup import otlp_traces_url
 from tests.telemetry.otlp_check import check_line
 
 
@@ -154,7 +156,7 @@ def test_otlp_http_exporter_posts_to_the_collector(tmp_path: Path):
     try:
         settings = Settings(otlp_endpoint=f"http://127.0.0.1:{server.server_address[1]}",
                             trace_file=str(tmp_path / "t.jsonl"))
-        telemetry = build_telemetry(settings)
+        telemetry = telemetry_for(settings)
         telemetry.on_front_rejection(400, "bad JSON", None)
         telemetry.shutdown()
     finally:
@@ -175,7 +177,7 @@ def test_recent_buffer_and_route():
     for s in finished_spans(8):
         recent.on_end(s)
     assert [s.name for s in recent.snapshot()] == ["s3", "s4", "s5", "s6", "s7"]
-    client = TestClient(Starlette(routes=[recent.route()]))
+    client = TestClient(Starlette(routes=[traces_route(recent)]))
     response = client.get("/debug/traces?limit=2")
     assert response.status_code == 200 and response.headers["content-type"].startswith("application/x-ndjson")
     (line,) = response.text.splitlines()
@@ -186,10 +188,19 @@ def test_recent_buffer_and_route():
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "limit"
 
 
-def test_debug_traces_route_only_when_asked():
-    assert build_telemetry(Settings()).extra_routes(None) == []
-    routes = build_telemetry(Settings(debug_traces=True)).extra_routes(None)
-    assert [r.path for r in routes] == ["/debug/traces"]
+def test_the_recent_buffer_exists_only_when_asked():
+    assert telemetry_for(Settings()).tracing.recent is None
+    assert isinstance(telemetry_for(Settings(debug_traces=True)).tracing.recent, RecentSpans)
+
+
+def test_the_stdlib_encoder_writes_what_orjson_writes():
+    """telemetry/ encodes with the stdlib unless handed an encoder; the daemon hands it orjson's."""
+    import orjson
+
+    from telemetry import otlp_json
+
+    spans = finished_spans(4)
+    assert otlp_json.line(spans) == otlp_json.line(spans, orjson.dumps)
 
 
 def test_encoding_matches_the_sdk_protobuf_encoder():
@@ -222,7 +233,7 @@ def test_an_unwritable_trace_file_is_a_settings_error(tmp_path: Path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(SettingsError, match="trace_file .*cannot open for writing"):
-        build_telemetry(Settings(trace_file=str(blocker / "trace.jsonl")))
+        telemetry_for(Settings(trace_file=str(blocker / "trace.jsonl")))
 
 
 def test_trace_file_rotation_is_a_setting(tmp_path: Path):
@@ -232,7 +243,7 @@ def test_trace_file_rotation_is_a_setting(tmp_path: Path):
 
     settings = resolve(argparse.Namespace(trace_file=str(tmp_path / "t.jsonl"), trace_file_max_mb="2",
                                           trace_file_backups="0"), environ={})
-    telemetry = build_telemetry(settings)
+    telemetry = telemetry_for(settings)
     (gate,) = telemetry.tracing.gated
     assert (gate.exporter.max_bytes, gate.exporter.backups) == (2 << 20, 0)
     telemetry.shutdown()

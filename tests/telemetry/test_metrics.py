@@ -2,9 +2,7 @@
 of one request, terminal and token counters, scrape-time gauges, dropped spans, backend info."""
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-from engine.contract import StepRecord
+from engine.contract import EngineSnapshot, StepRecord
 from lifecycle.scheduler import Scheduler
 from telemetry.metrics import Metrics
 from tests.lifecycle.fakes import FakeClock, FakeEngine, make_request
@@ -19,7 +17,7 @@ def record(step: int, ids: list[str], started_ms: int, cpu_ms: int = 4) -> StepR
 
 
 def render(m: Metrics, scheduler=None, engine=None, dropped=None) -> str:
-    payload, content_type = m.render(scheduler, engine, dropped or {})
+    payload, content_type = m.render(scheduler.snapshot() if scheduler else None, engine, dropped or {})
     assert content_type.startswith("text/plain")
     return payload.decode()
 
@@ -49,7 +47,8 @@ def test_scrape_time_gauges_dropped_spans_and_backend_info():
     m.set_engine("nccl", "experimental", "lite")
     m.set_engine("local", "production", "tiny")
     m.on_front_rejection()
-    engine = SimpleNamespace(cache=SimpleNamespace(num_slots=8, free_slots=5))
+    engine = EngineSnapshot(steps=9, decode_batch_max=2, running=3, waiting=0, overlapped_steps=0, async_scheduling=True,
+                            kv_slots_free=5, kv_slots_total=8)  # as the GPU thread publishes it
     text = render(m, engine=engine, dropped={"file": 3, "otlp": 0})
     assert value(text, "pegainfer:kv_slots_used") == 3 and value(text, "pegainfer:kv_slots_total") == 8
     assert value(text, "pegainfer:dropped_spans_total", exporter="file") == 3

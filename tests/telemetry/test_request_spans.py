@@ -19,7 +19,7 @@ from telemetry.clock import EpochClock
 from telemetry.hub import Telemetry
 from telemetry.request_spans import output_hash
 from telemetry.tracing import Tracing
-from tests.lifecycle.fakes import FakeClock, FakeEngine, make_request
+from tests.lifecycle.fakes import FakeClock, FakeEngine, make_request, tok
 
 WALL = 1_700_000_000 * 10**9  # the epoch time of monotonic 0 in these tests
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -86,11 +86,11 @@ def test_a_finished_request_is_timed_from_its_timestamps(rig: Rig):
     rig.clock.tick(0.5)
     rig.scheduler.on_prefill_started("r1")  # 100.5
     rig.clock.tick(0.25)
-    rig.scheduler.on_token("r1", 7, 1)  # first token at 100.75
+    rig.scheduler.on_token(tok("r1", 7), 1)  # first token at 100.75
     rig.step(1, ["r1"], "prefill")
     for token in (8, 9):
         rig.clock.tick(0.125)
-        rig.scheduler.on_token("r1", token, 1)
+        rig.scheduler.on_token(tok("r1", token), 1)
     rig.scheduler.on_finished("r1", "length")  # 101.0
     rig.step(2, ["r1"])
 
@@ -115,7 +115,6 @@ def test_a_finished_request_is_timed_from_its_timestamps(rig: Rig):
 
 
 def test_a_sampled_request_carries_its_sampling_attributes(rig: Rig):
-    from daemon.completions import generation_params
     from lifecycle.request import Request
     from lifecycle.sink import TokenSink
 
@@ -124,8 +123,8 @@ def test_a_sampled_request_carries_its_sampling_attributes(rig: Rig):
             "logprobs": 1}
     parsed = parse_completion(body, max_tokens_default=16)
     rig.telemetry.on_request_start("s1", parsed, {})
-    rig.scheduler.submit(Request("s1", [1, 2], generation_params(parsed), "m", TokenSink(64)))
-    rig.scheduler.on_token("s1", 7, 1)
+    rig.scheduler.submit(Request(parsed.admit("s1", [1, 2]), "m", TokenSink(64)))
+    rig.scheduler.on_token(tok("s1", 7), 1)
     rig.scheduler.on_finished("s1", "stop")
     a = rig.roots()["s1"].attributes
     assert (a["gen_ai.request.temperature"], a["gen_ai.request.top_p"], a["gen_ai.request.top_k"]) == (0.7, 0.9, 40)
@@ -185,7 +184,7 @@ def test_front_rejection_and_an_unsampled_caller_still_get_their_record(rig: Rig
 def test_failures_and_engine_death_end_every_request_once(rig: Rig):
     rig.scheduler.submit(make_request("a"))
     rig.scheduler.submit(make_request("b"))
-    rig.scheduler.on_token("a", 1, 1)
+    rig.scheduler.on_token(tok("a", 1), 1)
     rig.scheduler.fail_all("engine failed: boom")
     rig.telemetry.on_engine_died("boom")
     roots = rig.roots()
@@ -201,8 +200,8 @@ def test_steps_link_their_requests_including_one_that_ended_in_that_step():
     rig = make_rig(max_active=2)
     for rid in ("a", "b"):
         rig.scheduler.submit(make_request(rid, max_tokens=1))
-    rig.scheduler.on_token("a", 1, 2)
-    rig.scheduler.on_token("b", 1, 2)
+    rig.scheduler.on_token(tok("a", 1), 2)
+    rig.scheduler.on_token(tok("b", 1), 2)
     rig.scheduler.on_finished("a", "length")  # a ends in the step whose record comes next
     rig.step(1, ["a", "b"], "prefill")
     (step,) = [s for s in rig.spans() if s.name == "engine_step prefill"]
@@ -232,7 +231,7 @@ def test_a_telemetry_bug_is_counted_and_never_fails_the_request(rig: Rig, monkey
     monkeypatch.setattr(rig.telemetry.requests, "on_transition", broken)
     request = make_request("a", max_tokens=1)
     rig.scheduler.submit(request)
-    rig.scheduler.on_token("a", 1, 1)
+    rig.scheduler.on_token(tok("a", 1), 1)
     rig.scheduler.on_finished("a", "length")
     assert request.terminal_reason is not None and request.terminal_reason.value == "completed_length"
     assert rig.telemetry.errors == 5  # PENDING, ADMITTED, PREFILL, DECODE, FINISHED

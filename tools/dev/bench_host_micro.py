@@ -3,7 +3,7 @@ tools/dev/bench_host_path.py on a shared or small machine (no client process, no
 contention), for comparing two versions of the code:
 
 - loop: N streamed requests go through create_completion and the response's ASGI call with a no-op
-  send, fed T synthetic steps through EngineBridge.dispatch (scheduler, token details, choices,
+  send, fed T synthetic steps through EngineBridge.dispatch (scheduler, token sinks, choices,
   detokeniser, SSE encoding, request and step spans, metrics); prints loop-thread CPU µs per token.
   uvicorn/h11, the socket writes and the GPU thread are not in it.
 Both apply the daemon's serving-time collector and GIL settings (daemon.runtime.tune_for_serving)
@@ -55,7 +55,8 @@ async def loop_path(streams: int, tokens: int, rounds: int) -> list[float]:
     from tools.benchkit.workload import PROFILES, make_prompts
 
     admitted: list[str] = []
-    gpu = types.SimpleNamespace(submit=lambda cmd: admitted.append(cmd.request_id) if isinstance(cmd, Admit) else None)
+    gpu = types.SimpleNamespace(submit=lambda cmd: admitted.append(cmd.request_id) if isinstance(cmd, Admit) else None,
+                                snapshot=lambda: None)
     tel = Telemetry()
     rt = types.SimpleNamespace(
         settings=Settings(), telemetry=tel, tokenizer=Tokenizer(ensure_default_model()), model_name="m",

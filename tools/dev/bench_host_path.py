@@ -327,7 +327,7 @@ async def _serve(a: argparse.Namespace, port: int) -> Bench:
     from daemon.runtime import Runtime
     from daemon.serve import serve_runtime
     from daemon.settings import resolve
-    from telemetry.setup import build_telemetry
+    from daemon.telemetry_setup import telemetry_for
 
     torch.set_num_threads(a.torch_threads)
     if a.switch_interval is not None:
@@ -342,7 +342,7 @@ async def _serve(a: argparse.Namespace, port: int) -> Bench:
         trace_file=None if trace_file == "none" else trace_file, step_trace_every=a.step_trace_every,
         async_scheduling=False if a.no_async_scheduling else None)
     settings = resolve(flags, environ={})
-    rt = Runtime(settings, build_telemetry(settings))
+    rt = Runtime(settings, telemetry_for(settings))
     bench = Bench(a, rt, asyncio.get_running_loop(), port)
     driver = threading.Thread(target=bench.run, name="bench-driver", daemon=True)
     driver.start()

@@ -1,0 +1,194 @@
+"""The layers of DESIGN.md, pinned over every import of daemon/, engine/, ep/, lifecycle/ and
+telemetry/ (function-level and TYPE_CHECKING ones included; tests/layering.py reads them with ast):
+no import cycle between modules; lifecycle/ is the standard library and engine/contract only;
+telemetry/ adds only OpenTelemetry and prometheus-client; engine/ and ep/ never import daemon/,
+lifecycle/ or telemetry/; ep/ takes only engine/kernels/ and the contract from engine/; the contract
+is stdlib-only; daemon/ takes from engine/ only the contract and the pieces it wires. And the house
+limits: no file over 400 lines (the packages and tools/), no function over 8 positional parameters,
+a docstring and postponed annotations in every module. A second set of tests feeds the checker a
+fake tree to show that each rule catches what it is meant to."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import layering as L
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Known violations that belong to the other parts of issue 25, being fixed in parallel (the MoE
+# layer moving from ep/ into the model and ep/'s other imports of engine/: "kernels" and "epcut";
+# the GPU thread's split: "split"; the kernels' parameters: "kernels"; the tools cleanup: "epcut").
+# Each entry is exempt from its rule (and an import edge from the cycle check). EMPTY THESE WHEN
+# MERGING: the tests below fail on any entry that no longer matches a violation.
+PENDING_IMPORTS: frozenset[tuple[str, str]] = frozenset({  # (importing file, imported module)
+    ("ep/backends/local.py", "engine.startup_log"),
+    ("ep/launch.py", "engine.startup_log"),
+    ("ep/moe.py", "engine.config"),
+    ("ep/moe.py", "engine.phases"),
+    ("ep/moe.py", "engine.model"),  # also the one cycle: engine.model -> ep.moe -> engine.model
+    ("ep/worker.py", "engine.config"),
+    ("ep/worker.py", "engine.engine"),
+    ("ep/worker.py", "engine.startup_log"),
+    ("ep/worker.py", "engine.weights"),
+    ("ep/worker.py", "engine.presets"),
+})
+PENDING_LONG_FILES: frozenset[str] = frozenset({"engine/gpu_thread.py"})  # split
+PENDING_WIDE_FUNCTIONS: frozenset[str] = frozenset({  # "path name"
+    "engine/gpu_thread.py _record",  # split
+    "ep/worker.py run_expert_worker", "tools/pdl_bench.py _gemv_kernel",  # epcut
+    "engine/attention.py decode_norm",  # kernels (and the Triton kernels below)
+    "engine/kernels/argmax.py _argmax_kernel", "engine/kernels/gemv.py _splitk_kernel",
+    "engine/kernels/head_argmax.py _head_argmax_kernel", "engine/kernels/mla_decode.py _split_kernel",
+    "engine/kernels/mla_decode.py _merge_kernel", "engine/kernels/mla_decode.py _merge_row_kernel",
+    "engine/kernels/mla_decode.py mla_decode", "engine/kernels/mla_output.py _proj_norm_kernel",
+    "engine/kernels/mla_output.py proj_norm", "engine/kernels/mla_prep.py _prep_kernel",
+    "engine/kernels/mla_prep.py mla_prep", "engine/kernels/moe_experts.py _gate_up_kernel",
+    "engine/kernels/moe_experts.py _down_kernel", "engine/kernels/moe_experts.py _mlp",
+    "engine/kernels/moe_route.py _choose", "engine/kernels/moe_route.py _select_kernel",
+    "engine/kernels/moe_route.py _route_small_kernel", "engine/kernels/moe_route.py _align_kernel",
+    "engine/kernels/norm_proj.py _norm_proj_kernel", "engine/kernels/norm_proj.py norm_proj",
+    "engine/kernels/prefill_attention.py _packed_kernel", "engine/kernels/rmsnorm.py residual_sum",
+    "engine/kernels/rmsnorm.py _rmsnorm_kernel", "engine/kernels/rmsnorm.py _moe_rmsnorm_kernel",
+})
+
+
+def _pending_import(imp: L.Import) -> bool:
+    return (imp.path, imp.target) in PENDING_IMPORTS
+
+
+@pytest.fixture(scope="module")
+def found() -> list[L.Import]:
+    return L.imports(ROOT)
+
+
+def test_every_import_respects_the_layers(found):
+    broken = [f"{imp.where()}: imports {imp.target}: {why}" for imp in found
+              if (why := L.layer_problem(imp)) is not None and not _pending_import(imp)]
+    assert not broken, "\n".join(broken)
+
+
+def test_no_import_cycle_between_modules(found):
+    edges = L.graph([imp for imp in found if not _pending_import(imp)], set(L.sources(ROOT)))
+    assert not (loops := L.cycles(edges)), "\n".join(" -> ".join(c) for c in loops)
+
+
+def test_no_file_over_400_lines():
+    long = {p: n for p, n in L.long_files(ROOT).items() if p not in PENDING_LONG_FILES}
+    assert not long, long
+
+
+def test_no_function_over_8_positional_parameters():
+    wide = {k: n for k, n in L.wide_functions(ROOT).items()
+            if f"{k.split(':')[0]} {k.split(' ', 1)[1]}" not in PENDING_WIDE_FUNCTIONS}
+    assert not wide, wide
+
+
+def test_the_pending_exemptions_are_all_still_needed(found):
+    """An entry that no longer matches a violation is stale: remove it (the lead empties them)."""
+    broken = {(imp.path, imp.target) for imp in found if L.layer_problem(imp) is not None}
+    cycle_edges = {(imp.path, imp.target) for imp in found if imp.target in set(L.sources(ROOT))}
+    assert PENDING_IMPORTS <= broken | cycle_edges, PENDING_IMPORTS - broken - cycle_edges
+    assert PENDING_LONG_FILES <= set(L.long_files(ROOT)), PENDING_LONG_FILES - set(L.long_files(ROOT))
+    wide = {f"{k.split(':')[0]} {k.split(' ', 1)[1]}" for k in L.wide_functions(ROOT)}
+    assert PENDING_WIDE_FUNCTIONS <= wide, PENDING_WIDE_FUNCTIONS - wide
+
+
+@pytest.mark.parametrize("path", [p for pkg in L.PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))
+                                  if p.read_text().strip()], ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_module_has_the_house_shape(path):
+    source = path.read_text()
+    assert ast.get_docstring(ast.parse(source)), "no module docstring"
+    assert "from __future__ import annotations" in source
+
+
+def test_importing_lifecycle_and_telemetry_loads_nothing_of_the_gpu_side():
+    probe = ("import sys, lifecycle, lifecycle.scheduler, telemetry.hub, telemetry.setup; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ep', 'daemon', 'triton') "
+             "or (m.startswith('engine.') and m != 'engine.contract')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
+
+
+# ---- the checker catches what it is meant to: a small fake tree ---------------------------------------
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for pkg in L.PACKAGES:
+        (root / pkg).mkdir(exist_ok=True)
+        (root / pkg / "__init__.py").touch()
+    return root
+
+
+def _problems(root: Path) -> dict[tuple[str, str], str]:
+    return {(imp.path, imp.target): why for imp in L.imports(root) if (why := L.layer_problem(imp)) is not None}
+
+
+def test_the_checker_reports_a_cycle_through_function_level_imports(tmp_path):
+    root = _tree(tmp_path, {
+        "engine/a.py": "import engine.b\n",
+        "engine/b.py": "def later():\n    from engine import c\n",
+        "engine/c.py": "from . import a\n",  # relative, back to the start
+        "engine/d.py": "import engine.a\n",  # reaches the cycle, not part of it
+    })
+    found = L.imports(root)
+    assert any(imp.target == "engine.c" and imp.in_function for imp in found)
+    loops = L.cycles(L.graph(found, set(L.sources(root))))
+    assert loops == [["engine.a", "engine.b", "engine.c", "engine.a"]]
+
+
+def test_the_checker_reports_each_layer_rule(tmp_path):
+    root = _tree(tmp_path, {
+        "engine/contract.py": "import dataclasses\nimport engine.model\n",
+        "engine/model.py": "import torch\ndef f():\n    import telemetry.hub\n",
+        "engine/kernels/argmax.py": "import triton\n",
+        "ep/moe.py": "from engine.kernels import argmax\nfrom engine.contract import X\nfrom engine.model import M\n",
+        "lifecycle/s.py": ("from engine.contract import Admit\nimport asyncio\n"
+                           "if False:\n    import torch\nfrom ep import moe\nfrom engine import model\nimport orjson\n"),
+        "telemetry/hub.py": ("import opentelemetry.trace\nfrom prometheus_client import Counter\n"
+                             "from engine.contract import StepRecord\nimport daemon.settings\n"
+                             "import importlib\nimportlib.import_module('starlette.routing')\n"),
+        "daemon/app.py": ("import starlette\nfrom engine.contract import Admit\nfrom engine.engine import Engine\n"
+                          "from engine.sampler import Draw\nimport lifecycle.s\nimport telemetry.hub\n"),
+        "engine/engine.py": "from lifecycle import s\n",
+    })
+    problems = _problems(root)
+    expected = {
+        ("engine/contract.py", "engine.model"): "engine/contract imports beyond",
+        ("engine/model.py", "telemetry.hub"): "engine/ imports telemetry/",
+        ("engine/engine.py", "lifecycle.s"): "engine/ imports lifecycle/",
+        ("ep/moe.py", "engine.model"): "ep/ imports engine/ beyond",
+        ("lifecycle/s.py", "torch"): "lifecycle/ imports torch",
+        ("lifecycle/s.py", "ep.moe"): "lifecycle/ imports ep/",
+        ("lifecycle/s.py", "engine.model"): "lifecycle/ imports engine/ beyond the contract",
+        ("lifecycle/s.py", "orjson"): "lifecycle/ imports beyond",
+        ("telemetry/hub.py", "daemon.settings"): "telemetry/ imports beyond",
+        ("telemetry/hub.py", "starlette.routing"): "telemetry/ imports beyond",
+        ("daemon/app.py", "engine.sampler"): "daemon/ takes from engine/ beyond",
+    }
+    assert set(problems) == set(expected), set(problems) ^ set(expected)
+    for key, start in expected.items():
+        assert problems[key].startswith(start), (key, problems[key])
+
+
+def test_the_checker_reports_long_files_and_wide_functions(tmp_path):
+    root = _tree(tmp_path, {
+        "tools/long.py": "x = 1\n" * 401,
+        "engine/ok.py": "x = 1\n" * 400,
+        "engine/wide.py": ("def nine(a, b, c, d, e, f, g, h, i):\n    pass\n"
+                           "def eight(a, b, c, d, e, f, g, h, *rest, i=0, j=1):\n    pass\n"
+                           "def keywords(a, b, c, d, e, f, g, h, *, i, j):\n    pass\n"
+                           "class K:\n    def method(self, a, b, c, d, e, f, g, h):\n        pass\n"
+                           "    def more(self, a, b, c, d, e, f, g, h, i):\n        pass\n"
+                           "    @staticmethod\n    def static(self, a, b, c, d, e, f, g, h):\n        pass\n"
+                           "lam = lambda a, b, c, d, e, f, g, h, i: 0\n"),
+    })
+    assert L.long_files(root) == {"tools/long.py": 401}
+    assert L.wide_functions(root) == {"engine/wide.py:1 nine": 9, "engine/wide.py:10 more": 9,
+                                      "engine/wide.py:13 static": 9, "engine/wide.py:15 <lambda>": 9}
