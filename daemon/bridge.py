@@ -8,7 +8,7 @@ import asyncio
 from typing import Protocol
 
 from daemon.token_details import TokenDetails
-from engine.gpu_thread import GpuThread
+from engine.loop import GpuThread
 from engine.contract import (
     Admit,
     Cancel,
