@@ -78,7 +78,8 @@ class ModelRunner:
         gpu_s = counters = None
         if meter is not None:
             gpu_s, counters = meter.seconds(events), meter.counters()
-        return StepResult(tokens, chosen, tops, prompt, sampled, failed, failed_rows, gpu_s, counters)
+        return StepResult(tokens, chosen, tops, prompt=prompt, sampled=sampled, failed=failed, failed_rows=failed_rows,
+                          gpu_s=gpu_s, counters=counters)
 
     def launch(self, plan: StepPlan, meter: StepMeter | None = None) -> LaunchedStep:
         """Start a plain greedy step of decode rows without waiting for its tokens (collect() reads

@@ -43,6 +43,7 @@ class StepPlan:
     `draw_rows[i]` (the argmax fast path); a prompt chunk before its last draws nothing, and the last
     chunk of a request of n choices is read by n draws."""
     rows: list[RowInput]  # the forward's rows, in order
+    _: dataclasses.KW_ONLY
     draws: list[Draw] | None = None  # per draw: its row and parameters; None: every draw is plain greedy
     draw_rows: list[int] | None = None  # greedy: each draw's forward row; None: draw i reads row i
     prompt_wants: Mapping[int, PromptWant] = dataclasses.field(default_factory=lambda: _NO_WANTS)  # row -> its chunk's
@@ -78,6 +79,7 @@ class StepResult:
     tokens: list[int]  # one per draw
     logprobs: list[float | None]  # one per draw: the chosen token's raw log-prob, where asked for
     top_logprobs: list[TopLogprobs]  # one per draw, cut to the N that draw asked for
+    _: dataclasses.KW_ONLY
     prompt: dict[int, list[tuple[float, TopLogprobs] | None]] = dataclasses.field(default_factory=dict)  # row ->
     sampled: bool = False  # False: the argmax fast path ran
     failed: dict[int, str] = dataclasses.field(default_factory=dict)  # draw -> why (its request's values)
@@ -89,4 +91,4 @@ class StepResult:
     def greedy(cls, tokens: list[int], gpu_s: float | None = None, counters: ExchangeCounters | None = None
                ) -> StepResult:
         n = len(tokens)
-        return cls(tokens, [None] * n, [()] * n, {}, False, {}, {}, gpu_s, counters)
+        return cls(tokens, [None] * n, [()] * n, gpu_s=gpu_s, counters=counters)

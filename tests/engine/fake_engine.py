@@ -58,7 +58,8 @@ class ScriptRunner:
                   if r not in failed_rows}
         self.forks += [f for f in plan.forks if f.row not in failed_rows and not any(d in failed for d in f.draws)]
         n = len(tokens)
-        return StepResult(tokens, [None] * n, [()] * n, prompt, plan.draws is not None, failed, failed_rows)
+        return StepResult(tokens, [None] * n, [()] * n, prompt=prompt, sampled=plan.draws is not None, failed=failed,
+                          failed_rows=failed_rows)
 
     def launch(self, plan: StepPlan, meter=None) -> list[int]:
         """A launched step's tokens are known at once; a fed row's input is its sequence's token of the
