@@ -56,30 +56,28 @@ class ModelRunner:
         its share of the work raise is left out (StepResult.failed, failed_rows); the others get
         what they would have got without it. meter: time the forward and take the step's counters."""
         events = meter.start() if meter is not None else None
-        draws = plan.draws
+        draws, sampled = plan.draws, None
         if not plan.prompt_wants and (draws is None or all(d.spec.plain_greedy for d in draws)):
             greedy = self._greedy(plan.rows)
             if draws is not None:
                 tokens = [greedy[d.row] for d in draws]
             else:
                 tokens = greedy if plan.draw_rows is None else [greedy[r] for r in plan.draw_rows]
-            n = len(tokens)
-            chosen, tops, prompt, sampled, failed, failed_rows = [None] * n, [()] * n, {}, False, {}, {}
         elif draws is None:
             raise ValueError("a step that wants prompt log-probs takes the sampling path: give its draws")
         else:
-            tokens, chosen, tops, prompt, failed, failed_rows = self._sample(plan.rows, draws, plan.prompt_wants)
-            sampled = True
+            sampled = self._sample(plan.rows, draws, plan.prompt_wants)
         if meter is not None:
             meter.stop(events)
         for fork in plan.forks:  # not for a request that failed in this step: it is dropped
-            if not (fork.row in failed_rows or any(d in failed for d in fork.draws)):
+            if sampled is None or not (fork.row in sampled.failed_rows or any(d in sampled.failed for d in fork.draws)):
                 self._fork(fork)
         gpu_s = counters = None
         if meter is not None:
             gpu_s, counters = meter.seconds(events), meter.counters()
-        return StepResult(tokens, chosen, tops, prompt=prompt, sampled=sampled, failed=failed, failed_rows=failed_rows,
-                          gpu_s=gpu_s, counters=counters)
+        if sampled is None:
+            return StepResult.greedy(tokens, gpu_s, counters)
+        return sampled if meter is None else sampled._replace(gpu_s=gpu_s, counters=counters)
 
     def launch(self, plan: StepPlan, meter: StepMeter | None = None) -> LaunchedStep:
         """Start a plain greedy step of decode rows without waiting for its tokens (collect() reads
@@ -133,8 +131,7 @@ class ModelRunner:
     def _collect(self, handle: Launched | list[int]) -> list[int]:
         return handle if isinstance(handle, list) else self.graphs.collect(handle)
 
-    def _sample(self, rows: list[RowInput], draws: list[Draw], wants: Mapping[int, PromptWant]) -> tuple:
-        """(tokens, chosen log-probs, top log-probs, prompt log-probs, failed draws, failed rows)."""
+    def _sample(self, rows: list[RowInput], draws: list[Draw], wants: Mapping[int, PromptWant]) -> StepResult:
         if wants:
             logits, prompt, failed_rows = self._prompt_step(rows, wants)  # [R, V]
         else:
@@ -144,7 +141,7 @@ class ModelRunner:
         n = len(draws)
         tokens, chosen, tops = [-1] * n, [None] * n, [()] * n  # a failed draw keeps these
         if out is None:
-            return tokens, chosen, tops, prompt, failed, failed_rows
+            return StepResult(tokens, chosen, tops, prompt, True, failed, failed_rows)
         # waits for the device with the GIL released; the reads below are quick
         for s, tok in zip(kept, _read(out.tokens)):
             tokens[s] = tok
@@ -154,7 +151,7 @@ class ModelRunner:
                 want = draws[s].spec.logprobs
                 if want is not None:
                     chosen[s], tops[s] = lps[j], tuple(zip(ids[j][:want], vals[j][:want]))
-        return tokens, chosen, tops, prompt, failed, failed_rows
+        return StepResult(tokens, chosen, tops, prompt, True, failed, failed_rows)
 
     def _logits(self, rows: list[RowInput]) -> torch.Tensor:
         """[R, V] float32 logits of every row's last new token."""

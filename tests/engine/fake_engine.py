@@ -49,7 +49,8 @@ class ScriptRunner:
         if self.fault is not None:
             raise self.fault
         assert len(plan.owners) == plan.num_draws
-        failed = {i: self.fail_draws[s.request_id] for i, s in enumerate(plan.owners) if s.request_id in self.fail_draws}
+        failed = {i: self.fail_draws[s.request_id] for i, s in enumerate(plan.owners)
+                  if s.request_id in self.fail_draws}
         tokens = [-1 if i in failed else self.token(s) for i, s in enumerate(plan.owners)]
         failed_rows = {r: self.fail_rows[plan.seqs[r].request_id] for r in plan.prompt_wants
                        if plan.seqs[r].request_id in self.fail_rows}
@@ -58,8 +59,7 @@ class ScriptRunner:
                   if r not in failed_rows}
         self.forks += [f for f in plan.forks if f.row not in failed_rows and not any(d in failed for d in f.draws)]
         n = len(tokens)
-        return StepResult(tokens, [None] * n, [()] * n, prompt=prompt, sampled=plan.draws is not None, failed=failed,
-                          failed_rows=failed_rows)
+        return StepResult(tokens, [None] * n, [()] * n, prompt, plan.draws is not None, failed, failed_rows)
 
     def launch(self, plan: StepPlan, meter=None) -> list[int]:
         """A launched step's tokens are known at once; a fed row's input is its sequence's token of the

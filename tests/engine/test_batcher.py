@@ -5,8 +5,6 @@ rows dropped when a sequence ends while a step is in flight, and a per-request f
 result dropping that request alone."""
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from engine.batcher import Batcher, StepOutcome
@@ -98,7 +96,8 @@ def test_choices_draw_from_the_shared_prefill_then_fork_its_cache(sampling):
     _, plan, out = step(eng, b)
     slots = [b.running["r", i].slot for i in range(3)]
     assert rows(plan) == [("r", [34, 35], 4)] and plan.num_draws == 3
-    assert plan.forks == (Fork(slots[0], (slots[1], slots[2]), 6, 0, range(0, 3)),) and eng.runner.forks == [*plan.forks]
+    assert plan.forks == (Fork(slots[0], (slots[1], slots[2]), 6, 0, range(0, 3)),)
+    assert eng.runner.forks == [*plan.forks]
     if sampling is HOT:
         assert [(d.row, d.index) for d in plan.draws] == [(0, 0), (0, 1), (0, 2)]
     else:
@@ -262,10 +261,13 @@ def test_prompt_log_probs_are_asked_for_chunk_by_chunk():
     assert [e for p in events for e in p.entries] == [None] + [(float(t), ()) for t in prompt[1:]]
 
 
-def test_the_plan_is_frozen():
+def test_the_plan_and_the_result_are_immutable():
     eng, b = make()
     add(eng, b, "a", [1], 2)
     b.admit()
     plan = b.plan()
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    result = eng.runner.run(plan)
+    with pytest.raises(AttributeError):
         plan.rows = []
+    with pytest.raises(AttributeError):
+        result.tokens = []
