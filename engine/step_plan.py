@@ -40,8 +40,9 @@ _NONE: Mapping = MappingProxyType({})  # the shared empty default of the mapping
 class StepPlan(NamedTuple):
     """One forward step. Draw i chooses a token from forward row `draws[i].row` (sampling) or
     `draw_rows[i]` (the argmax fast path); a prompt chunk before its last draws nothing, and the last
-    chunk of a request of n choices is read by n draws. Immutable (a tuple: one is built per step on
-    the GPU thread's critical path, and a frozen dataclass's __init__ with these fields cost 2 µs)."""
+    chunk of a request of n choices is read by n draws. Immutable: a NamedTuple, not a frozen
+    dataclass, because one is built per step on the GPU thread's critical path and a frozen
+    dataclass's __init__ of these twelve fields costs three times a tuple's."""
     rows: list[RowInput]  # the forward's rows, in order
     draws: list[Draw] | None = None  # per draw: its row and parameters; None: every draw is plain greedy
     draw_rows: list[int] | None = None  # greedy: each draw's forward row; None: draw i reads row i
@@ -77,7 +78,7 @@ class StepResult(NamedTuple):
     tokens: list[int]  # one per draw
     logprobs: list[float | None]  # one per draw: the chosen token's raw log-prob, where asked for
     top_logprobs: list[TopLogprobs]  # one per draw, cut to the N that draw asked for
-    prompt: Mapping[int, list[tuple[float, TopLogprobs] | None]] = _NONE  # forward row -> its chunk's prompt log-probs
+    prompt: Mapping[int, list[tuple[float, TopLogprobs] | None]] = _NONE  # forward row -> its chunk's entries
     sampled: bool = False  # False: the argmax fast path ran
     failed: Mapping[int, str] = _NONE  # draw -> why (its request's values)
     failed_rows: Mapping[int, str] = _NONE  # forward row -> why its prompt log-probs failed
@@ -88,4 +89,4 @@ class StepResult(NamedTuple):
     def greedy(cls, tokens: list[int], gpu_s: float | None = None, counters: ExchangeCounters | None = None
                ) -> StepResult:
         n = len(tokens)
-        return cls(tokens, [None] * n, [()] * n, gpu_s=gpu_s, counters=counters)
+        return cls(tokens, [None] * n, [()] * n, _NONE, False, _NONE, _NONE, gpu_s, counters)
