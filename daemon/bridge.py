@@ -19,7 +19,7 @@ from engine.contract import (
     StepRecord,
     StopChoice,
 )
-from engine.gpu_thread import GpuThread
+from engine.loop import GpuThread
 from lifecycle.scheduler import Scheduler
 
 

@@ -24,7 +24,7 @@ from daemon.settings import Settings
 from daemon.tokenize_pool import TokenizePool
 from engine.engine import Engine, EngineSpec, build_engine, default_model_dir, log_event
 from engine.generate import generate
-from engine.gpu_thread import GpuThread
+from engine.loop import GpuThread
 from engine.contract import Shutdown
 from engine.tokenizer import Tokenizer
 from lifecycle.scheduler import Scheduler

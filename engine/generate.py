@@ -11,6 +11,7 @@ from engine.draw_params import DrawParams
 from engine.engine import Engine, RequestError
 from engine.contract import SamplingParams, TopLogprobs
 from engine.sampler import Draw
+from engine.step_plan import StepPlan
 
 
 @dataclasses.dataclass(slots=True)
@@ -38,7 +39,7 @@ def generate(engine: Engine, prompts: list[list[int]], max_tokens: int, ignore_e
         while live:
             draws = [Draw(r, specs[i], specs[i].seed or 0, 0, len(out[i].token_ids), prompts[i], out[i].token_ids,
                           params[i]) for r, i in enumerate(live)]
-            step = engine.runner.run(rows, draws)
+            step = engine.runner.run(StepPlan(rows, draws=draws))
             if step.failed:  # cannot happen with checked params; never hand out a placeholder token
                 raise RequestError(f"prompt {live[min(step.failed)]}: {step.failed[min(step.failed)]}")
             next_rows, next_live = [], []

@@ -1,39 +1,43 @@
-"""One forward step over a batch of rows and the choice of each row's next token. On CUDA the
-one-token (decode) rows replay a captured graph; prompt rows run a prefill graph or eagerly beside
-them.
+"""One forward step over a StepPlan's rows and the choice of each draw's token (engine/step_plan.py).
+On CUDA the one-token (decode) rows replay a captured graph; prompt rows run a prefill graph or
+eagerly beside them.
+
+Three entry points: run(plan) runs a step and reads its tokens; launch(plan) starts a plain greedy
+decode step without waiting, and collect(launched) reads it (overlapped decode: the GPU thread
+launches step N+1, its ids fed from step N's tokens on the device, before it reads step N).
 
 Two ways out of the forward: when every draw of the step is plain greedy (temperature 0, no
 penalties, no log-probs) the graphs return the argmax they compute on the device, exactly as before
 sampling existed; otherwise the same graphs return their logits and engine.sampler chooses every
 draw in one batched call (under engine.request_guard: one request's faulty values fail that request
 alone). A step with rows that want prompt log-probs (echo with logprobs) runs eagerly and turns the
-hidden states of those chunks into log-probs a slice of positions at a time."""
+hidden states of those chunks into log-probs a slice of positions at a time. After the forward, the
+plan's forks copy a shared prefill's KV rows to its siblings' slots."""
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Callable, Mapping
 
 import torch
 
 from engine.batch import Batch, RowInput
 from engine.cuda_graphs import DecodeGraphs, Launched, wait_and_read
 from engine.kv_cache import MLACache
-from engine.contract import TopLogprobs
 from engine.model import DeepseekV2
 from engine.phases import phase
 from engine.prefill_graphs import PrefillGraphs
 from engine.request_guard import choose, per_row
 from engine.sampler import Draw, PromptWant, prompt_logprobs
+from engine.step_meter import Events, StepMeter
+from engine.step_plan import Fork, StepPlan, StepResult
 
 
-@dataclasses.dataclass(slots=True)
-class StepOutput:
-    tokens: list[int]  # one per draw
-    logprobs: list[float | None]  # one per draw: the chosen token's raw log-prob, where asked for
-    top_logprobs: list[TopLogprobs]  # one per draw, cut to the N that draw asked for
-    prompt: dict[int, list[tuple[float, TopLogprobs] | None]]  # forward row -> its chunk's prompt log-probs
-    sampled: bool  # False: the argmax fast path ran
-    failed: dict[int, str] = dataclasses.field(default_factory=dict)  # draw -> why it failed (its request's values)
-    failed_rows: dict[int, str] = dataclasses.field(default_factory=dict)  # forward row -> why its prompt log-probs failed
+class LaunchedStep:
+    """A greedy decode step on its way (ModelRunner.launch): its tokens' handle, its device timing
+    and its counters, read by ModelRunner.collect."""
+    __slots__ = ("handle", "events", "counters")
+
+    def __init__(self, handle: Launched | list[int], events: Events | None, counters: Callable[[], object] | None):
+        self.handle, self.events, self.counters = handle, events, counters
 
 
 class ModelRunner:
@@ -46,7 +50,53 @@ class ModelRunner:
         self.prefill_graphs = prefill_graphs
         self._eager_last: list[int] | None = None  # the last eager launch's tokens (what a feed reads)
 
-    def step(self, rows: list[RowInput]) -> list[int]:
+    def run(self, plan: StepPlan, meter: StepMeter | None = None) -> StepResult:
+        """The step with a token chosen per draw (several draws may read one row: the first step of
+        a request with n choices), then its forks. A draw or prompt row whose request's values make
+        its share of the work raise is left out (StepResult.failed, failed_rows); the others get
+        what they would have got without it. meter: time the forward and take the step's counters."""
+        events = meter.start() if meter is not None else None
+        draws, sampled = plan.draws, None
+        if not plan.prompt_wants and (draws is None or all(d.spec.plain_greedy for d in draws)):
+            greedy = self._greedy(plan.rows)
+            if draws is not None:
+                tokens = [greedy[d.row] for d in draws]
+            else:
+                tokens = greedy if plan.draw_rows is None else [greedy[r] for r in plan.draw_rows]
+        elif draws is None:
+            raise ValueError("a step that wants prompt log-probs takes the sampling path: give its draws")
+        else:
+            sampled = self._sample(plan.rows, draws, plan.prompt_wants)
+        if meter is not None:
+            meter.stop(events)
+        for fork in plan.forks:  # not for a request that failed in this step: it is dropped
+            if sampled is None or not (fork.row in sampled.failed_rows or any(d in sampled.failed for d in fork.draws)):
+                self._fork(fork)
+        gpu_s = counters = None
+        if meter is not None:
+            gpu_s, counters = meter.seconds(events), meter.counters()
+        if sampled is None:
+            return StepResult.greedy(tokens, gpu_s, counters)
+        return sampled if meter is None else sampled._replace(gpu_s=gpu_s, counters=counters)
+
+    def launch(self, plan: StepPlan, meter: StepMeter | None = None) -> LaunchedStep:
+        """Start a plain greedy step of decode rows without waiting for its tokens (collect() reads
+        them), so the host can prepare the next step while this one runs; plan.feed may take input
+        ids from the tokens of the step launched just before, which the host has not read yet."""
+        events = meter.start() if meter is not None else None
+        handle = self._launch(plan.rows, plan.feed)
+        counters = meter.stop_launched(events) if meter is not None else None
+        return LaunchedStep(handle, events, counters)
+
+    def collect(self, launched: LaunchedStep) -> StepResult:
+        """The greedy tokens of a launched step (one per row), with its timing and counters."""
+        tokens = self._collect(launched.handle)
+        gpu_s = StepMeter.seconds(launched.events)
+        counters = launched.counters() if launched.counters is not None else None
+        return StepResult.greedy(tokens, gpu_s, counters)
+
+    # ---- the device side (tools/benchkit/fake_device.py stands in for _greedy, _launch, _collect) --
+    def _greedy(self, rows: list[RowInput]) -> list[int]:
         """Run the rows' new tokens through the model; return each row's greedy next token."""
         self._eager_last = None
         if self.graphs is None:
@@ -65,10 +115,8 @@ class ModelRunner:
                 out[i] = tok
         return out
 
-    def launch(self, rows: list[RowInput], feed: list[int] | None = None) -> Launched | list[int]:
-        """Start a greedy step of decode rows without waiting for its tokens (collect() reads them),
-        so the host can prepare the next step while this one runs. feed[i] = j >= 0: row i's input
-        is row j's token of the step launched just before, which the host has not read yet (-1: the
+    def _launch(self, rows: list[RowInput], feed: list[int] | None) -> Launched | list[int]:
+        """feed[i] = j >= 0: row i's input is row j's token of the step launched just before (-1: the
         id in rows[i]). The eager path has nothing to overlap: it runs the step at once."""
         if self.graphs is not None:
             return self.graphs.launch(rows, feed)
@@ -80,31 +128,20 @@ class ModelRunner:
         self._eager_last = self._eager(rows)
         return self._eager_last
 
-    def collect(self, launched: Launched | list[int]) -> list[int]:
-        """The greedy tokens of a launched step."""
-        return launched if isinstance(launched, list) else self.graphs.collect(launched)
+    def _collect(self, handle: Launched | list[int]) -> list[int]:
+        return handle if isinstance(handle, list) else self.graphs.collect(handle)
 
-    def run(self, rows: list[RowInput], draws: list[Draw], prompt_rows: dict[int, PromptWant] | None = None
-            ) -> StepOutput:
-        """The step with a token chosen per draw (several draws may read one row: the first step of
-        a request with n choices). prompt_rows: forward row -> the prompt log-probs its chunk wants.
-        A draw or prompt row whose request's values make its share of the work raise is left out
-        (StepOutput.failed, failed_rows); the others get what they would have got without it."""
-        prompt_rows = prompt_rows or {}
-        if not prompt_rows and all(d.spec.plain_greedy for d in draws):
-            greedy = self.step(rows)
-            tokens = [greedy[d.row] for d in draws]
-            return StepOutput(tokens, [None] * len(draws), [()] * len(draws), {}, sampled=False)
-        if prompt_rows:
-            logits, prompt, failed_rows = self._prompt_step(rows, prompt_rows)  # [R, V]
+    def _sample(self, rows: list[RowInput], draws: list[Draw], wants: Mapping[int, PromptWant]) -> StepResult:
+        if wants:
+            logits, prompt, failed_rows = self._prompt_step(rows, wants)  # [R, V]
         else:
-            logits, prompt, failed_rows = self.logits(rows), {}, {}
+            logits, prompt, failed_rows = self._logits(rows), {}, {}
         with phase("sampling"):
             out, kept, failed = choose(logits, draws)
         n = len(draws)
         tokens, chosen, tops = [-1] * n, [None] * n, [()] * n  # a failed draw keeps these
         if out is None:
-            return StepOutput(tokens, chosen, tops, prompt, True, failed, failed_rows)
+            return StepResult(tokens, chosen, tops, prompt, True, failed, failed_rows)
         # waits for the device with the GIL released; the reads below are quick
         for s, tok in zip(kept, _read(out.tokens)):
             tokens[s] = tok
@@ -114,9 +151,9 @@ class ModelRunner:
                 want = draws[s].spec.logprobs
                 if want is not None:
                     chosen[s], tops[s] = lps[j], tuple(zip(ids[j][:want], vals[j][:want]))
-        return StepOutput(tokens, chosen, tops, prompt, True, failed, failed_rows)
+        return StepResult(tokens, chosen, tops, prompt, True, failed, failed_rows)
 
-    def logits(self, rows: list[RowInput]) -> torch.Tensor:
+    def _logits(self, rows: list[RowInput]) -> torch.Tensor:
         """[R, V] float32 logits of every row's last new token."""
         self._eager_last = None
         if self.graphs is None:
@@ -137,11 +174,11 @@ class ModelRunner:
                                                                              logits=True).float()
         return out
 
-    def fork(self, src_slot: int, dst_slots: list[int], length: int) -> None:
+    def _fork(self, fork: Fork) -> None:
         """Copy the first `length` cached positions of one KV slot into others (all layers)."""
         data = self.cache.data  # [L, S+1, N, W]
-        dst = torch.tensor(dst_slots, dtype=torch.int64, device=data.device)
-        data[:, dst, :length] = data[:, src_slot:src_slot + 1, :length]
+        dst = torch.tensor(fork.dst, dtype=torch.int64, device=data.device)
+        data[:, dst, :fork.length] = data[:, fork.src:fork.src + 1, :fork.length]
 
     def _eager(self, rows: list[RowInput]) -> list[int]:
         batch = Batch.build(rows, self.device)
@@ -153,7 +190,7 @@ class ModelRunner:
     def _eager_logits(self, rows: list[RowInput]) -> torch.Tensor:
         return self.model.forward(Batch.build(rows, self.device), self.cache).float()  # [R, V]
 
-    def _prompt_step(self, rows: list[RowInput], wants: dict[int, PromptWant]
+    def _prompt_step(self, rows: list[RowInput], wants: Mapping[int, PromptWant]
                      ) -> tuple[torch.Tensor, dict[int, list], dict[int, str]]:
         """Eager, with the hidden states of every new token kept: the [R, V] logits of each row's
         last token, and for the rows in `wants` their chunk's prompt log-probs, the LM head applied

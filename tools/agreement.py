@@ -38,6 +38,7 @@ from engine.generate import generate  # noqa: E402
 from engine.contract import SamplingParams  # noqa: E402
 from engine.presets import DTYPES, PRESETS  # noqa: E402
 from engine.sampler import Draw  # noqa: E402
+from engine.step_plan import StepPlan  # noqa: E402
 from engine.tokenizer import Tokenizer  # noqa: E402
 from tools.benchkit import hardware, hf_side  # noqa: E402
 from tools.hf_oracle import DEFAULT_CASES, GateError, checkpoint_hash, hf_greedy, load_cases  # noqa: E402
@@ -130,7 +131,7 @@ def ours_forced(engine, prompts: list[list[int]], refs: list[list[int]]) -> list
         rows = [RowInput(s, p, 0) for s, p in zip(slots, prompts)]
         for step in range(len(refs[0])):
             draws = [Draw(r, greedy, 0, 0, step, prompts[r], refs[r][:step]) for r in range(len(rows))]
-            for r, tok in enumerate(engine.runner.run(rows, draws).tokens):
+            for r, tok in enumerate(engine.runner.run(StepPlan(rows, draws=draws)).tokens):
                 picks[r].append(tok)
             rows = [RowInput(row.slot, [refs[r][step]], row.start_pos + len(row.token_ids))
                     for r, row in enumerate(rows)]

@@ -8,7 +8,7 @@ import pytest
 
 from engine.engine import EngineSpec, build_engine
 from engine.generate import generate
-from engine.gpu_thread import GpuThread
+from engine.loop import GpuThread
 from engine.contract import Admit, Cancel, Released, Shutdown, StepEvents
 
 PROMPTS = [[5, 9, 200, 31], [7], list(range(40, 140)), [300, 301, 302, 303, 304, 305, 306], [12, 13]]

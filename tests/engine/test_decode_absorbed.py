@@ -7,6 +7,7 @@ import torch
 from engine.batch import Batch, RowInput
 from engine.decode import DecodeInputs, decode_logits
 from engine.engine import EngineSpec, build_engine
+from engine.step_plan import StepPlan
 
 
 def test_absorbed_decode_matches_expand_path(tiny_model_dir):
@@ -14,7 +15,7 @@ def test_absorbed_decode_matches_expand_path(tiny_model_dir):
     prompts = [[5, 9, 200, 31], list(range(40, 90)), [7]]
     slots = [engine.cache.allocate() for _ in prompts]
     rows = [RowInput(s, p, 0) for s, p in zip(slots, prompts)]
-    first = engine.runner.step(rows)
+    first = engine.runner.run(StepPlan.greedy(rows)).tokens
     pos = [len(p) for p in prompts]
     for step in range(6):
         # the expand path on a copy of the cache, the absorbed path on the original
@@ -40,7 +41,7 @@ def test_packed_prefill_matches_row_by_row_prefill(tiny_model_dir):
     engine = build_engine(EngineSpec(model_dir=str(tiny_model_dir), num_slots=4))
     prompts = [[5, 9, 200, 31], list(range(40, 90)), [7], [11, 12, 13]]
     slots = [engine.cache.allocate() for _ in prompts]
-    ref = engine.runner.step([RowInput(s, p, 0) for s, p in zip(slots, prompts)])
+    ref = engine.runner.run(StepPlan.greedy([RowInput(s, p, 0) for s, p in zip(slots, prompts)])).tokens
     ref_cache = engine.cache.data.clone()
     engine.cache.data.zero_()
     ids, pos, sl, rows, last = [], [], [], [], []

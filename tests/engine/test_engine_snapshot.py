@@ -10,7 +10,7 @@ import pytest
 
 from engine.contract import Admit, EngineSnapshot, SamplingParams, Shutdown, StepEvents
 from engine.engine import EngineSpec, build_engine
-from engine.gpu_thread import GpuThread
+from engine.loop import GpuThread
 
 
 @pytest.fixture(scope="module")

@@ -20,11 +20,12 @@ import torch
 from engine.batch import Batch, RowInput
 from engine.decode import DecodeInputs, decode_logits
 from engine.engine import EngineSpec, build_engine
+from engine.step_plan import StepPlan
 engine = build_engine(EngineSpec(model_dir=sys.argv[1], num_slots=4))
 model, cache = engine.model, engine.cache
 prompts = [[5, 9, 200, 31], list(range(40, 70)), [7]]
 slots = [cache.allocate() for _ in prompts]
-first = engine.runner.step([RowInput(s, p, 0) for s, p in zip(slots, prompts)])
+first = engine.runner.run(StepPlan.greedy([RowInput(s, p, 0) for s, p in zip(slots, prompts)])).tokens
 pos = [len(p) for p in prompts]
 model.backend.kernel = "triton"  # the fused expert kernels (chosen on CUDA bf16 at start-up)
 t = torch.tensor

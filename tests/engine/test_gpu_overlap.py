@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine.engine import EngineSpec, build_engine
-from engine.gpu_thread import GpuThread
+from engine.loop import GpuThread
 from engine.contract import Admit, Shutdown, StepEvents
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -12,7 +12,7 @@ import pytest
 from engine.cuda_graphs import DecodeGraphs
 from engine.engine import EngineSpec, build_engine
 from engine.generate import generate
-from engine.gpu_thread import GpuThread
+from engine.loop import GpuThread
 from engine.contract import Admit, Cancel, Released, Shutdown, StepEvents, StopChoice
 
 PROMPTS = [[5, 9, 200, 31], [7], list(range(40, 90)), [300, 301, 302, 303], [12, 13]]
@@ -172,7 +172,8 @@ def test_graph_buffers_keep_two_launched_steps_apart(engine):
         prompts = [PROMPTS[0], PROMPTS[3]]
         ref = offline(engine, prompts, [3, 3])
         from engine.batch import RowInput
-        first = engine.runner.step([RowInput(sl, p, 0) for sl, p in zip(slots, prompts)])
+        from engine.step_plan import StepPlan
+        first = engine.runner.run(StepPlan.greedy([RowInput(sl, p, 0) for sl, p in zip(slots, prompts)])).tokens
         n0 = [len(p) for p in prompts]
         step1 = graphs.launch([RowInput(sl, [t], n) for sl, t, n in zip(slots, first, n0)])
         # the second step's rows in the other order: row 0 reads row 1's token of the step before

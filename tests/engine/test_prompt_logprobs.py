@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine.engine import EngineSpec, build_engine
-from engine.gpu_thread import GpuThread
+from engine.loop import GpuThread
 from engine.contract import Admit, EngineDied, SamplingParams, Shutdown, StepEvents
 from engine.sampler import prompt_logprobs
 

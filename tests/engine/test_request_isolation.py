@@ -14,10 +14,11 @@ import torch
 
 from engine.batch import RowInput
 from engine.engine import EngineSpec, build_engine
-from engine.gpu_thread import GpuThread
+from engine.loop import GpuThread
 from engine.contract import Admit, EngineDied, SamplingParams, Shutdown, StepEvents
 from engine.request_guard import device_fault
 from engine.sampler import Draw
+from engine.step_plan import StepPlan
 from ep.backend import RankFailure
 
 PROMPT = [5, 9, 200, 31, 77, 12]
@@ -170,14 +171,14 @@ def test_the_runner_leaves_out_a_failing_draw_and_keeps_the_others_tokens(engine
         rows = [RowInput(s, [3 + i, 4, 5], 0) for i, s in enumerate(slots)]
         hot = SamplingParams(temperature=1.0, seed=11)
         draws = [Draw(r, hot, 11, 0, 0) for r in range(3)]
-        ref = runner.run(rows, draws)
+        ref = runner.run(StepPlan(rows, draws=draws))
         for s in slots:
             cache.release(s)
         slots = [cache.allocate() for _ in range(3)]
         rows = [RowInput(s, r.token_ids, 0) for s, r in zip(slots, rows)]
         mixed = list(draws)
         mixed[bad_draw] = dataclasses.replace(draws[bad_draw], spec=dataclasses.replace(hot, top_k=2**63))
-        got = runner.run(rows, mixed)
+        got = runner.run(StepPlan(rows, draws=mixed))
     finally:
         for s in slots:
             cache.release(s)

@@ -12,7 +12,7 @@ import torch
 from engine.cuda_graphs import DecodeGraphs
 from engine.engine import EngineSpec, build_engine
 from engine.generate import generate
-from engine.gpu_thread import GpuThread
+from engine.loop import GpuThread
 from engine.contract import Admit, SamplingParams, Shutdown, StepEvents, StepRecord
 
 PROMPT = [5, 9, 200, 31, 77, 12]

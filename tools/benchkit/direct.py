@@ -18,6 +18,7 @@ import torch
 
 from engine.batch import RowInput
 from engine.engine import Engine
+from engine.step_plan import StepPlan
 from tools.benchkit.metrics import percentile
 
 
@@ -72,7 +73,7 @@ class DecodeRun:
         rows = [RowInput(s, p, 0) for s, p in zip(self.slots, self.prompts)]
         self.sync()
         t0 = time.perf_counter()
-        first = self.engine.runner.step(rows)  # [B]
+        first = self.engine.runner.run(StepPlan.greedy(rows)).tokens  # [B]
         self.sync()
         dt = time.perf_counter() - t0
         self.tokens = [[t] for t in first]
@@ -85,13 +86,15 @@ class DecodeRun:
         runner = self.engine.runner
         self.sync()
         t = time.perf_counter()
-        launched = runner.launch([RowInput(s, [out[-1]], self.pos) for s, out in zip(self.slots, self.tokens)])
+        launched = runner.launch(StepPlan([RowInput(s, [out[-1]], self.pos)
+                                           for s, out in zip(self.slots, self.tokens)]))
         times = []
         for i in range(steps):
             nxt = None
             if i + 1 < steps:  # the next step's ids are this step's tokens, still on the device
-                nxt = runner.launch([RowInput(s, [0], self.pos + 1) for s in self.slots], list(range(self.batch)))
-            for out, tok in zip(self.tokens, runner.collect(launched)):
+                nxt = runner.launch(StepPlan([RowInput(s, [0], self.pos + 1) for s in self.slots],
+                                             feed=list(range(self.batch))))
+            for out, tok in zip(self.tokens, runner.collect(launched).tokens):
                 out.append(tok)
             now = time.perf_counter()
             times.append(now - t)
@@ -104,7 +107,7 @@ class DecodeRun:
         rows = [RowInput(s, [out[-1]], self.pos) for s, out in zip(self.slots, self.tokens)]
         self.sync()
         t0 = time.perf_counter()
-        nxt = self.engine.runner.step(rows)  # [B]
+        nxt = self.engine.runner.run(StepPlan.greedy(rows)).tokens  # [B]
         self.sync()
         dt = time.perf_counter() - t0
         for out, t in zip(self.tokens, nxt):

@@ -21,10 +21,11 @@ class FakeDevice:
         self.last: list[int] = []  # the last launched step's tokens (what a feed reads)
 
     def install(self, runner) -> None:
-        """Replace the runner's greedy entry points (on this instance only)."""
-        runner.step, runner.launch, runner.collect = self.step, self.launch, self.collect
+        """Replace the runner's greedy device calls (on this instance only): its run/launch/collect
+        still build the results, meter the steps and copy forks as they do on the device."""
+        runner._greedy, runner._launch, runner._collect = self.step, self.launch, self.collect
 
-    def launch(self, rows: list[RowInput], feed: list[int] | None = None) -> tuple[float, list[int]]:
+    def launch(self, rows: list[RowInput], feed: list[int] | None) -> tuple[float, list[int]]:
         if feed is not None:
             rows = [r if j < 0 else RowInput(r.slot, [self.last[j]], r.start_pos) for r, j in zip(rows, feed)]
         self.last = made_up(rows)
@@ -39,4 +40,4 @@ class FakeDevice:
         return tokens
 
     def step(self, rows: list[RowInput]) -> list[int]:
-        return self.collect(self.launch(rows))
+        return self.collect(self.launch(rows, None))

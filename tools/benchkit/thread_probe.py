@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from engine.gpu_thread import GpuThread
+from engine.loop import GpuThread
 from engine.contract import Admit, Shutdown, StepEvents
 
 

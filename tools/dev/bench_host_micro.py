@@ -115,7 +115,7 @@ async def loop_path(streams: int, tokens: int, rounds: int) -> list[float]:
 def gpu_path(rows: int, steps: int, rounds: int, overlap: bool = False) -> list[float]:
     from engine.default_model import ensure_default_model
     from engine.engine import EngineSpec, build_engine
-    from engine.gpu_thread import GpuThread
+    from engine.loop import GpuThread
     from engine.contract import Admit
     from tools.benchkit.fake_device import FakeDevice
 

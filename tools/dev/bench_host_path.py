@@ -5,8 +5,8 @@ the daemon's two hot threads are read by their own CPU clocks:
 
 - loop thread: CPU µs per streamed token (everything the asyncio side does: HTTP, state machines,
   detokenisation, SSE, request spans, metrics), and how busy it was;
-- GPU thread: per engine step, wall and CPU time outside the model forward (the runner's step/run
-  call): batch forming, token bookkeeping, events, step records. On CUDA the forward includes the
+- GPU thread: per engine step, wall and CPU time outside the model forward (the runner's run, launch
+  and collect calls): batch forming, token bookkeeping, events, step records. On CUDA the forward includes the
   device wait, so "outside" is the serial host cost that stretches every step.
 
     python tools/dev/bench_host_path.py [--concurrency 64,256] [--num-requests N] [--max-tokens 64]
@@ -109,7 +109,7 @@ class StepProbe:
         self.steps = self.rows = self.tokens = 0
         self.step_wall = self.step_cpu = self.fwd_wall = self.fwd_cpu = 0.0
         self.profiler = profiler
-        tick, fwd_step, fwd_run, launch, collect = gpu.tick, runner.step, runner.run, runner.launch, runner.collect
+        tick, fwd_run, launch, collect = gpu.tick, runner.run, runner.launch, runner.collect
 
         def timed_tick() -> None:
             if self.profiler is not None:
@@ -122,22 +122,21 @@ class StepProbe:
             if self.profiler is not None:
                 self.profiler.disable()
 
-        def forward(fn, rows, *args, count_rows: bool = True, count_tokens: bool = True):
+        def forward(fn, plan, *args, count_rows: bool = True, count_tokens: bool = True):
             w, c = time.perf_counter(), time.thread_time()
-            out = fn(rows, *args)
+            out = fn(plan, *args)
             self.fwd_wall += time.perf_counter() - w
             self.fwd_cpu += time.thread_time() - c
             if count_rows:
-                self.rows += len(rows)
+                self.rows += len(plan.rows)
             if count_tokens:
-                self.tokens += len(out) if isinstance(out, list) else len(out.tokens)
+                self.tokens += len(out.tokens)
             return out
 
         gpu.tick = timed_tick
-        runner.step = lambda rows: forward(fwd_step, rows)
-        runner.run = lambda rows, *args: forward(fwd_run, rows, *args)
-        runner.launch = lambda rows, *args: forward(launch, rows, *args, count_tokens=False)
-        runner.collect = lambda launched: forward(lambda _, x: collect(x), [], launched, count_rows=False)
+        runner.run = lambda plan, *args: forward(fwd_run, plan, *args)
+        runner.launch = lambda plan, *args: forward(launch, plan, *args, count_tokens=False)
+        runner.collect = lambda launched: forward(lambda _, x: collect(x), None, launched, count_rows=False)
 
     @staticmethod
     def fake_forward(runner, step_s: float) -> None:

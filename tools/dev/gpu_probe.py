@@ -24,6 +24,7 @@ import torch  # noqa: E402
 
 from engine.batch import RowInput  # noqa: E402
 from engine.engine import EngineSpec, build_engine  # noqa: E402
+from engine.step_plan import StepPlan  # noqa: E402
 from tools.benchkit import knobs  # noqa: E402
 
 
@@ -64,14 +65,14 @@ def run_batch(engine, batch: int, prompt_len: int, new_tokens: int) -> dict:
     try:
         torch.cuda.synchronize()
         t = time.perf_counter()
-        toks = engine.runner.step([RowInput(s, p, 0) for s, p in zip(slots, prompts)])
+        toks = engine.runner.run(StepPlan.greedy([RowInput(s, p, 0) for s, p in zip(slots, prompts)])).tokens
         torch.cuda.synchronize()
         prefill_s = time.perf_counter() - t
         pos, steps, trace = prompt_len, [], [toks]
         for _ in range(new_tokens - 1):
             rows = [RowInput(s, [tk], pos) for s, tk in zip(slots, toks)]
             t = time.perf_counter()
-            toks = engine.runner.step(rows)  # .tolist() inside synchronises
+            toks = engine.runner.run(StepPlan.greedy(rows)).tokens  # .tolist() inside synchronises
             steps.append(time.perf_counter() - t)
             trace.append(toks)
             pos += 1
@@ -222,7 +223,7 @@ def diagnose(preset: str, prompt_len: int, profile_batch: int = 1) -> None:
 
 
 def host_profile(batches: list[int], prompt_len: int, steps: int = 30) -> None:
-    """Where the host spends a decode step outside the graph: cProfile of runner.step, by own time."""
+    """Where the host spends a decode step outside the graph: cProfile of runner.run, by own time."""
     import cProfile
     import io
     import pstats
@@ -231,7 +232,8 @@ def host_profile(batches: list[int], prompt_len: int, steps: int = 30) -> None:
     for b in batches:
         run_batch(engine, b, prompt_len, 4)  # captures the graphs
         slots = [engine.cache.allocate() for _ in range(b)]
-        toks = engine.runner.step([RowInput(s, [5 + i] * prompt_len, 0) for i, s in enumerate(slots)])
+        prompts = [RowInput(s, [5 + i] * prompt_len, 0) for i, s in enumerate(slots)]
+        toks = engine.runner.run(StepPlan.greedy(prompts)).tokens
         pos = prompt_len
         prof = cProfile.Profile()
         times = []
@@ -239,7 +241,7 @@ def host_profile(batches: list[int], prompt_len: int, steps: int = 30) -> None:
             rows = [RowInput(s, [tk], pos) for s, tk in zip(slots, toks)]
             t = time.perf_counter()
             prof.enable()
-            toks = engine.runner.step(rows)
+            toks = engine.runner.run(StepPlan.greedy(rows)).tokens
             prof.disable()
             times.append(time.perf_counter() - t)
             pos += 1
@@ -284,7 +286,7 @@ def prefill_profile(cases: list[tuple[int, int]]) -> None:
         for _ in range(3):  # the first call captures
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            engine.runner.step([RowInput(s, p, 0) for s, p in zip(slots, prompts)])
+            engine.runner.run(StepPlan.greedy([RowInput(s, p, 0) for s, p in zip(slots, prompts)]))
             graphed.append(round((time.perf_counter() - t0) * 1e3, 2))
         print(json.dumps({"prefill_rows": rows, "tokens_per_row": n, "eager_wall_ms": round(start.elapsed_time(end), 2),
                           "runner_step_ms": graphed}))

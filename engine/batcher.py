@@ -1,0 +1,253 @@
+"""The GPU side's scheduler: the requests waiting for KV capacity and the sequences running, FCFS
+admission, the prefill budget, n-choice forks and which steps may run overlapped. It turns the
+running sequences into one StepPlan per step and a StepResult back into the contract's events
+(engine/step_plan.py); it never touches a tensor, so it is tested on the CPU with a fake runner
+(tests/engine/test_batcher.py).
+
+Every decoding sequence gets its token each step; prompts share the step's prefill budget in
+arrival order, so a long prompt is fed in chunks while the others keep decoding (prompt log-probs
+are computed chunk by chunk too).
+
+A request of n choices is n sequences sharing one prefill: the first sequence prefills, all n draw
+their first token from its last row (each with its own seed stream), then the n-1 siblings take a
+copy of its KV cache rows (the plan's forks) and decode on their own slots. The request's Finished
+event comes once its last sequence has ended.
+
+Overlapped decode (the daemon's --async-scheduling, as vLLM's async scheduling and SGLang's overlap
+scheduler): while every running sequence decodes greedily and nobody waits for capacity, a step is
+`launchable`, and the step after one in flight is its `successor`: its input ids are the step in
+flight's tokens, taken on the device; its rows are that step's minus those that reach max_tokens
+there. A sequence that ends for another reason (EOS, a stop token, a stop string, a cancel) is
+learned one step late: its token from the successor is dropped. Admission, prefill, forks and
+sampling steps run one at a time, with nothing in flight, so freed capacity is never handed out
+while a launched step may still write to it."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+from engine.batch import RowInput
+from engine.contract import Failed, Finished, PromptLogprobs, Token
+from engine.kv_capacity import Capacity
+from engine.sampler import Draw, PromptWant
+from engine.sequence import Sequence
+from engine.step_plan import Fork, StepPlan, StepResult
+
+
+@dataclasses.dataclass(slots=True)
+class StepOutcome:
+    """The events one step produced, and what its record says of whom it served."""
+    tokens: list[Token]
+    finished: list[Finished]
+    failed: list[Failed]
+    prompt_logprobs: list[PromptLogprobs]
+    served: list[Sequence]  # the sequences the record names (a launched step: those still running)
+    draws: int
+    dropped: int = 0  # rows whose sequence ended while the step was in flight
+
+
+class Batcher:
+    def __init__(self, capacity: Capacity, eos_id: int | None, *, max_prefill_tokens: int = 8192,
+                 overlap: bool = True):
+        self.capacity = capacity
+        self.eos_id = eos_id
+        self.max_prefill_tokens = max_prefill_tokens
+        self.overlap = overlap  # let plain greedy decode steps run overlapped
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.running: dict[tuple[str, int], Sequence] = {}  # (request id, choice index) -> sequence
+
+    # ---- requests in and out ----------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        """A request admitted by engine.admission (its first sequence, carrying its siblings) waits."""
+        self.waiting.append(seq)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def can_admit(self) -> bool:
+        return bool(self.waiting) and self.capacity.fits(self.waiting[0])
+
+    def admit(self) -> list[str]:
+        """FCFS: take waiting requests while capacity is free for all of their choices. Long prompts
+        are not held back here: the step's prefill budget splits them into chunks."""
+        admitted = []
+        while self.waiting and self.capacity.fits(self.waiting[0]):
+            seq = self.waiting.popleft()
+            self.capacity.take(seq)
+            self.running[seq.key] = seq
+            admitted.append(seq.request_id)
+        return admitted
+
+    def held_ids(self) -> list[str]:
+        return list(dict.fromkeys([*(k[0] for k in self.running), *(s.request_id for s in self.waiting)]))
+
+    def drop(self, request_id: str) -> bool:
+        """Forget every sequence of a request and free their capacity; False if it held none."""
+        found = False
+        for key in [k for k in self.running if k[0] == request_id]:
+            seq = self.running.pop(key)
+            for s in (seq, *seq.forks):
+                self.capacity.release(s)
+            found = True
+        for s in self.waiting:
+            if s.request_id == request_id:
+                self.waiting.remove(s)
+                return True
+        return found
+
+    def stop_choice(self, request_id: str, index: int) -> Finished | None:
+        """A stop string ended a running choice; the request's Finished if it was the last one."""
+        seq = self.running.get((request_id, index))
+        if seq is None:
+            return None
+        end = self._end(seq, "stop")
+        return Finished(request_id, end) if end is not None else None
+
+    def clear(self) -> None:
+        """The engine died: forget everything (capacity with it)."""
+        self.running.clear()
+        self.waiting.clear()
+
+    # ---- steps ------------------------------------------------------------------------------------
+    def plan(self, launch: bool = False) -> StepPlan:
+        """The next step over the running sequences. Only the step's first prompt is cut (a later
+        chunk runs eagerly and takes the step's other prompts with it); one that would not fit whole
+        waits for the next step, with those behind it (FCFS). Scheduling a row advances its
+        sequence's cached count. launch: the step may run overlapped if it is plain greedy decode."""
+        full = budget = self.max_prefill_tokens
+        rows, seqs, owners, draw_rows, forks = [], [], [], [], []
+        wants: dict[int, PromptWant] = {}
+        held = False  # a prompt was held back: the later ones wait behind it
+        plain = one_per_row = decoding = True  # all plain greedy / each row draws its own / all decode
+        n_decode = prefill = ends = 0
+        for s in self.running.values():
+            start, plen = s.cached, len(s.prompt_ids)
+            if start >= plen:  # decoding: its last token
+                ids = [s.output_ids[-1]]
+                n_decode += 1
+                if s.forks:
+                    decoding = False
+            elif held or budget <= 0:
+                continue  # its next prompt chunk waits for a later step
+            elif plen - start > budget and budget < full:
+                held = True  # it would be cut beside other prompts
+                continue
+            else:
+                ids = s.prompt_ids[start:start + budget]
+                budget -= len(ids)
+                decoding = False
+                if len(ids) == 1 and start > 0:
+                    n_decode += 1
+                else:
+                    prefill += len(ids)
+            r = len(rows)
+            rows.append(RowInput(s.slot, ids, start))
+            seqs.append(s)
+            s.cached = end = start + len(ids)
+            if end > ends:
+                ends = end
+            if not s.plain:
+                plain = False
+                if s.sampling.prompt_logprobs is not None and start < plen:  # echo: this chunk's log-probs
+                    wants[r] = PromptWant(s.sampling.prompt_logprobs, s.prompt_ids[start + 1:end + 1], start == 0)
+            if end < plen:
+                one_per_row = False
+                continue  # a prompt chunk before the last: no token yet
+            owners.append(s)
+            draw_rows.append(r)
+            if s.forks and start < plen:  # the siblings draw from this row too, then copy its cache
+                one_per_row = False
+                first = len(owners) - 1
+                owners += s.forks
+                draw_rows += [r] * len(s.forks)
+                forks.append(Fork(s.slot, tuple(f.slot for f in s.forks), end, r, range(first, len(owners))))
+        draws = None
+        if not plain:
+            draws = [Draw(r, s.sampling, s.seed, s.index, len(s.output_ids), s.prompt_ids, s.output_ids, s.params)
+                     for s, r in zip(owners, draw_rows)]
+        return StepPlan(rows, draws=draws, draw_rows=None if one_per_row else draw_rows, prompt_wants=wants,
+                        forks=tuple(forks), seqs=seqs, owners=owners, decode_rows=n_decode, prefill_tokens=prefill,
+                        positions_max=max(ends - 1, 0),
+                        launchable=launch and self.overlap and plain and decoding and bool(rows))
+
+    def successor(self, prev: StepPlan) -> StepPlan | None:
+        """The step after `prev`, to launch before prev is read, or None (overlap off, a request waits
+        for capacity, or nobody wants another token): prev's sequences still running that want a
+        token after the one in flight, each fed from its row of prev."""
+        if not self.overlap or self.can_admit():
+            return None
+        running = self.running
+        rows, seqs, feed = [], [], []
+        top = 0
+        for j, seq in enumerate(prev.seqs):
+            if running.get(seq.key) is seq and len(seq.output_ids) + 1 < seq.max_tokens:
+                start = seq.cached
+                seqs.append(seq)
+                rows.append(RowInput(seq.slot, [0], start))  # the id comes from the feed
+                feed.append(j)
+                seq.cached = start + 1
+                if start > top:
+                    top = start
+        if not seqs:
+            return None
+        return StepPlan(rows, feed=feed, seqs=seqs, owners=seqs, decode_rows=len(rows), positions_max=top,
+                        launchable=True)
+
+    def settle(self, plan: StepPlan, result: StepResult) -> StepOutcome:
+        """A step run to the end: forked siblings start decoding, requests the result failed are
+        dropped (they alone), every other draw's token goes to its sequence."""
+        failed: dict[str, str] = {}
+        if result.failed or result.failed_rows:
+            failed = {plan.owners[i].request_id: why for i, why in result.failed.items()}
+            failed.update({plan.seqs[r].request_id: why for r, why in result.failed_rows.items()})
+        for fork in plan.forks:
+            seq = plan.seqs[fork.row]
+            if seq.request_id not in failed:  # the runner copied its prefill to the siblings
+                for f in seq.forks:
+                    f.cached = seq.cached
+                    self.running[f.key] = f
+                seq.forks = []
+        dropped = [Failed(rid, f"the engine could not serve this request: {why}") for rid, why in failed.items()
+                   if self.drop(rid)]
+        tokens: list[Token] = []
+        finished: list[Finished] = []
+        for seq, tok, lp, top in zip(plan.owners, result.tokens, result.logprobs, result.top_logprobs):
+            if seq.request_id not in failed:
+                self._take(seq, tok, lp, top, tokens, finished)
+        prompt = []
+        for r, entries in result.prompt.items():
+            rid, start = plan.seqs[r].request_id, plan.rows[r].start_pos
+            if rid not in failed:  # a later chunk's entries begin with its first token's successor
+                prompt.append(PromptLogprobs(rid, entries, start + (start > 0)))
+        return StepOutcome(tokens, finished, dropped, prompt, plan.seqs, len(plan.owners))
+
+    def settle_launched(self, plan: StepPlan, result: StepResult) -> StepOutcome:
+        """A launched step read back: sequences that ended while it ran drop their tokens."""
+        tokens: list[Token] = []
+        finished: list[Finished] = []
+        live = []
+        running = self.running
+        for seq, tok in zip(plan.seqs, result.tokens):
+            if running.get(seq.key) is not seq:
+                continue  # it ended (or was cancelled) while this step was in flight
+            live.append(seq)
+            self._take(seq, tok, None, (), tokens, finished)
+        return StepOutcome(tokens, finished, [], [], live, len(live), len(plan.rows) - len(live))
+
+    def _take(self, seq: Sequence, tok: int, logprob, top, tokens: list[Token], finished: list[Finished]) -> None:
+        """Give a chosen token to its sequence: its Token event, and the request's Finished when that
+        ended the request's last sequence."""
+        seq.output_ids.append(tok)
+        reason = seq.finish_reason(self.eos_id)
+        tokens.append(Token(seq.request_id, tok, len(seq.output_ids) == 1, seq.index, logprob, top, reason))
+        if reason is not None:
+            end = self._end(seq, reason)
+            if end is not None:
+                finished.append(Finished(seq.request_id, end))
+
+    def _end(self, seq: Sequence, reason: str) -> str | None:
+        """One sequence ended: free its capacity; the request's reason if it was the last one."""
+        del self.running[seq.key]
+        self.capacity.release(seq)
+        return seq.group.end_one(reason)
