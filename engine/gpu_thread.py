@@ -292,7 +292,7 @@ class GpuThread:
         if timer is not None:
             timer[0].record()
         launched = self.engine.runner.launch(rows, feed)
-        counters = self.engine.backend.mark_counters()
+        counters = self.engine.counters.mark()
         if timer is not None:
             timer[1].record()
         for seq in seqs:
@@ -376,7 +376,7 @@ class GpuThread:
 
     def _record(self, seqs, rows, n_decode, prefill_tokens, positions_max, started_ns, cpu_s, gpu_s, draws,
                 sampled, overlapped=False, counters=None, dropped=0) -> StepRecord:
-        c = counters if counters is not None else self.engine.backend.take_counters()
+        c = counters if counters is not None else self.engine.counters.take()
         phase = "decode" if prefill_tokens == 0 else ("prefill" if n_decode == 0 else "mixed")
         return StepRecord(
             step=self.steps, phase=phase, request_ids=list(dict.fromkeys([s.request_id for s in seqs])),
