@@ -130,7 +130,7 @@ def _down_kernel(act_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, 
 
 
 def _mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, al: Alignment, slots: int, weight: torch.Tensor,
-         out: torch.Tensor, topk: int, by_route: bool, tiling: Tiling) -> torch.Tensor:
+         out: torch.Tensor, *, topk: int, by_route: bool, tiling: Tiling) -> torch.Tensor:
     """slots: programs along the expert axis (active experts can be no more)."""
     n_exp, two_i, h = w13.shape
     i = two_i // 2
@@ -155,7 +155,7 @@ def fused_experts_token_major(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tens
     t, k = weights.shape
     r = t * k
     out = torch.empty(r, x.shape[1], dtype=torch.float32, device=x.device)
-    _mlp(x.contiguous(), w13, w2, aligned, aligned.slots, weights.reshape(-1).contiguous(), out, k,
+    _mlp(x.contiguous(), w13, w2, aligned, aligned.slots, weights.reshape(-1).contiguous(), out, topk=k,
          by_route=True, tiling=tiling)
     return out.view(t, k, x.shape[1])
 
@@ -211,5 +211,5 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, token_in
     al = Alignment(token_index.to(torch.int32), starts, counts, torch.arange(n, dtype=torch.int32, device=x.device),
                    counts, n)  # every owned expert gets a slot; totals unused here
     out = torch.empty(r, x.shape[1], dtype=torch.float32, device=x.device)
-    return _mlp(x.contiguous(), w13, w2, al, n, weight.float().contiguous(), out, 1, by_route=False,
+    return _mlp(x.contiguous(), w13, w2, al, n, weight.float().contiguous(), out, topk=1, by_route=False,
                 tiling=tiling)
