@@ -11,17 +11,14 @@ import numpy as np
 import torch
 
 from engine.batch import RowInput
-from engine.decode import DecodeInputs, decode_logits, decode_step
+from engine.kernels.config import KernelConfig
 from engine.kv_cache import MLACache
-from engine.model import DeepseekV2
+from engine.model.decode import decode_logits, decode_step
+from engine.model.inputs import DecodeInputs
+from engine.model.model import DeepseekV2
 from engine.startup_log import log_event
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
-# The stream priority a graph is captured at (lower is higher; the model's side stream for the
-# shared experts has the default, 0): the step's main branch (the router's small, latency-bound
-# kernels, then the routed experts) is scheduled ahead of the shared experts' GEMVs beside it. On
-# the H200 the batch-1 graph went from 2,282 to 2,224 µs (docs/perf-notes.md row 22).
-CAPTURE_PRIORITY = -1
 MIN_LENGTH_BUCKET = 256
 
 
@@ -41,16 +38,20 @@ def wait_and_read(t: torch.Tensor, pinned: torch.Tensor | None = None) -> list:
     return src.tolist()
 
 
-def capture(fn: Callable[[], torch.Tensor], pool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+def capture(fn: Callable[[], torch.Tensor], pool, priority: int = KernelConfig().capture_priority
+            ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
     """One warm-up call on a side stream (allocations and kernel selection happen outside the
-    capture), then fn captured into a graph in `pool`. Returns the graph and fn's output tensor."""
+    capture), then fn captured into a graph in `pool` on a stream of `priority` (lower is higher;
+    KernelConfig.capture_priority: the step's main branch, the router's small latency-bound kernels
+    and then the routed experts, is scheduled ahead of the shared experts' GEMVs on the model's side
+    stream, priority 0). Returns the graph and fn's output tensor."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, stream=torch.cuda.Stream(priority=CAPTURE_PRIORITY)):
+    with torch.cuda.graph(graph, pool=pool, stream=torch.cuda.Stream(priority=priority)):
         out = fn()
     return graph, out
 
@@ -216,8 +217,8 @@ class DecodeGraphs:
         static, host, h, _, _ = self._views(b, self.turn)
         self._pad(h, 0, b)  # warm up on the scratch slot only: real caches stay untouched
         static.copy_(host)
-        with self.model.backend.uncounted():  # the warm-up step is no step of the engine's
-            graph, out = capture(fn, self.pool)
+        with self.model.routes.uncounted():  # the warm-up step is no step of the engine's
+            graph, out = capture(fn, self.pool, self.model.kernels.capture_priority)
         self.flat.copy_(saved)
         self.graphs[(b, length, logits)] = (graph, out)
         log_event("cuda_graph_captured", batch=b, length=length, logits=logits, graphs=len(self.graphs))

@@ -1,6 +1,8 @@
 """Rank 0's engine: config, weights, the model, the KV cache, the runner and the EP backend, built
 from a checkpoint folder (or a random-weight preset). A request's limits are checked where it is
-parsed; engine.admission asserts the invariants the engine relies on."""
+parsed; engine.admission asserts the invariants the engine relies on. The kernel configuration
+(EngineSpec.kernels) is resolved against the device here, once, and handed to the backend, the model
+and the graphs."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,12 +15,14 @@ from engine.config import ModelConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.ep_setup import ep_spec, moe_shape
 from engine.kernels import triton_available
+from engine.kernels.config import KernelConfig
 from engine.prefill_graphs import PrefillGraphs
 from engine.kv_cache import MLACache
 from engine.kv_capacity import kv_slots
-from engine.model import DeepseekV2
+from engine.model.model import DeepseekV2
 from engine.runner import ModelRunner
 from engine.startup_log import log_event
+from engine.step_counters import StepCounters
 from engine.weights import LoadStats, is_expert_tensor, load_tensors
 from ep.backend import ExpertBackend
 from ep.experts import ExpertShard
@@ -50,9 +54,10 @@ class EngineSpec:
     ep_master_port: int | None = None
     ep_chunk_bytes: int | None = None  # nccl backend: largest single collective (default 64 MiB)
     cuda_graphs: bool = True  # capture the decode step on CUDA when the EP backend is graph-safe
-    # the Triton decode step and expert kernels on CUDA (bf16); the prompt path's MoE combine uses its
-    # Triton kernel wherever Triton imports, for every backend alike (ep/plan.py)
-    triton_kernels: bool = True
+    # every kernel choice (engine/kernels/config.py); its `triton`: the Triton decode step, prompt
+    # attention and expert kernels on CUDA (bf16). The prompt path's MoE combine uses its Triton
+    # kernel wherever Triton imports, for every backend alike (ep/plan.py)
+    kernels: KernelConfig = KernelConfig()
     max_prefill_tokens: int = 8192  # the largest prefill step (the GPU thread's per-step prompt budget)
 
     def torch_dtype(self) -> torch.dtype:
@@ -72,6 +77,7 @@ class Engine:
         self.cache = cache
         self.backend = backend
         self.runner = ModelRunner(model, cache, spec.device, graphs, prefill_graphs)
+        self.counters = StepCounters(model.routes, Ownership(cfg.n_routed_experts, spec.ep_size), backend)
         self.eos_id = cfg.eos_token_id
         self.max_model_len = cache.max_len
 
@@ -114,45 +120,45 @@ def build_engine(spec: EngineSpec) -> Engine:
               backend=entry.name, maturity=entry.maturity, experts=f"{mine.start}..{mine.stop - 1}")
     shard = ExpertShard.from_tensors(mine, tensors, cfg.moe_layers)
     backend = entry.load().start(ep_spec(spec), moe_shape(cfg), ownership, shard)
+    log_event("expert_kernel", backend=entry.name, kernel=backend.caps.expert_kernel, graph_safe=backend.caps.graph_safe)
     max_len = spec.max_model_len or min(cfg.max_position_embeddings, 4096)
     if max_len > cfg.max_position_embeddings:
         raise ValueError(f"max_model_len {max_len} exceeds the model's max_position_embeddings "
                          f"{cfg.max_position_embeddings}")
-    model = DeepseekV2(cfg, tensors, backend, max_len, device)
+    kernels = spec.kernels.on_device(device.type == "cuda", dtype == torch.bfloat16, triton_available())
+    model = DeepseekV2(cfg, tensors, backend, max_len, device, kernels)
     slots, free = kv_slots(device, max_len, MLACache.bytes_per_token(cfg.num_hidden_layers, cfg.cache_width, dtype),
                            spec.num_slots)
     log_event("kv_capacity", slots=slots, max_model_len=max_len, free_bytes=free, cap=spec.num_slots)
     cache = MLACache(cfg.num_hidden_layers, slots, max_len, cfg.cache_width, device, dtype)
-    kernels = device.type == "cuda" and spec.triton_kernels and dtype == torch.bfloat16 and triton_available()
-    model.use_kernels(kernels)
     graphs = prefill_graphs = None
-    if device.type == "cuda" and spec.cuda_graphs and getattr(backend, "graph_safe", False):
+    if device.type == "cuda" and spec.cuda_graphs and backend.caps.graph_safe:
         graphs = DecodeGraphs(model, cache, slots, cache.scratch_slot)
         prefill_graphs = PrefillGraphs(model, cache, graphs.pool, max_tokens=spec.max_prefill_tokens)
-    log_event("decode_path", cuda_graphs=graphs is not None, triton_kernels=kernels,
+    log_event("decode_path", cuda_graphs=graphs is not None, triton_kernels=kernels.triton,
               attention=("mla_absorbed_triton" if model.layers[0].attn.fused_decode else "mla_absorbed")
               if graphs else "mla_expand",
-              experts=getattr(backend, "kernel", "per_rank"), shared_experts_stream=model.side_stream is not None,
-              **(one_launch_sizes(backend, cfg) if kernels else {}))
+              experts=backend.caps.expert_kernel, shared_experts_stream=model.side_stream is not None,
+              **(one_launch_sizes(kernels, backend.caps.fused_alignment) if kernels.triton else {}))
     log_event("engine_ready", backend=entry.name, maturity=entry.maturity, ep_size=spec.ep_size,
               max_model_len=max_len, kv_slots=slots, kv_bytes=cache.data.numel() * cache.data.element_size(),
               startup_s=round(time.perf_counter() - t0, 4))
     return Engine(spec, cfg, model, cache, backend, graphs, prefill_graphs)
 
 
-def one_launch_sizes(backend, cfg: ModelConfig) -> dict:
+def one_launch_sizes(kernels: KernelConfig, fused_router: bool) -> dict:
     """Up to how many rows the decode step's one-launch kernels run (engine/kernels: the layer input
     in the q/kv_a launch, the first layer's reading the embedding row itself; attention's output
-    with the add and norm, the router where the backend holds its ticket, the shared experts' and
-    dense layers' gate-up with SwiGLU, the LM head with the argmax, the argmax)."""
-    from engine.kernels import argmax, head_argmax, mla_output, moe_experts, moe_route, norm_proj
-    al = backend.alignment(1, cfg.num_experts_per_tok) if cfg.n_routed_experts else None
-    router = moe_route.SMALL if moe_route.ONE_LAUNCH and al is not None and al.ticket is not None else 0
-    embedding = bool(norm_proj.EMBED and norm_proj.MAX_ROWS)
-    return dict(norm_proj_rows=norm_proj.MAX_ROWS, embedding_in_norm_proj=embedding,
-                mla_output_rows=mla_output.MAX_ROWS, router_one_launch_rows=router,
-                dense_swiglu_rows=moe_experts.DENSE_MAX_ROWS, head_argmax_rows=head_argmax.MAX_ROWS,
-                argmax_rows=argmax.MAX_ROWS)
+    with the add and norm, the router where the backend's experts read its listing (fused_router:
+    BackendCaps.fused_alignment), the shared experts' and dense layers' gate-up with SwiGLU, the LM
+    head with the argmax, the argmax)."""
+    from engine.kernels.moe_route import SMALL
+    return dict(norm_proj_rows=kernels.norm_proj_rows,
+                embedding_in_norm_proj=bool(kernels.embed_in_norm and kernels.norm_proj_rows),
+                mla_output_rows=kernels.mla_output_rows,
+                router_one_launch_rows=SMALL if kernels.router_one_launch and fused_router else 0,
+                dense_swiglu_rows=kernels.dense_rows, head_argmax_rows=kernels.head_argmax_rows,
+                argmax_rows=kernels.argmax_rows)
 
 
 def _random_tensors(cfg: ModelConfig, spec: EngineSpec, keep, device, dtype) -> tuple[dict, LoadStats]:

@@ -34,7 +34,7 @@ def ep_spec(spec) -> EPSpec:
                   dtype=resolve_dtype(spec.dtype, spec.device), rank_timeout_s=spec.rank_timeout_s,
                   join_timeout_s=spec.rank_join_timeout_s, master_addr=spec.ep_master_addr,
                   master_port=spec.ep_master_port, chunk_bytes=spec.ep_chunk_bytes,
-                  triton_kernels=spec.triton_kernels,
+                  kernels=spec.kernels,
                   source=WeightSource(None if spec.model_dir is None else str(spec.model_dir), spec.random_preset,
                                       spec.seed),
                   loader=load_rank_experts)

@@ -61,7 +61,7 @@ class GpuThread:
         self._send = emit  # every event goes out through _emit, which attaches the snapshot
         self.batcher = Batcher(SlotCapacity(engine.cache), engine.eos_id, max_prefill_tokens=max_prefill_tokens,
                                overlap=overlap)
-        self.meter = StepMeter(engine.backend, engine.spec.device)
+        self.meter = StepMeter(engine.counters, engine.spec.device)
         self.in_flight: InFlight | None = None
         self.overlapped_steps = 0  # steps launched while the one before was still in flight
         self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()

@@ -11,8 +11,9 @@ import torch
 from engine.batch import RowInput
 from engine.cuda_graphs import bucket, capture, wait_and_read, write_into
 from engine.kv_cache import MLACache
-from engine.model import DeepseekV2
-from engine.prefill import PrefillInputs, prefill_logits, prefill_step
+from engine.model.inputs import PrefillInputs
+from engine.model.model import DeepseekV2
+from engine.model.prefill import prefill_logits, prefill_step
 from engine.startup_log import log_event
 
 TOKEN_BUCKETS = (64, 128, 256, 512, 1024, 2048, 3072, 4096, 5120, 6144, 8192)
@@ -83,8 +84,9 @@ class PrefillGraphs:
         s = self.static
         inp = PrefillInputs(s[0, :t], s[1, :t], s[2, :t], s[3, :t], self.static_last)
         fn = self._logits_fn() if logits else prefill_step
-        with self.model.backend.uncounted():  # the warm-up step is no step of the engine's
-            graph, out = capture(lambda: fn(self.model, inp, self.cache, one), self.pool)
+        with self.model.routes.uncounted():  # the warm-up step is no step of the engine's
+            graph, out = capture(lambda: fn(self.model, inp, self.cache, one), self.pool,
+                                 self.model.kernels.capture_priority)
         self.static[:, :t].copy_(saved)
         self.static_last.copy_(saved_last)
         self.graphs[(t, logits, one)] = (graph, out)

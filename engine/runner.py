@@ -22,7 +22,7 @@ import torch
 from engine.batch import Batch, RowInput
 from engine.cuda_graphs import DecodeGraphs, Launched, wait_and_read
 from engine.kv_cache import MLACache
-from engine.model import DeepseekV2
+from engine.model.model import DeepseekV2
 from engine.phases import phase
 from engine.prefill_graphs import PrefillGraphs
 from engine.request_guard import choose, per_row

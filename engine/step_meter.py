@@ -1,5 +1,5 @@
 """What one step cost on the device, for its step record: a pair of CUDA events around the forward,
-and the EP backend's counters of the step (routes per rank and expert, collective calls and bytes).
+and the step's counters (engine/step_counters.py: routes per rank and expert, collective calls and bytes).
 The GPU thread hands a StepMeter to ModelRunner.run / launch; tools that call the runner directly
 pass none and pay for neither."""
 from __future__ import annotations
@@ -8,14 +8,14 @@ from collections.abc import Callable
 
 import torch
 
-from ep.backend import ExchangeCounters, ExpertBackend
+from engine.step_counters import ExchangeCounters, StepCounters
 
 Events = tuple[torch.cuda.Event, torch.cuda.Event]
 
 
 class StepMeter:
-    def __init__(self, backend: ExpertBackend, device: torch.device | str):
-        self.backend = backend
+    def __init__(self, counters: StepCounters, device: torch.device | str):
+        self.step_counters = counters
         self._on_gpu = str(device).startswith("cuda")
         # two pairs made once and used in turn: two steps may be in flight, and each new event costs
         # host time per step
@@ -42,13 +42,13 @@ class StepMeter:
     def stop_launched(self, events: Events | None) -> Callable[[], ExchangeCounters | None]:
         """End a launched step's timing: its counters are marked behind it on the device first, to be
         read (the returned function) once it has finished."""
-        counters = self.backend.mark_counters()
+        counters = self.step_counters.mark()
         self.stop(events)
         return counters
 
     def counters(self) -> ExchangeCounters | None:
         """The counters of the step that has just finished (run synchronously)."""
-        return self.backend.take_counters()
+        return self.step_counters.take()
 
     @staticmethod
     def seconds(events: Events | None) -> float | None:

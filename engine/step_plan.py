@@ -19,7 +19,7 @@ from engine.sampler import Draw, PromptWant
 
 if TYPE_CHECKING:
     from engine.sequence import Sequence
-    from ep.backend import ExchangeCounters
+    from engine.step_counters import ExchangeCounters
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,12 +1,36 @@
 """One rank's routed experts for every MoE layer: stacked weights and the expert MLP over the routes
-of a plan that this rank owns."""
+of a plan that this rank owns, with the expert kernel every backend and every rank chooses the same
+way (ExpertKernel.choose) and the tilings of the KernelConfig (engine/kernels/config.py)."""
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import torch.nn.functional as F
 
 from engine.kernels import triton_available
+from engine.kernels.config import ExpertTilings
 from ep.grouped import grouped_linear, grouped_mm_available
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ExpertKernel:
+    """How a shard runs its routes: "triton" (the fused Triton MLP, engine/kernels/moe_experts.py;
+    calls of steps above tilings.max_routes routes, prompt chunks, go to grouped GEMMs), "grouped_mm"
+    (torch._grouped_mm) or "loop" (the per-expert loop, the reference order), and the tilings."""
+    name: str
+    tilings: ExpertTilings = ExpertTilings()
+
+    @classmethod
+    def choose(cls, device: torch.device, dtype: torch.dtype, triton: bool, tilings: ExpertTilings) -> ExpertKernel:
+        """For bfloat16 on CUDA the Triton MLP where `triton` and Triton imports, else grouped GEMMs
+        where they run; otherwise the loop. Every backend and every rank asks here, so each expert's
+        rows see the same kernel whichever rank owns them."""
+        if dtype != torch.bfloat16 or device.type != "cuda":
+            return cls("loop", tilings)
+        if triton and triton_available():
+            return cls("triton", tilings)
+        return cls("grouped_mm" if grouped_mm_available(device) else "loop", tilings)
 
 
 
@@ -33,43 +57,40 @@ class ExpertShard:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for d in (self.w13, self.w2) for t in d.values())
 
-    def kernel_for(self, device: torch.device, allow_triton: bool = True) -> str:
-        """The expert kernel: for bfloat16 on CUDA the fused Triton MLP (engine/kernels/moe_experts.py)
-        where Triton imports (calls with more routes than its MAX_ROUTES, prompt chunks, go to
-        grouped GEMMs), else grouped GEMMs where they run; otherwise the per-expert loop (the
-        reference order). Every backend and every rank asks here, so each expert's rows see the
-        same kernel whichever rank owns them."""
-        if not all(w.dtype == torch.bfloat16 for w in self.w13.values()) or device.type != "cuda":
-            return "loop"
-        if allow_triton and triton_available():
-            return "triton"
-        return "grouped_mm" if grouped_mm_available(device) else "loop"
+    def kernel_for(self, device: torch.device, triton: bool, tilings: ExpertTilings) -> ExpertKernel:
+        """The expert kernel for this shard's weights on `device` (ExpertKernel.choose)."""
+        dtype = next(iter(self.w13.values())).dtype if self.w13 else torch.bfloat16
+        return ExpertKernel.choose(device, dtype, triton, tilings)
 
     def run_routes(self, layer: int, hidden: torch.Tensor, token_index: torch.Tensor, weight: torch.Tensor,
-                   counts: list[int] | torch.Tensor, kernel: str, total_routes: int | None = None) -> torch.Tensor:
+                   counts: list[int] | torch.Tensor, kernel: ExpertKernel, total_routes: int | None = None
+                   ) -> torch.Tensor:
         """The weighted expert outputs of this shard's routes with the chosen kernel; counts: routes
         per owned expert, a device tensor (no host sync on the triton and grouped paths) or host ints.
         total_routes: the step's routes on all ranks (default: these); the triton kernel hands steps
-        above its MAX_ROUTES to grouped GEMMs by this number, which every rank shares, so a route's
-        bits do not depend on how the step was split between ranks."""
-        if kernel in ("triton", "grouped_mm"):
+        above kernel.tilings.max_routes to grouped GEMMs and picks its tiling by this number, which
+        every rank shares, so a route's bits do not depend on how the step was split between ranks."""
+        if kernel.name in ("triton", "grouped_mm"):
             if not isinstance(counts, torch.Tensor):
                 counts = torch.tensor(counts, dtype=torch.int64, device=hidden.device)
-            if kernel == "triton":
-                from engine.kernels.moe_experts import MAX_ROUTES, fused_experts
+            if kernel.name == "triton":
+                from engine.kernels import moe_experts
                 total = token_index.shape[0] if total_routes is None else total_routes
-                if total <= MAX_ROUTES or not grouped_mm_available(hidden.device):
-                    return fused_experts(hidden, self.w13[layer], self.w2[layer], token_index, weight, counts, total)
-            return self._run_grouped(layer, hidden, token_index, weight, counts, kernel == "triton")
+                if total <= kernel.tilings.max_routes or not grouped_mm_available(hidden.device):
+                    return moe_experts.fused_experts(hidden, self.w13[layer], self.w2[layer], token_index, weight,
+                                                     counts, kernel.tilings.tiling_for(total))
+            return self._run_grouped(layer, hidden, token_index, weight, counts, kernel.name == "triton")
         return self.run(layer, hidden, token_index, weight,
                         counts.tolist() if isinstance(counts, torch.Tensor) else counts)
 
-    def run_token_major(self, layer: int, hidden: torch.Tensor, weights: torch.Tensor, aligned) -> torch.Tensor:
+    def run_token_major(self, layer: int, hidden: torch.Tensor, weights: torch.Tensor, aligned,
+                        kernel: ExpertKernel) -> torch.Tensor:
         """Every route of every token when this shard owns all experts (the triton kernel only):
         weights [T, k] float32 -> [T, k, H] float32; aligned: the engine.kernels.moe_experts.Alignment
-        the router kernel filled (routes by expert; it counted them into the backend's totals)."""
+        the router kernel filled (routes by expert; it counted them into the model's route counts)."""
         from engine.kernels.moe_experts import fused_experts_token_major
-        return fused_experts_token_major(hidden, self.w13[layer], self.w2[layer], weights, aligned)
+        return fused_experts_token_major(hidden, self.w13[layer], self.w2[layer], weights, aligned,
+                                         kernel.tilings.tiling_for(weights.numel()))
 
     def _run_grouped(self, layer: int, hidden: torch.Tensor, token_index: torch.Tensor, weight: torch.Tensor,
                      counts: torch.Tensor, triton: bool = False) -> torch.Tensor:

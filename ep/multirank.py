@@ -1,5 +1,5 @@
 """The rank-0 half shared by the backends that move route rows to expert ranks (host-staged, nccl):
-start-up, the per-layer skeleton (counts, spans, dispatch, rank 0's own span, combine), counters,
+start-up, the per-layer skeleton (counts, spans, dispatch, rank 0's own span, combine), what moved,
 the failed state and close. A subclass says only how the bytes move. Start-up gets plain data: the
 EPSpec and the MoEShape (ep/spec.py), never the engine's own spec or config."""
 from __future__ import annotations
@@ -10,8 +10,9 @@ from typing import Any
 
 import torch
 
-from ep.backend import ExchangeCounters, ExpertBackend, RankFailure
-from ep.experts import ExpertShard
+from engine.kernels.config import KernelConfig
+from ep.backend import BackendCaps, Exchange, ExpertBackend, RankFailure
+from ep.experts import ExpertKernel, ExpertShard
 from ep.group import RankGroup
 from ep.launch import LaunchPlan, launch_group
 from ep.ownership import Ownership
@@ -24,7 +25,7 @@ Spans = list[tuple[int, int]]  # [start, end) of each rank's routes in execution
 
 class MultiRankBackend(ExpertBackend):
     def __init__(self, group: RankGroup, shard: ExpertShard, cfg: MoEShape, ownership: Ownership,
-                 device: torch.device, dtype: torch.dtype):
+                 device: torch.device, dtype: torch.dtype, kernels: KernelConfig = KernelConfig()):
         self.group = group
         self.shard = shard
         self.cfg = cfg
@@ -33,8 +34,10 @@ class MultiRankBackend(ExpertBackend):
         self.dtype = dtype
         self.hidden_size = cfg.hidden_size
         self.last_moe_layer = cfg.moe_layers[-1]
-        self.kernel = shard.kernel_for(device)
-        self._counters = ExchangeCounters.zero(ownership.world_size, cfg.n_routed_experts)
+        # the expert ranks (serve) choose theirs the same way: the Triton MLP wherever it runs
+        self.kernel = self.expert_kernel(shard, device, kernels)
+        self.caps = BackendCaps(graph_safe=False, expert_kernel=self.kernel.name)  # it reads counts on the host
+        self._exchange_s = 0.0
 
     # ---- what a subclass provides --------------------------------------------------------------
     @classmethod
@@ -77,6 +80,13 @@ class MultiRankBackend(ExpertBackend):
     def serve(cls, group: RankGroup, shard: ExpertShard, cfg, device: torch.device, dtype: torch.dtype) -> None:
         """An expert rank's loop: receive rows, run ExpertShard.run, send results, until stop."""
 
+    @staticmethod
+    def expert_kernel(shard: ExpertShard, device: torch.device, kernels: KernelConfig = KernelConfig()) -> ExpertKernel:
+        """The kernel of every rank's experts: the Triton MLP wherever it runs, whatever
+        kernels.triton (which selects rank 0's decode kernels); tilings from `kernels` (an expert
+        rank's: the defaults)."""
+        return shard.kernel_for(device, True, kernels.experts)
+
     # ---- the contract ---------------------------------------------------------------------------
     @classmethod
     def start(cls, spec: EPSpec, cfg: MoEShape, ownership: Ownership, shard: ExpertShard) -> MultiRankBackend:
@@ -84,7 +94,7 @@ class MultiRankBackend(ExpertBackend):
         cls.check_runtime(device, world if spec.spawn else 1)
         plan = LaunchPlan.from_spec(spec, world, cls.pg_backend_for(device))
         group = launch_group(spec, plan, lambda r: cls.device_of(r, device, world), lambda recs: cls.vet(recs, device))
-        return cls(group, shard, cfg, ownership, device, getattr(torch, spec.dtype))
+        return cls(group, shard, cfg, ownership, device, getattr(torch, spec.dtype), spec.kernels)
 
     def expert_outputs(self, layer: int, hidden: torch.Tensor, plan: RoutePlan) -> torch.Tensor:
         """hidden: [T, H] -> [R, H] float32, execution order: rank 0's span computed here, the rest
@@ -94,38 +104,30 @@ class MultiRankBackend(ExpertBackend):
         t0 = time.perf_counter()
         counts = plan.expert_counts.tolist()  # [E] the one host read routing needs
         spans = [plan.span(self.ownership.experts_of(r), counts) for r in range(self.ownership.world_size)]
-        self._tally(counts, spans)
         out = torch.empty(plan.token_index.shape[0], self.hidden_size, dtype=torch.float32, device=hidden.device)
         exchange = self._dispatch(layer, hidden, plan, counts, spans)
         t1 = time.perf_counter()
         s0, e0 = spans[0]
         mine = self.shard.experts
         if e0 > s0:
-            mine_counts = plan.expert_counts[mine.start:mine.stop] if self.kernel != "loop" else counts[mine.start:mine.stop]
+            mine_counts = (plan.expert_counts[mine.start:mine.stop] if self.kernel.name != "loop"
+                           else counts[mine.start:mine.stop])
             out[s0:e0] = self.shard.run_routes(layer, hidden, plan.token_index[s0:e0], plan.weight[s0:e0],
                                                mine_counts, self.kernel, plan.token_index.shape[0])  # [r0, H]
         t2 = time.perf_counter()
         self._combine(exchange, out)
         if layer == self.last_moe_layer:
             self.group.settle()  # nothing after the last MoE layer would notice a stalled rank
-        self._counters.exchange_s += time.perf_counter() - t0 - (t2 - t1)
+        self._exchange_s += time.perf_counter() - t0 - (t2 - t1)
         return out
-
-    def _tally(self, counts: list[int], spans: Spans) -> None:
-        c = self._counters
-        for r, (s, e) in enumerate(spans):
-            c.routes_per_rank[r] += e - s
-        for e, n in enumerate(counts):
-            c.routes_per_expert[e] += n
 
     def check_ranks(self) -> None:
         self.group.check_liveness("while idle")
 
-    def take_counters(self) -> ExchangeCounters:
-        out = self._counters
+    def take_exchange(self) -> Exchange:
         traffic = self.group.traffic.take()
-        out.collective_calls, out.bytes_sent, out.bytes_received = traffic.calls, traffic.sent, traffic.received
-        self._counters = ExchangeCounters.zero(self.ownership.world_size, self.cfg.n_routed_experts)
+        out = Exchange(traffic.calls, traffic.sent, traffic.received, self._exchange_s)
+        self._exchange_s = 0.0
         return out
 
     def close(self) -> None:

@@ -1,5 +1,7 @@
 """The route plan: one MoE layer's top-k routes, grouped by (owner rank, expert) for execution, with
-the permutation that puts every contribution back in token-major order for a fixed-order combine."""
+the permutation that puts every contribution back in token-major order for a fixed-order combine.
+The EP contract's order: the model's MoE layer (engine/model/moe.py) builds it from the gate, every
+backend runs it, the MoE layer combines by it."""
 from __future__ import annotations
 
 import dataclasses

@@ -2,11 +2,14 @@
 model facts the transports size their buffers by (MoEShape), where the weights come from
 (WeightSource), and the signature of the engine-side function that loads one expert rank's experts
 (ExpertLoader). engine/ builds these from its own spec and config and passes them down, so ep/
-never imports the engine's configuration, weights or presets. Torch-free."""
+never imports the engine's configuration, weights or presets (the kernel configuration, a torch-free
+leaf of engine/kernels, is the one engine type it carries). Torch-free."""
 from __future__ import annotations
 
 import dataclasses
 from typing import TYPE_CHECKING, Protocol
+
+from engine.kernels.config import KernelConfig
 
 if TYPE_CHECKING:  # annotations only: this module stays importable without torch
     import torch
@@ -55,7 +58,7 @@ class EPSpec:
     master_addr: str | None = None
     master_port: int | None = None
     chunk_bytes: int | None = None  # nccl: the largest single collective (None: environment or default)
-    triton_kernels: bool = True  # local: the fused Triton expert kernel where it applies
+    kernels: KernelConfig = KernelConfig()  # the expert kernels' switch and tilings (engine/kernels/config.py)
     source: WeightSource = WeightSource()
     loader: ExpertLoader | None = None  # how the ranks rank 0 spawns load their experts
 

@@ -20,32 +20,12 @@ from tests import layering as L
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Known violations that belong to the other parts of issue 25, being fixed in parallel (the MoE
-# layer moving from ep/ into the model and ep/'s other imports of engine/: "kernels" and "epcut";
-# the GPU thread's split: "split"; the kernels' parameters: "kernels"; the tools cleanup: "epcut").
-# Each entry is exempt from its rule (and an import edge from the cycle check). EMPTY THESE WHEN
-# MERGING: the tests below fail on any entry that no longer matches a violation.
-PENDING_IMPORTS: frozenset[tuple[str, str]] = frozenset({  # (importing file, imported module)
-    ("ep/moe.py", "engine.config"),
-    ("ep/moe.py", "engine.phases"),
-    ("ep/moe.py", "engine.model"),  # also the one cycle: engine.model -> ep.moe -> engine.model
-})
+# Known violations still being fixed: each entry is exempt from its rule (and an import edge from the
+# cycle check). Empty since issue 25 landed; the tests below fail on any entry that no longer
+# matches a violation.
+PENDING_IMPORTS: frozenset[tuple[str, str]] = frozenset()  # (importing file, imported module)
 PENDING_LONG_FILES: frozenset[str] = frozenset()
-PENDING_WIDE_FUNCTIONS: frozenset[str] = frozenset({  # "path name"
-    "engine/attention.py decode_norm",  # kernels (and the Triton kernels below)
-    "engine/kernels/argmax.py _argmax_kernel", "engine/kernels/gemv.py _splitk_kernel",
-    "engine/kernels/head_argmax.py _head_argmax_kernel", "engine/kernels/mla_decode.py _split_kernel",
-    "engine/kernels/mla_decode.py _merge_kernel", "engine/kernels/mla_decode.py _merge_row_kernel",
-    "engine/kernels/mla_decode.py mla_decode", "engine/kernels/mla_output.py _proj_norm_kernel",
-    "engine/kernels/mla_output.py proj_norm", "engine/kernels/mla_prep.py _prep_kernel",
-    "engine/kernels/mla_prep.py mla_prep", "engine/kernels/moe_experts.py _gate_up_kernel",
-    "engine/kernels/moe_experts.py _down_kernel", "engine/kernels/moe_experts.py _mlp",
-    "engine/kernels/moe_route.py _choose", "engine/kernels/moe_route.py _select_kernel",
-    "engine/kernels/moe_route.py _route_small_kernel", "engine/kernels/moe_route.py _align_kernel",
-    "engine/kernels/norm_proj.py _norm_proj_kernel", "engine/kernels/norm_proj.py norm_proj",
-    "engine/kernels/prefill_attention.py _packed_kernel", "engine/kernels/rmsnorm.py residual_sum",
-    "engine/kernels/rmsnorm.py _rmsnorm_kernel", "engine/kernels/rmsnorm.py _moe_rmsnorm_kernel",
-})
+PENDING_WIDE_FUNCTIONS: frozenset[str] = frozenset()  # "path name"
 
 
 def _pending_import(imp: L.Import) -> bool:
@@ -179,7 +159,11 @@ def test_the_checker_reports_long_files_and_wide_functions(tmp_path):
                            "    def more(self, a, b, c, d, e, f, g, h, i):\n        pass\n"
                            "    @staticmethod\n    def static(self, a, b, c, d, e, f, g, h):\n        pass\n"
                            "lam = lambda a, b, c, d, e, f, g, h, i: 0\n"),
+        "engine/kernels/k.py": ("import triton\n@triton.jit\ndef _kernel(a, b, c, d, e, f, g, h, i):\n    pass\n"
+                                "@triton.jit(do_not_specialize=['a'])\ndef _kernel2(a, b, c, d, e, f, g, h, i):\n"
+                                "    pass\n@other.jit\ndef not_triton(a, b, c, d, e, f, g, h, i):\n    pass\n"),
     })
     assert L.long_files(root) == {"tools/long.py": 401}
     assert L.wide_functions(root) == {"engine/wide.py:1 nine": 9, "engine/wide.py:10 more": 9,
-                                      "engine/wide.py:13 static": 9, "engine/wide.py:15 <lambda>": 9}
+                                      "engine/wide.py:13 static": 9, "engine/wide.py:15 <lambda>": 9,
+                                      "engine/kernels/k.py:9 not_triton": 9}

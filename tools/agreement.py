@@ -157,7 +157,7 @@ def run_ours(a: argparse.Namespace, cases: list[dict], refs: list[list[int]]) ->
             start += n
         info = {"backend": engine.backend_name, "maturity": engine.maturity,
                 "cuda_graphs": engine.runner.graphs is not None,
-                "triton_kernels": bool(engine.model.fused_kernels)}
+                "triton_kernels": engine.model.kernels.triton}
         return free, forced, info
     finally:
         engine.close()

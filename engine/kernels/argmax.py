@@ -3,7 +3,7 @@
 reduces one column chunk to its max and first index; the last chunk of a row to finish
 (engine/kernels/ticket.py) picks the first chunk holding the row's max.
 The torch form (engine/sampler.py argmax_rows) took four launches, ~24 µs of a batch-1 step on the
-H200 (docs/perf-notes.md row 26)."""
+H200 (docs/perf-notes.md row 26). Up to how many rows the decode step uses it: KernelConfig.argmax_rows."""
 from __future__ import annotations
 
 import torch
@@ -13,7 +13,6 @@ import triton.language as tl
 from engine.kernels.ticket import last_to_finish
 
 CHUNKS = 64  # column chunks per row: 1,600 columns each at lite's 102,400
-MAX_ROWS = 1024  # rows one ticket buffer serves (ticket.tickets(MAX_ROWS)); the torch form above (0: always)
 BIG = tl.constexpr(2147483647)  # "no such index" (int32)
 
 

@@ -9,33 +9,17 @@ pick the first NaN, as torch does.
 The sums run in another order than cuBLAS's GEMV, so a logit can round to the neighbouring bf16
 value: where two logits tie within that rounding the pick can differ from F.linear's (as any two
 GEMV kernels can); the greedy test on the GPU pins the kernel against the F.linear + argmax path on
-weights without such ties."""
+weights without such ties. Its tiling and the rows it takes in the decode step: KernelConfig.head and
+head_argmax_rows (engine/kernels/config.py)."""
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 import triton
 import triton.language as tl
 
 from engine.kernels.argmax import block_best, first_best
+from engine.kernels.config import HeadTiling
 from engine.kernels.ticket import last_to_finish
-
-MAX_ROWS = 1  # rows of the fused form (0: F.linear, then engine/kernels/argmax.py)
-
-
-# The H200 (docs/perf-notes.md row 44; gpu_probe timelines at one row, lite): 64 rows x 256 columns
-# with 8 warps 105.6-106.1 µs a step; 32 x 256 with 4 warps 106.5, 16 x 512 133.8, 128 x 128 117.3,
-# 128 x 64 117.8; cuBLAS's GEMV and the argmax kernel 104.8-105.4 + 3.5-3.6.
-@dataclasses.dataclass(frozen=True, slots=True)
-class Tiling:
-    block_n: int = 64  # vocabulary rows per program: 1,600 programs at lite's 102,400
-    block_k: int = 256
-    num_warps: int = 8
-    num_stages: int = 3
-
-
-TILING = Tiling()
 
 
 @triton.jit
@@ -61,22 +45,22 @@ def _head_argmax_kernel(h_ptr, w_ptr, part_v_ptr, part_i_ptr, out_ptr, ticket_pt
         tl.store(ticket_ptr, 0)  # every program has taken its ticket: ready for the next launch
 
 
-def _block_k(k: int, t: Tiling) -> int:
+def _block_k(k: int, t: HeadTiling) -> int:
     return min(t.block_k, k)
 
 
-def fits(w: torch.Tensor, tiling: Tiling | None = None) -> bool:
+def fits(w: torch.Tensor, tiling: HeadTiling) -> bool:
     """Whether the kernel takes this [V, K] head: contiguous, K a whole number of K blocks."""
-    bk = _block_k(w.shape[1], tiling or TILING)
+    bk = _block_k(w.shape[1], tiling)
     return w.is_contiguous() and w.shape[1] % bk == 0 and bk & (bk - 1) == 0
 
 
-def head_argmax(h: torch.Tensor, w: torch.Tensor, ticket: torch.Tensor, out: torch.Tensor | None = None,
-                tiling: Tiling | None = None) -> torch.Tensor:
+def head_argmax(h: torch.Tensor, w: torch.Tensor, ticket: torch.Tensor, tiling: HeadTiling,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """torch.argmax(F.linear(h, w), -1) for one row: h [1, K] (the final norm's output), w [V, K]
     (contiguous); ticket: one of engine/kernels/ticket.py's. Returns [1] int64 (written into `out`
     when given). One launch, graph-safe."""
-    t = tiling or TILING
+    t = tiling
     (rows, k), (v, kw) = h.shape, w.shape
     if rows != 1 or kw != k or not fits(w, t):
         raise ValueError(f"head_argmax takes one row and a contiguous [V, K] head of whole K blocks "

@@ -137,33 +137,29 @@ def _merge_row_kernel(part_o_ptr, part_ml_ptr, w_uv_ptr, out_ptr,
         tl.store(out_ptr + (b * H + h) * RANK + dk, o_lat, mask=k_ok)
 
 
-# "row": a program per (row, head, value block), or "block": 16 rows per program with tl.dot; the
-# H200 (tools/kernel_bench.py --mla, lite, length 256) measured row/block 6.8/27.7 µs at batch 1,
-# 9.5/31.9 at 8, 32.0/25.2 at 64 and 108.5/50.1 at 256, hence "row" up to ROW_MERGE_MAX_BATCH rows.
-ROW_MERGE_MAX_BATCH = 32
-
-
-SPLIT_PROGRAMS = 264  # ~2 programs per SM on an H200
-
-
-def auto_split(batch: int, length: int, programs: int | None = None, block: int = 32) -> int:
-    """Context per split program: enough splits that batch x splits fills the GPU (SPLIT_PROGRAMS)
-    without going below one block of keys per split. Static per graph bucket."""
-    programs = programs or SPLIT_PROGRAMS
+def auto_split(batch: int, length: int, programs: int, block: int = 32) -> int:
+    """Context per split program: enough splits that batch x splits fills the GPU (`programs`,
+    KernelConfig.split_programs) without going below one block of keys per split. Static per graph
+    bucket."""
     n = max(1, min(triton.cdiv(programs, batch), triton.cdiv(length, block)))
     return triton.cdiv(triton.cdiv(length, n), block) * block
 
 
+def merge_form(batch: int, row_max_batch: int) -> str:
+    """"row": a program per (row, head, value block), up to row_max_batch rows
+    (KernelConfig.row_merge_max_batch); "block": 16 rows per program with tl.dot."""
+    return "row" if batch <= row_max_batch else "block"
+
+
 def mla_decode(q: torch.Tensor, cache_layer: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
-               length: int, scale: float, rank: int, split_len: int | None = None,
-               w_uv_t: torch.Tensor | None = None, merge: str | None = None) -> torch.Tensor:
+               length: int, scale: float, rank: int, *, split_len: int, merge: str,
+               w_uv_t: torch.Tensor | None = None) -> torch.Tensor:
     """q: [B, H, rank+rope] (absorbed query: latent part then RoPE part); cache_layer: [S, N, rank+rope];
-    slots, lens: [B]; length: static bound >= every len; split_len: keys per split program (default
-    auto_split); merge: "row" or "block" (both compute the same; default by batch size). Returns o_lat [B, H, rank]; or, given
-    w_uv_t [H, rank, V], the value heads o_lat (rounded to q's dtype) @ w_uv_t[h] with float32
-    accumulation, rounded: [B, H*V], ready for o_proj. Two launches, graph-safe."""
+    slots, lens: [B]; length: static bound >= every len; split_len: keys per split program
+    (auto_split); merge: "row" or "block" (both compute the same; merge_form). Returns o_lat
+    [B, H, rank]; or, given w_uv_t [H, rank, V], the value heads o_lat (rounded to q's dtype) @
+    w_uv_t[h] with float32 accumulation, rounded: [B, H*V], ready for o_proj. Two launches, graph-safe."""
     b, h, width = q.shape
-    split_len = split_len or auto_split(b, length)
     n_splits = triton.cdiv(length, split_len)
     part_o = torch.empty(b, n_splits, h, rank, dtype=torch.float32, device=q.device)  # [B, S, H, rank] per split
     part_ml = torch.empty(b, n_splits, h, 2, dtype=torch.float32, device=q.device)  # [B, S, H, (max, sum)]
@@ -178,7 +174,7 @@ def mla_decode(q: torch.Tensor, cache_layer: torch.Tensor, slots: torch.Tensor, 
         assert w_uv_t.is_contiguous() and w_uv_t.shape[:2] == (h, rank)
         v = w_uv_t.shape[2]
         out = torch.empty(b, h * v, dtype=q.dtype, device=q.device)  # [B, H*V]
-    if (merge or ("row" if b <= ROW_MERGE_MAX_BATCH else "block")) == "row":
+    if merge == "row":
         block_v = min(32, triton.next_power_of_2(v)) if w_uv_t is not None else 1
         _merge_row_kernel[(b, h, triton.cdiv(v, block_v) if w_uv_t is not None else 1)](
             part_o, part_ml, w_uv_t if w_uv_t is not None else part_o, out, H=h, RANK=rank,

@@ -8,21 +8,18 @@ of its own.
 Rounding is the separate kernels': o_proj accumulated in float32 and rounded to the model dtype
 (in another summation order than cuBLAS), the residual sum rounded, then RMSNorm as
 engine/kernels/rmsnorm.py does it. Measured on the H200 (docs/perf-notes.md row 24): at one row
-this form saved ~1.6 µs a layer; at four rows it lost to cuBLAS, hence MAX_ROWS. A single launch
-that also merged the splits and applied W_UV (partial sums per head) was slower at every size."""
+this form saved ~1.6 µs a layer; at four rows it lost to cuBLAS, hence KernelConfig.mla_output_rows
+(1; its tiling: KernelConfig.mla_output). A single launch that also merged the splits and applied
+W_UV (partial sums per head) was slower at every size."""
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.config import RowTiling
 from engine.kernels.rmsnorm import norm_store
 from engine.kernels.ticket import last_to_finish
-
-MAX_ROWS = 1  # above this cuBLAS's o_proj (its weight read once for all rows) and the norm kernel win
-BLOCK_J = 8  # output columns per program: 256 at lite's 2048 (16: 6.5 µs a layer on the H200, 8: 5.8, row 36)
-BLOCK_K = 512  # input columns per step; with 4 warps an [8, 512] tile is 32 values per thread
-NUM_WARPS = 4
 
 
 @triton.jit
@@ -56,14 +53,13 @@ def _proj_norm_kernel(v_ptr, w_o_ptr, res_ptr, norm_w_ptr, o_ptr, h_out_ptr, x_o
 
 
 def proj_norm(v: torch.Tensor, o_proj: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-              count: torch.Tensor, block_j: int | None = None, block_k: int | None = None,
-              num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              count: torch.Tensor, tiling: RowTiling) -> tuple[torch.Tensor, torch.Tensor]:
     """v [B, nh*V]: the merged value heads; o_proj [HID, nh*V]; residual [B, HID]; norm_weight [HID];
     count: engine/kernels/ticket.py's tickets, one per row. With delta = o_proj(v) returns
     (norm(residual + delta) * norm_weight, residual + delta), as rmsnorm(delta, norm_weight, eps,
-    residual=residual). One launch, graph-safe. The tiling defaults to the module's BLOCK_J, BLOCK_K
-    and NUM_WARPS."""
-    block_j, block_k, num_warps = block_j or BLOCK_J, block_k or BLOCK_K, num_warps or NUM_WARPS
+    residual=residual). One launch, graph-safe. tiling: output columns per program (256 programs at
+    lite's 2048 with 8), the K block (with 4 warps an [8, 512] tile is 32 values per thread), warps."""
+    block_j, block_k, num_warps = tiling.block_j, tiling.block_k, tiling.num_warps
     b, k = v.shape
     hid = o_proj.shape[0]
     assert b <= count.numel() and v.is_contiguous() and o_proj.is_contiguous() and o_proj.shape[1] == k

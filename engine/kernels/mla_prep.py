@@ -2,7 +2,7 @@
 normalised latent and roped shared key written to the cache, and the absorbed query (q_nope @ W_UK,
 then the roped q_pe) that the split kernel of engine/kernels/mla_decode.py reads.
 
-The rounding is the torch path's (engine/attention.py): RMSNorm normalises in float32, rounds to
+The rounding is the torch path's (engine/model/attention.py): RMSNorm normalises in float32, rounds to
 the model dtype, multiplies by the weight and rounds again; RoPE rotates (even, odd) pairs in
 float32 by the complex table row and rounds; q_nope @ W_UK accumulates in float32 and rounds, as
 torch.bmm does."""
@@ -81,7 +81,8 @@ def _prep_kernel(q_ptr, kv_ptr, norm_w_ptr, w_uk_ptr, table_ptr, pos_ptr, slots_
 
 
 def mla_prep(q: torch.Tensor, kv: torch.Tensor, kv_norm: torch.Tensor, w_uk: torch.Tensor, rope_table: torch.Tensor,
-             positions: torch.Tensor, slots: torch.Tensor, cache_layer: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+             positions: torch.Tensor, slots: torch.Tensor, cache_layer: torch.Tensor, *, eps: float = 1e-6
+             ) -> torch.Tensor:
     """q: [B, nh*(nope+rope)] (rows may be strided); kv: [B, rank+rope] latent then k_pe (rows may be
     strided); kv_norm: [rank]; w_uk: [nh, nope, rank]; rope_table: complex64 [max_len, rope/2];
     positions, slots: [B]; cache_layer: [S, N, rank+rope], written at (slot, position) of every row.

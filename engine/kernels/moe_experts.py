@@ -10,62 +10,20 @@ expert's rows in blocks of BLOCK_M, so an expert's weights are read once per blo
 Rounding follows the grouped-GEMM path: gate, up, SiLU(gate) and the product are rounded to the
 model dtype, the down projection is rounded to it, then multiplied by the float32 route weight.
 A row's result does not depend on which other rows share its block (fixed K order), so every
-backend that runs its experts here gets the same bits for the same route."""
+backend that runs its experts here gets the same bits for the same route. The tiling is the
+caller's, from KernelConfig.experts.tiling_for(the step's total routes) or KernelConfig.dense
+(engine/kernels/config.py)."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Tiling:
-    """Launch shape of the two GEMM kernels, chosen by the step's total routes (tiling_for), which
-    every EP rank shares, so a route's bits never depend on how the step was split between ranks;
-    block_k fixes the K order of every dot product. tools/kernel_bench.py --sweep times candidates."""
-    block_m: int = 32  # rows of one expert per block
-    block_k: int = 128
-    up_n: int = 64
-    down_n: int = 64
-    num_warps: int = 4
-    num_stages: int = 3
+from engine.kernels.config import Tiling
 
-
-# Measured on the H200 (tools/kernel_bench.py --sweep grid|small, docs/perf-notes.md): 16-row blocks
-# are 3-6 % faster while experts hold a few rows each (1 to 64 tokens: 46.9 / 163 / 275 µs per MoE
-# layer at 1 / 8 / 64 tokens against 49.8 / 165 / 285 with 32-row blocks) and ~70 % slower at 256
-# tokens (24 rows per expert), where 32-row blocks are within 3 % of the best of 24.
-TILING = Tiling()
-FEW_ROWS_TILING = Tiling(block_m=16)
-FEW_ROWS_MAX_ROUTES = 512  # 8 routes per expert on average
 COMPACT_MAX_TOKENS = 16  # up to this many tokens the router lists the active experts first (Alignment)
-# Above this many routes on one rank (prompt chunks, not decode steps) each program would loop over
-# many row blocks re-reading its weights; ExpertShard hands such calls to grouped GEMMs instead.
-MAX_ROUTES = 2048
-
-
-# One token's routes (a batch-1 decode step), measured on the H200 (docs/perf-notes.md): four
-# pipeline stages rather than three (row 38: batch-1 graph 2,026/2,040 µs with three, 2,011 with
-# four, 2,054 with five, 2,251 with two), and 32-column gate-up blocks, two programs per SM for the
-# 6 x 1,408 columns (row 41: 2,010 µs against 2,026 with 64, 2,096 with 128).
-ONE_TOKEN_MAX_ROUTES = 8
-ONE_TOKEN_STAGES = 4
-ONE_TOKEN_UP_N = 32
-
-
-def tiling_for(total_routes: int) -> Tiling:
-    if total_routes <= ONE_TOKEN_MAX_ROUTES:
-        return _one_token(FEW_ROWS_TILING, ONE_TOKEN_STAGES, ONE_TOKEN_UP_N)
-    return FEW_ROWS_TILING if total_routes <= FEW_ROWS_MAX_ROUTES else TILING
-
-
-@functools.cache
-def _one_token(tiling: Tiling, stages: int, up_n: int) -> Tiling:
-    """tiling with `stages` pipeline stages and `up_n` gate-up columns per program, made once per
-    triple (tiling_for runs at every MoE call)."""
-    return dataclasses.replace(tiling, num_stages=stages, up_n=up_n)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -172,7 +130,7 @@ def _down_kernel(act_ptr, w_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, 
 
 
 def _mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, al: Alignment, slots: int, weight: torch.Tensor,
-         out: torch.Tensor, topk: int, by_route: bool, tiling: Tiling) -> torch.Tensor:
+         out: torch.Tensor, *, topk: int, by_route: bool, tiling: Tiling) -> torch.Tensor:
     """slots: programs along the expert axis (active experts can be no more)."""
     n_exp, two_i, h = w13.shape
     i = two_i // 2
@@ -189,26 +147,23 @@ def _mlp(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, al: Alignment, sl
 
 
 def fused_experts_token_major(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                              aligned: Alignment, tiling: Tiling | None = None) -> torch.Tensor:
+                              aligned: Alignment, tiling: Tiling) -> torch.Tensor:
     """Every route of every token through its expert (one rank owns them all).
     x: [T, H]; w13: [E, 2I, H]; w2: [E, H, I]; weights: [T, k] float32; aligned: the routes in
-    expert order, as the router kernel filled them (fused_route(..., aligned=)). Returns
-    [T, k, H] float32, route (t, j) at [t, j]."""
+    expert order, as the router kernel filled them (fused_route(..., aligned=)); tiling: for the
+    T * k routes. Returns [T, k, H] float32, route (t, j) at [t, j]."""
     t, k = weights.shape
     r = t * k
     out = torch.empty(r, x.shape[1], dtype=torch.float32, device=x.device)
-    _mlp(x.contiguous(), w13, w2, aligned, aligned.slots, weights.reshape(-1).contiguous(), out, k,
-         by_route=True, tiling=tiling or tiling_for(r))
+    _mlp(x.contiguous(), w13, w2, aligned, aligned.slots, weights.reshape(-1).contiguous(), out, topk=k,
+         by_route=True, tiling=tiling)
     return out.view(t, k, x.shape[1])
 
 
 # A dense SwiGLU MLP (the shared experts, a dense layer) at a few rows: its gate and up projections
 # with SiLU(gate) * up in the same launch, as one expert holding every row (32-column blocks, so
 # that one expert's weight still spreads over the GPU), in place of cuBLAS's split-K GEMV, its
-# reduce and the SwiGLU launch. Up to DENSE_MAX_ROWS rows: measured on the H200 (docs/perf-notes.md
-# row 32) -45 µs a step at one row, +80 µs at eight.
-DENSE_MAX_ROWS = 1
-DENSE_TILING = Tiling(block_m=16, up_n=32, num_stages=4)  # 4 stages: 2,015 µs against 2,026/2,040 (row 38)
+# reduce and the SwiGLU launch (up to KernelConfig.dense_rows rows).
 
 
 class DenseRows:
@@ -229,10 +184,10 @@ class DenseRows:
         return al
 
 
-def dense_swiglu(x: torch.Tensor, gate_up: torch.Tensor, al: Alignment, tiling: Tiling | None = None) -> torch.Tensor:
-    """x: [T, H]; gate_up: [2I, H] (gate rows, then up rows); al: DenseRows for T. Returns
-    SiLU(x @ gate.T) * (x @ up.T) [T, I], rounded as F.linear and the SwiGLU launch round."""
-    tiling = tiling or DENSE_TILING
+def dense_swiglu(x: torch.Tensor, gate_up: torch.Tensor, al: Alignment, tiling: Tiling) -> torch.Tensor:
+    """x: [T, H]; gate_up: [2I, H] (gate rows, then up rows); al: DenseRows for T; tiling:
+    KernelConfig.dense. Returns SiLU(x @ gate.T) * (x @ up.T) [T, I], rounded as F.linear and the
+    SwiGLU launch round."""
     two_i, h = gate_up.shape
     i = two_i // 2
     act = torch.empty(x.shape[0], i, dtype=x.dtype, device=x.device)
@@ -244,11 +199,11 @@ def dense_swiglu(x: torch.Tensor, gate_up: torch.Tensor, al: Alignment, tiling: 
 
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, token_index: torch.Tensor,
-                  weight: torch.Tensor, counts: torch.Tensor, total_routes: int | None = None) -> torch.Tensor:
+                  weight: torch.Tensor, counts: torch.Tensor, tiling: Tiling) -> torch.Tensor:
     """A shard's routes, already in expert order (the RoutePlan's execution order).
     x: [T, H]; token_index, weight: [R] per route; counts: [n] routes per owned expert (device);
-    total_routes: the step's routes on every rank (picks the tiling; default these R).
-    Returns [R, H] float32 in the same order."""
+    tiling: for the step's routes on every rank (ExpertTilings.tiling_for), so a route's bits do
+    not depend on the split. Returns [R, H] float32 in the same order."""
     counts = counts.to(torch.int32)
     n = counts.shape[0]
     starts = torch.cumsum(counts, 0, dtype=torch.int32) - counts  # [n]
@@ -256,5 +211,5 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, token_in
     al = Alignment(token_index.to(torch.int32), starts, counts, torch.arange(n, dtype=torch.int32, device=x.device),
                    counts, n)  # every owned expert gets a slot; totals unused here
     out = torch.empty(r, x.shape[1], dtype=torch.float32, device=x.device)
-    return _mlp(x.contiguous(), w13, w2, al, n, weight.float().contiguous(), out, 1, by_route=False,
-                tiling=tiling_for(r if total_routes is None else total_routes))
+    return _mlp(x.contiguous(), w13, w2, al, n, weight.float().contiguous(), out, topk=1, by_route=False,
+                tiling=tiling)

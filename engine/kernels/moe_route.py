@@ -6,11 +6,11 @@ ascending expert order (the order the fixed-order combine adds them in). With an
 each expert's count and routes in token-major order at a fixed stride (order[e*T...]), and its
 slot among the experts that have routes, by one program per expert (up to 16 tokens inside the
 selection launch, each program selecting every token; above that, a third launch reading the
-selected ids). Up to 16 tokens with the backend's ticket (Alignment.ticket) the logits and the
-selection share one launch: the last logits program to finish (the one atomic, a ticket) selects
-and lists (_route_small_kernel). Same semantics as
-ep/router.py `route` followed by the per-token sort of ep/plan.py; replaces about a dozen small
-kernels per layer."""
+selected ids). Up to 16 tokens with a ticket (Alignment.ticket: the MoE layer hands one where
+KernelConfig.router_one_launch) the logits and the selection share one launch: the last logits
+program to finish (the one atomic, a ticket) selects and lists (_route_small_kernel). Same semantics
+as engine/model/router.py `route` followed by the per-token sort of ep/plan.py; replaces about a
+dozen small kernels per layer."""
 from __future__ import annotations
 
 import torch
@@ -182,7 +182,6 @@ def _align_kernel(ids_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, totals
 
 SMALL = COMPACT_MAX_TOKENS  # up to this many tokens: one expert per logits program, the one-launch selection
 MAX_TOKENS = 1024  # the listing reads every token's ids at once: decode batches, not prompts
-ONE_LAUNCH = True  # up to SMALL tokens with a ticket: logits and selection in _route_small_kernel
 
 
 def fused_route(hidden: torch.Tensor, gate_weight: torch.Tensor, *, top_k: int, method: str = "greedy",
@@ -191,7 +190,8 @@ def fused_route(hidden: torch.Tensor, gate_weight: torch.Tensor, *, top_k: int, 
     """hidden: [T, H] (any float dtype); gate_weight: [E, H] float32. Returns (weights [T, k]
     float32, experts [T, k] int32), each token's routes in ascending expert order. aligned:
     buffers (Alignment.empty(T, k, totals)) to also list the routes by expert for the expert
-    kernels (engine/kernels/moe_experts.py), T <= MAX_TOKENS; totals gets each expert's count added."""
+    kernels (engine/kernels/moe_experts.py), T <= MAX_TOKENS; totals gets each expert's count added.
+    An alignment of up to SMALL tokens that holds a ticket gets the one-launch form."""
     t, h = hidden.shape
     e = gate_weight.shape[0]
     if aligned is not None and t > MAX_TOKENS:
@@ -205,7 +205,7 @@ def fused_route(hidden: torch.Tensor, gate_weight: torch.Tensor, *, top_k: int, 
     if aligned is not None and aligned.order.shape[0] != e * t:
         raise ValueError(f"the alignment was made for {aligned.order.shape[0] // e} tokens, not {t}")
     one_launch = aligned is not None and aligned.compact  # t <= SMALL
-    if one_launch and aligned.ticket is not None and ONE_LAUNCH:  # logits and selection in one launch
+    if one_launch and aligned.ticket is not None:  # logits and selection in one launch
         _route_small_kernel[(t, e)](
             hidden.contiguous(), gate_weight.contiguous(), logits, weights, ids, al.order, al.starts, al.counts,
             al.active, al.totals, aligned.ticket, t, e, h, float(scaling), BLOCK_T=triton.next_power_of_2(t),

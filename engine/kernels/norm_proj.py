@@ -8,22 +8,17 @@ of the projection's rows, so the norm has no launch of its own.
 Rounding is engine/kernels/rmsnorm.py's: the routes summed in route order in float32 and rounded,
 plus the shared experts, rounded; plus the residual, rounded; normalised in float32, rounded, times
 the weight, rounded; then the projection accumulated in float32 (cuBLAS's order differs) and
-rounded. Every program sums the squares in the same order, so all use the same normalised row."""
+rounded. Every program sums the squares in the same order, so all use the same normalised row.
+The rows it takes in the decode step, whether the first layer's launch reads the embedding row
+itself, and its tiling: KernelConfig.norm_proj_rows, embed_in_norm and norm_proj."""
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.config import RowTiling
 from engine.kernels.rmsnorm import residual_sum
-
-MAX_ROWS = 1  # the decode step uses it at one row (0: the norm kernel and cuBLAS's GEMV)
-EMBED = True  # the first layer's launch reads its row from the embedding table itself (no gather launch)
-BLOCK_J = 16  # projection rows per program: 228 programs for lite's 3,648
-# input columns per step; K or more: the block's rows in one tile, loaded before the norm (measured
-# on the H200, docs/perf-notes.md row 36: 8.3 -> 7.0 µs a layer at lite's K = 2048)
-BLOCK_K = 2048
-NUM_WARPS = 4
 
 
 @triton.jit
@@ -84,15 +79,14 @@ def _norm_proj_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr
 
 
 def norm_proj(delta, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-              block_j: int | None = None, block_k: int | None = None, num_warps: int | None = None,
-              token: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              tiling: RowTiling, token: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """delta: None, a [1, K] tensor, or a MoE layer's (routed [1, k, K] float32, shared [1, K]);
     residual [1, K]; norm_weight [K]; weight [N, K]. With x = residual + delta, returns
     (F.linear(norm(x) * norm_weight, weight) [1, N], x [1, K]). token ([1] int64, delta None): the
     first layer's form, residual is then the embedding table [V, K] and x its row token[0] (as
-    F.embedding, no launch of its own). One launch, graph-safe. The tiling defaults to the module's
-    BLOCK_J, BLOCK_K (K or more: the one-tile form) and NUM_WARPS."""
-    block_j, block_k, num_warps = block_j or BLOCK_J, block_k or BLOCK_K, num_warps or NUM_WARPS
+    F.embedding, no launch of its own). One launch, graph-safe. tiling: rows per program, the K block
+    (K or more: the one-tile form) and the warps."""
+    block_j, block_k, num_warps = tiling.block_j, tiling.block_k, tiling.num_warps
     t, k = (1, residual.shape[1]) if token is not None else residual.shape
     n = weight.shape[0]
     assert t == 1 and weight.is_contiguous() and weight.shape[1] == k

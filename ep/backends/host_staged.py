@@ -92,7 +92,7 @@ class HostStagedBackend(MultiRankBackend):
     def serve(cls, group: RankGroup, shard: ExpertShard, cfg, device: torch.device, dtype: torch.dtype) -> None:
         h = cfg.hidden_size
         rb = row_bytes(h, dtype)
-        kernel = shard.kernel_for(device)
+        kernel = cls.expert_kernel(shard, device)
         header = torch.empty(Header.size(len(shard.experts)), dtype=torch.int64)
         recv_host, send_host = Scratch("cpu", pinned=device.type == "cuda"), Scratch("cpu", pinned=device.type == "cuda")
         while True:

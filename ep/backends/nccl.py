@@ -162,7 +162,7 @@ class NcclBackend(MultiRankBackend):
         h, world, me = cfg.hidden_size, group.world_size, group.rank
         ownership = Ownership(cfg.n_routed_experts, world)
         rb = row_bytes(h, dtype)
-        kernel = shard.kernel_for(device)
+        kernel = cls.expert_kernel(shard, device)
         header = torch.empty(Header.size(cfg.n_routed_experts), dtype=torch.int64, device=device)
         recv = Scratch(device)
         empty_rows = torch.empty(0, rb, dtype=torch.uint8, device=device)

@@ -79,7 +79,7 @@ class ScriptRunner:
 
 
 class Backend:
-    """The EP backend's part the loop calls: rank checks while idle, counters (none kept)."""
+    """The EP backend's part the loop calls: rank checks while idle."""
 
     def __init__(self):
         self.checks = 0
@@ -90,10 +90,15 @@ class Backend:
         if self.failure is not None:
             raise self.failure
 
-    def take_counters(self):
+
+
+class Counters:
+    """The engine's step counters (none kept)."""
+
+    def take(self):
         return None
 
-    def mark_counters(self):
+    def mark(self):
         return lambda: None
 
 
@@ -104,6 +109,7 @@ class FakeEngine:
         self.cache = MLACache(1, slots, max_len, 1, "cpu", torch.float32)
         self.runner = ScriptRunner(scripts)
         self.backend = Backend()
+        self.counters = Counters()
         self.spec = types.SimpleNamespace(device="cpu")
         self.cfg = types.SimpleNamespace(vocab_size=VOCAB)
         self.eos_id = EOS

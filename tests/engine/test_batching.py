@@ -104,17 +104,16 @@ def test_a_prompt_is_cut_only_when_it_comes_first(engine):
 
 def test_one_launch_sizes_name_each_kernel_and_the_router_follows_the_backend(engine):
     # what the start-up log's decode_path event carries on CUDA; on CPU the local backend runs its
-    # experts in a loop and hands out no alignment, so the router's one-launch form does not apply
+    # experts in a loop and reads no router listing, so the router's one-launch form does not apply
+    import dataclasses
+
     from engine.engine import one_launch_sizes
-    from engine.kernels import argmax, head_argmax, mla_output, moe_experts, norm_proj
-    sizes = one_launch_sizes(engine.model.backend, engine.cfg)
-    assert sizes == dict(norm_proj_rows=norm_proj.MAX_ROWS, embedding_in_norm_proj=norm_proj.EMBED,
-                         mla_output_rows=mla_output.MAX_ROWS,
-                         router_one_launch_rows=0, dense_swiglu_rows=moe_experts.DENSE_MAX_ROWS,
-                         head_argmax_rows=head_argmax.MAX_ROWS, argmax_rows=argmax.MAX_ROWS)
-    backend = engine.model.backend
-    kernel, backend.kernel = backend.kernel, "triton"  # the fused expert kernels, as chosen on CUDA
-    try:
-        assert one_launch_sizes(backend, engine.cfg)["router_one_launch_rows"] == 16
-    finally:
-        backend.kernel = kernel
+    k = engine.spec.kernels
+    assert not engine.model.kernels.triton and not engine.backend.caps.fused_alignment  # CPU: no Triton
+    sizes = one_launch_sizes(k, engine.backend.caps.fused_alignment)
+    assert sizes == dict(norm_proj_rows=k.norm_proj_rows, embedding_in_norm_proj=k.embed_in_norm,
+                         mla_output_rows=k.mla_output_rows, router_one_launch_rows=0, dense_swiglu_rows=k.dense_rows,
+                         head_argmax_rows=k.head_argmax_rows, argmax_rows=k.argmax_rows)
+    assert sizes["norm_proj_rows"] == sizes["head_argmax_rows"] == 1 and sizes["argmax_rows"] == 1024
+    assert one_launch_sizes(k, True)["router_one_launch_rows"] == 16  # the fused expert kernels, as on CUDA
+    assert one_launch_sizes(dataclasses.replace(k, router_one_launch=False), True)["router_one_launch_rows"] == 0

@@ -4,12 +4,15 @@ and against each prompt prefilled alone (bf16, so within rounding, not bit for b
 machine: pytest tests/engine/test_gpu_prefill.py"""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from engine.batch import RowInput
 from engine.engine import EngineSpec, build_engine
-from engine.prefill import PrefillInputs, prefill_logits
+from engine.model.inputs import PrefillInputs
+from engine.model.prefill import prefill_logits
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -44,13 +47,10 @@ def test_packed_kernel_matches_the_mask_path(engine):
     last = torch.tensor(LENGTHS, device=dev).cumsum(0) - 1
     inp = PrefillInputs(ids, pos, slots, rows, last)
     fused = prefill_logits(model, inp, cache)
-    for layer in model.layers:
-        layer.attn.fused_prefill = False
-    try:
-        masked = prefill_logits(model, inp, cache)
-    finally:
-        for layer in model.layers:
-            layer.attn.fused_prefill = True
+    from tests.engine.model_builds import rebuild  # the same weights, built without the Triton kernels
+    plain = rebuild(engine, dataclasses.replace(model.kernels, triton=False), engine.backend.caps.expert_kernel)
+    assert not plain.layers[0].attn.fused_prefill
+    masked = prefill_logits(plain, inp, cache)
     _close(fused, masked)
 
 

@@ -192,9 +192,9 @@ def test_graph_buffers_keep_two_launched_steps_apart(engine):
 
 def test_steps_run_uncounted_leave_the_expert_counters_as_they_were(engine):
     """What the graphs' capture warm-up runs under: no routes of it reach a step's record."""
-    engine.backend.take_counters()
-    with engine.backend.uncounted():
+    engine.counters.take()
+    with engine.model.routes.uncounted():
         generate(engine, [PROMPTS[0]], 3, ignore_eos=True)
-    assert sum(engine.backend.take_counters().routes_per_expert) == 0
+    assert sum(engine.counters.take().routes_per_expert) == 0
     generate(engine, [PROMPTS[0]], 3, ignore_eos=True)
-    assert sum(engine.backend.take_counters().routes_per_expert) > 0
+    assert sum(engine.counters.take().routes_per_expert) > 0

@@ -173,7 +173,8 @@ class EagerPrefillGraphs:
         return all(r.start_pos == 0 for r in rows)
 
     def run(self, rows, logits=False):
-        from engine.prefill import PrefillInputs, prefill_logits, prefill_step
+        from engine.model.inputs import PrefillInputs
+        from engine.model.prefill import prefill_logits, prefill_step
         self.calls.append(logits)
         ids, pos, slots, row_ids, last = [], [], [], [], []
         for i, r in enumerate(rows):

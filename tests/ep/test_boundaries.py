@@ -54,11 +54,13 @@ def test_the_rule_catches_what_it_must() -> None:
 
 
 def test_the_spec_ep_is_given_is_plain_data_without_torch() -> None:
+    """ep.spec carries the kernel configuration, a torch-free leaf of engine/kernels, and nothing
+    else of the engine."""
     probe = ("import sys, ep.spec, ep.log; "
-             "print(sorted(m for m in ('torch', 'engine') if m in sys.modules))")
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton', 'engine')))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                          cwd=PACKAGE.parent)
-    assert out.stdout.strip() == "[]"
+    assert out.stdout.strip() == "['engine', 'engine.kernels', 'engine.kernels.config']"
 
 
 def test_the_engines_loader_reaches_spawned_ranks_by_name() -> None:

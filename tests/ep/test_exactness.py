@@ -49,7 +49,7 @@ def test_greedy_tokens_equal_local(pair) -> None:
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     single = generate(other, [PROMPTS[2]], 12, ignore_eos=True)
     assert single[0].token_ids == want[2].token_ids
-    counters = other.backend.take_counters()
+    counters = other.counters.take()
     assert sum(counters.routes_per_rank) == sum(counters.routes_per_expert) > 0
     assert all(n > 0 for n in counters.routes_per_rank)  # every rank took part
     assert counters.collective_calls > 0 and counters.bytes_sent > 0 and counters.bytes_received > 0
@@ -72,4 +72,4 @@ def test_moe_expert_outputs_equal_local_bit_for_bit(pair) -> None:
             got = other.backend.expert_outputs(layer, hidden, plan)
             assert got.dtype == torch.float32 and torch.equal(got, want), (layer, plan.expert_counts.tolist())
             assert torch.equal(plan.combine(got), plan.combine(want))
-    other.backend.take_counters()
+    other.counters.take()

@@ -73,23 +73,30 @@ def test_scratch_grows_and_is_reused() -> None:
 
 
 def test_expert_kernel_follows_the_steps_routes_not_the_calls(monkeypatch) -> None:
-    """Above MAX_ROUTES routes in the whole step the triton kernel hands over to grouped GEMMs; a rank
-    that holds only a few of those routes must make the same choice as one rank holding them all."""
+    """Above max_routes routes in the whole step the triton kernel hands over to grouped GEMMs, and
+    below it the tiling is the whole step's: a rank that holds only a few of those routes must make
+    the same choice as one rank holding them all."""
     import pytest
     import torch
     pytest.importorskip("triton")
 
     from engine.kernels import moe_experts
+    from engine.kernels.config import ExpertTilings
     from ep import experts as experts_mod
-    from ep.experts import ExpertShard
+    from ep.experts import ExpertKernel, ExpertShard
     chosen = []
     monkeypatch.setattr(experts_mod, "grouped_mm_available", lambda device: True)
-    monkeypatch.setattr(moe_experts, "fused_experts", lambda *a: chosen.append("triton"))
-    monkeypatch.setattr(ExpertShard, "_run_grouped", lambda self, *a: chosen.append("grouped_mm"))
+    monkeypatch.setattr(moe_experts, "fused_experts", lambda *a: chosen.append(("triton", a[-1])))
+    monkeypatch.setattr(ExpertShard, "_run_grouped", lambda self, *a: chosen.append(("grouped_mm", None)))
     shard = ExpertShard(range(2), {0: torch.zeros(2, 4, 3)}, {0: torch.zeros(2, 3, 2)})
     hidden, idx, w = torch.zeros(5, 3), torch.arange(5), torch.ones(5)
-    big = moe_experts.MAX_ROUTES + 1
-    shard.run_routes(0, hidden, idx, w, [2, 3], "triton")  # the step is these 5 routes
-    shard.run_routes(0, hidden, idx, w, [2, 3], "triton", total_routes=big)  # 5 of a larger step's
-    shard.run_routes(0, hidden, idx, w, [2, 3], "triton", total_routes=moe_experts.MAX_ROUTES)
-    assert chosen == ["triton", "grouped_mm", "triton"]
+    tilings = ExpertTilings()
+    kernel = ExpertKernel("triton", tilings)
+    big = tilings.max_routes + 1
+    shard.run_routes(0, hidden, idx, w, [2, 3], kernel)  # the step is these 5 routes
+    shard.run_routes(0, hidden, idx, w, [2, 3], kernel, total_routes=big)  # 5 of a larger step's
+    shard.run_routes(0, hidden, idx, w, [2, 3], kernel, total_routes=tilings.max_routes)
+    shard.run_routes(0, hidden, idx, w, [2, 3], kernel, total_routes=600)
+    assert chosen == [("triton", tilings.tiling_for(5)), ("grouped_mm", None), ("triton", tilings.tiling),
+                      ("triton", tilings.tiling)]
+    assert tilings.tiling_for(5).num_stages == 4 and tilings.tiling_for(5) != tilings.tiling_for(9)

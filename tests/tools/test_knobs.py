@@ -1,5 +1,6 @@
-"""The A/B switches of tools/dev/gpu_probe.py (tools/benchkit/knobs.py): each flag names an engine
-constant that exists, sets it to the value its flag means, and leaves the rest alone."""
+"""The A/B switches of tools/dev/gpu_probe.py (tools/benchkit/knobs.py): each flag names a field of the
+KernelConfig that exists, and the flags build a config with that field set to the value the flag
+means and every other field at its default; no module of the engine changes."""
 from __future__ import annotations
 
 import argparse
@@ -8,65 +9,87 @@ import importlib
 
 import pytest
 
+from engine.kernels.config import ExpertTilings, HeadTiling, KernelConfig, RowTiling, Tiling
 from tools.benchkit import knobs
 
-pytest.importorskip("triton", reason="the switches name Triton kernel modules")
+DEFAULT = KernelConfig()
 
 
-def test_every_knob_names_an_existing_constant():
-    for module, name, _ in knobs.KNOBS.values():
-        assert hasattr(importlib.import_module(module), name), (module, name)
-
-
-def test_flags_set_their_constants_and_only_those(monkeypatch):
-    from engine.kernels import argmax, mla_output, moe_route, norm_proj
-    for module, name in ((argmax, "MAX_ROWS"), (moe_route, "ONE_LAUNCH"), (norm_proj, "MAX_ROWS"),
-                         (mla_output, "MAX_ROWS"), (norm_proj, "BLOCK_K"), (norm_proj, "NUM_WARPS")):
-        monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
     knobs.add_arguments(p)
-    rows = argmax.MAX_ROWS
-    assert knobs.apply(p.parse_args(["--argmax-launches", "1"])) == {"engine.kernels.argmax.MAX_ROWS": rows}
-    a = p.parse_args(["--argmax-launches", "4", "--router-launches", "2"])
-    done = knobs.apply(a)
-    assert done == {"engine.kernels.argmax.MAX_ROWS": 0, "engine.kernels.moe_route.ONE_LAUNCH": False}
-    assert argmax.MAX_ROWS == 0 and moe_route.ONE_LAUNCH is False and norm_proj.MAX_ROWS == 1
+    return p
+
+
+def _config(*flags: str) -> tuple[KernelConfig, dict]:
+    return knobs.apply(_parser().parse_args(list(flags)))
+
+
+def test_every_knob_names_an_existing_field():
+    for field, _ in knobs.KNOBS.values():
+        knobs.get(DEFAULT, field)  # raises AttributeError for a field that does not exist
+    assert len(knobs.KNOBS) == 29
+
+
+def test_no_flags_is_the_default_config():
+    config, done = _config()
+    assert config == DEFAULT and done == {}
+
+
+def test_flags_set_their_fields_and_only_those():
+    config, done = _config("--argmax-launches", "1")
+    assert config == DEFAULT and done == {"argmax_rows": 1024}
+    config, done = _config("--argmax-launches", "4", "--router-launches", "2")
+    assert done == {"argmax_rows": 0, "router_one_launch": False}
+    assert config == dataclasses.replace(DEFAULT, argmax_rows=0, router_one_launch=False)
+    assert config.norm_proj_rows == 1
     with pytest.raises(SystemExit):
-        p.parse_args(["--router-launches", "3"])
-    knobs.apply(p.parse_args(["--norm-proj-k", "2048", "--norm-proj-warps", "8"]))
-    assert (norm_proj.BLOCK_K, norm_proj.NUM_WARPS) == (2048, 8)
+        _parser().parse_args(["--router-launches", "3"])
+    config, _ = _config("--norm-proj-k", "2048", "--norm-proj-warps", "8")
+    assert config.norm_proj == RowTiling(block_j=16, block_k=2048, num_warps=8)
+    assert config == dataclasses.replace(DEFAULT, norm_proj=RowTiling(16, 2048, 8))
+    config, _ = _config("--embed-in-norm", "0", "--norm-proj-rows", "0", "--capture-priority", "0",
+                        "--mla-output-rows", "0", "--mla-output-k", "1024", "--mla-output-j", "16",
+                        "--mla-output-warps", "8")
+    assert config == dataclasses.replace(DEFAULT, embed_in_norm=False, norm_proj_rows=0, capture_priority=0,
+                                         mla_output_rows=0, mla_output=RowTiling(16, 1024, 8))
 
 
-def test_tiling_and_split_flags(monkeypatch):
-    from engine.kernels import mla_decode, moe_experts
-    for name in ("FEW_ROWS_TILING", "DENSE_TILING", "DENSE_MAX_ROWS", "ONE_TOKEN_STAGES", "ONE_TOKEN_UP_N"):
-        monkeypatch.setattr(moe_experts, name, getattr(moe_experts, name))
-    monkeypatch.setattr(mla_decode, "SPLIT_PROGRAMS", mla_decode.SPLIT_PROGRAMS)
-    p = argparse.ArgumentParser()
-    knobs.add_arguments(p)
-    few, dense = moe_experts.FEW_ROWS_TILING, moe_experts.DENSE_TILING
-    knobs.apply(p.parse_args(["--expert-down-n", "32", "--expert-up-n", "16", "--expert-k", "256",
-                              "--split-programs", "8", "--dense-rows", "0", "--dense-n", "64", "--dense-warps", "8",
-                              "--expert-stages", "4", "--expert-warps", "8", "--dense-stages", "5",
-                              "--one-token-up-n", "128"]))
-    assert moe_experts.FEW_ROWS_TILING == dataclasses.replace(few, down_n=32, up_n=16, block_k=256, num_warps=8)
-    assert moe_experts.tiling_for(6) == dataclasses.replace(moe_experts.FEW_ROWS_TILING, num_stages=4, up_n=128)
-    assert moe_experts.tiling_for(9) == moe_experts.FEW_ROWS_TILING  # one token's routes only
-    assert moe_experts.DENSE_TILING == dataclasses.replace(dense, up_n=64, num_warps=8, num_stages=5)
-    assert moe_experts.DENSE_MAX_ROWS == 0
-    assert mla_decode.auto_split(1, 1024) == 128  # 8 splits of 1,024 keys
+def test_tiling_and_split_flags():
+    config, _ = _config("--expert-down-n", "32", "--expert-up-n", "16", "--expert-k", "256", "--split-programs", "8",
+                        "--dense-rows", "0", "--dense-n", "64", "--dense-warps", "8", "--expert-stages", "4",
+                        "--expert-warps", "8", "--dense-stages", "5", "--one-token-up-n", "128")
+    few = dataclasses.replace(DEFAULT.experts.few_rows, down_n=32, up_n=16, block_k=256, num_warps=8)
+    assert config.experts == dataclasses.replace(DEFAULT.experts, few_rows=few, one_token_stages=4, one_token_up_n=128)
+    assert config.experts.tiling_for(6) == dataclasses.replace(few, num_stages=4, up_n=128)
+    assert config.experts.tiling_for(9) == few  # one token's routes only
+    assert config.experts.tiling_for(513) == DEFAULT.experts.tiling == Tiling()
+    assert config.dense == dataclasses.replace(DEFAULT.dense, up_n=64, num_warps=8, num_stages=5)
+    assert config.dense_rows == 0 and config.split_programs == 8
+    pytest.importorskip("triton", reason="auto_split lives in a Triton kernel module")
+    from engine.kernels import mla_decode
+    assert mla_decode.auto_split(1, 1024, config.split_programs) == 128  # 8 splits of 1,024 keys
+    assert mla_decode.auto_split(1, 1024, DEFAULT.split_programs) == 32
 
 
-def test_head_argmax_flags(monkeypatch):
-    from engine.kernels import head_argmax
-    for name in ("MAX_ROWS", "TILING"):
-        monkeypatch.setattr(head_argmax, name, getattr(head_argmax, name))
-    p = argparse.ArgumentParser()
-    knobs.add_arguments(p)
-    tiling = head_argmax.TILING
-    done = knobs.apply(p.parse_args(["--head-argmax-rows", "0", "--head-n", "64", "--head-k", "512",
-                                     "--head-warps", "8", "--head-stages", "4"]))
-    assert head_argmax.MAX_ROWS == 0 and done["engine.kernels.head_argmax.MAX_ROWS"] == 0
-    assert head_argmax.TILING == dataclasses.replace(tiling, block_n=64, block_k=512, num_warps=8, num_stages=4)
+def test_head_argmax_flags():
+    config, done = _config("--head-argmax-rows", "0", "--head-n", "64", "--head-k", "512", "--head-warps", "8",
+                           "--head-stages", "4")
+    assert config.head_argmax_rows == 0 and done["head_argmax_rows"] == 0
+    assert config.head == HeadTiling(block_n=64, block_k=512, num_warps=8, num_stages=4)
     with pytest.raises(SystemExit):
-        p.parse_args(["--head-argmax-rows", "2"])
+        _parser().parse_args(["--head-argmax-rows", "2"])
+
+
+def test_applying_flags_changes_no_module_state():
+    """The config is built with dataclasses.replace: the defaults and every kernel module stay as they were."""
+    pytest.importorskip("triton", reason="the kernel modules import Triton")
+    modules = ["engine.kernels." + m for m in ("argmax", "head_argmax", "norm_proj", "mla_output", "mla_decode",
+                                                "moe_route", "moe_experts")] + ["engine.cuda_graphs"]
+    before = {m: dict(vars(importlib.import_module(m))) for m in modules}
+    every = [f for flag in knobs.KNOBS for f in ("--" + flag.replace("_", "-"), "1" if flag in knobs.CHOICES else "7")]
+    config, done = _config(*every)
+    assert len(done) == len(knobs.KNOBS) and config != DEFAULT
+    assert KernelConfig() == DEFAULT and ExpertTilings() == DEFAULT.experts
+    for m in modules:
+        assert dict(vars(importlib.import_module(m))) == before[m], m

@@ -10,6 +10,7 @@ eager expand path.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -24,6 +25,7 @@ import torch  # noqa: E402
 
 from engine.batch import RowInput  # noqa: E402
 from engine.engine import EngineSpec, build_engine  # noqa: E402
+from engine.kernels.config import KernelConfig  # noqa: E402
 from engine.step_plan import StepPlan  # noqa: E402
 from tools.benchkit import knobs  # noqa: E402
 
@@ -169,15 +171,19 @@ def graph_timeline(engine, batch: int, reps: int = 3) -> dict:
                     for n, d in top]}
 
 
-def diagnose(preset: str, prompt_len: int, profile_batch: int = 1) -> None:
-    """First decode step of one row, three ways: expand path (eager), absorbed path (eager call),
-    captured graph; then a profile of the absorbed decode step by kernel."""
+def diagnose(preset: str, prompt_len: int, kernels: KernelConfig, profile_batch: int = 1) -> None:
+    """First decode step of one row, three ways: expand path (eager), absorbed path (eager call, an
+    engine of the same weights without the Triton kernels), captured graph; then a profile of the
+    absorbed decode step by kernel."""
     from engine.batch import Batch
-    from engine.decode import DecodeInputs, decode_logits
-    engine = build_engine(EngineSpec(random_preset=preset, device="cuda", dtype="bfloat16", num_slots=max(4, profile_batch),
-                                     max_model_len=1024))
-    plain = engine.model.fused_kernels
-    engine.model.use_kernels(False)
+    from engine.model.decode import decode_logits
+    from engine.model.inputs import DecodeInputs
+
+    def build(k: KernelConfig):
+        return build_engine(EngineSpec(random_preset=preset, device="cuda", dtype="bfloat16",
+                                       num_slots=max(4, profile_batch), max_model_len=1024, kernels=k))
+
+    engine = build(dataclasses.replace(kernels, triton=False))
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, engine.cfg.vocab_size - 2, (prompt_len,), generator=g).tolist()
     s = engine.cache.allocate()
@@ -189,8 +195,13 @@ def diagnose(preset: str, prompt_len: int, profile_batch: int = 1) -> None:
     t = lambda x: torch.tensor(x, device="cuda")  # noqa: E731
     inp = DecodeInputs(t([tok]), t([prompt_len]), t([s]), t([prompt_len + 1]), 256)
     absorbed = decode_logits(engine.model, inp, engine.cache).float()
-    engine.cache.data.copy_(saved)
-    engine.model.use_kernels(plain)
+    engine.close()
+    del engine
+    torch.cuda.empty_cache()
+    engine = build(kernels)  # the same weights (the preset's seed)
+    s = engine.cache.allocate()
+    engine.runner._eager([RowInput(s, prompt, 0)])  # the prompt's cache, as in the first engine
+    saved = engine.cache.data.clone()
     fused = decode_logits(engine.model, inp, engine.cache).float()
     engine.cache.data.copy_(saved)
     graph_tok = engine.runner.graphs.run([row])[0]
@@ -222,13 +233,13 @@ def diagnose(preset: str, prompt_len: int, profile_batch: int = 1) -> None:
     torch.cuda.empty_cache()
 
 
-def host_profile(batches: list[int], prompt_len: int, steps: int = 30) -> None:
+def host_profile(batches: list[int], prompt_len: int, kernels: KernelConfig, steps: int = 30) -> None:
     """Where the host spends a decode step outside the graph: cProfile of runner.run, by own time."""
     import cProfile
     import io
     import pstats
     engine = build_engine(EngineSpec(random_preset="lite", device="cuda", dtype="bfloat16",
-                                     num_slots=max(batches), max_model_len=1024))
+                                     num_slots=max(batches), max_model_len=1024, kernels=kernels))
     for b in batches:
         run_batch(engine, b, prompt_len, 4)  # captures the graphs
         slots = [engine.cache.allocate() for _ in range(b)]
@@ -253,15 +264,16 @@ def host_profile(batches: list[int], prompt_len: int, steps: int = 30) -> None:
         print(out.getvalue()[-4000:], flush=True)
 
 
-def prefill_profile(cases: list[tuple[int, int]]) -> None:
+def prefill_profile(cases: list[tuple[int, int]], kernels: KernelConfig) -> None:
     """Device time of the packed prefill step (eager, so the profiler sees each kernel) for
     (prompts, tokens per prompt) cases, with the top kernels."""
     from torch.profiler import ProfilerActivity, profile
 
-    from engine.prefill import PrefillInputs, prefill_step
+    from engine.model.inputs import PrefillInputs
+    from engine.model.prefill import prefill_step
     longest = max(n for _, n in cases)
     engine = build_engine(EngineSpec(random_preset="lite", device="cuda", dtype="bfloat16",
-                                     num_slots=max(r for r, _ in cases), max_model_len=longest + 64))
+                                     num_slots=max(r for r, _ in cases), max_model_len=longest + 64, kernels=kernels))
     g = torch.Generator().manual_seed(0)
     for rows, n in cases:
         slots = [engine.cache.allocate() for _ in range(rows)]
@@ -311,22 +323,22 @@ def main() -> int:
     p.add_argument("--thread", action="store_true",
                    help="decode through the GPU thread (as the daemon), overlapped scheduling on and off")
     a = p.parse_args()
-    knobs.apply(a)
+    kernels, _ = knobs.apply(a)
     if a.diag:
         for preset in a.diag.split(","):
-            diagnose(preset, a.prompt_len, a.profile_batch)
+            diagnose(preset, a.prompt_len, kernels, a.profile_batch)
         return 0
     if a.prefill_profile:
-        prefill_profile([tuple(int(v) for v in c.split("x")) for c in a.prefill_profile.split(",")])
+        prefill_profile([tuple(int(v) for v in c.split("x")) for c in a.prefill_profile.split(",")], kernels)
         return 0
     batches = [int(b) for b in a.batches.split(",")]
     if a.host_profile:
-        host_profile(batches, a.prompt_len)
+        host_profile(batches, a.prompt_len, kernels)
         return 0
     if a.thread:
         from tools.benchkit.thread_probe import thread_decode
         engine = build_engine(EngineSpec(random_preset="lite", device="cuda", dtype="bfloat16",
-                                         num_slots=max(batches), max_model_len=1024))
+                                         num_slots=max(batches), max_model_len=1024, kernels=kernels))
         report = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "git": _git_sha(),
                   "prompt_len": a.prompt_len, "new_tokens": a.new_tokens,
                   "thread": [r for overlap in (False, True, False, True)
@@ -336,9 +348,10 @@ def main() -> int:
         return 0
     report = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "ceilings": ceilings()}
     print(json.dumps(report), flush=True)
-    variants = {"triton": dict(cuda_graphs=True, triton_kernels=True),
-                "plain": dict(cuda_graphs=True, triton_kernels=False),
-                "eager": dict(cuda_graphs=False, triton_kernels=False)}
+    plain = dataclasses.replace(kernels, triton=False)
+    variants = {"triton": dict(cuda_graphs=True, kernels=kernels),
+                "plain": dict(cuda_graphs=True, kernels=plain),
+                "eager": dict(cuda_graphs=False, kernels=plain)}
     for name in a.variants.split(","):
         t = time.perf_counter()
         engine = build_engine(EngineSpec(random_preset="lite", device="cuda", dtype="bfloat16",

@@ -10,7 +10,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; git log -1 --format=%H 2>/dev/null
 echo "== GPU tests"
-timeout 300 python3 -m pytest -q tests/engine/test_gpu_*.py tests/ep/test_gpu.py -p no:cacheprovider 2>&1 \
+timeout 300 python3 -m pytest -q tests/engine/kernels tests/engine/test_gpu_*.py tests/ep/test_gpu.py -p no:cacheprovider 2>&1 \
   | tail -15 | tee "$OUT/gpu-tests.txt"
 echo "== reliability, local, cuda"
 timeout 240 python3 tools/reliability.py --spawn --device cuda --work-dir /tmp/rl --out "$OUT/reliability-local-cuda.json" 2>&1 | tail -30

@@ -26,12 +26,17 @@ import torch  # noqa: E402
 from engine.config import ModelConfig  # noqa: E402
 from engine.cuda_graphs import capture  # noqa: E402
 from engine.kernels import mla_output, moe_experts  # noqa: E402
+from engine.kernels.config import KernelConfig, RowTiling  # noqa: E402
+from engine.kernels.mla_decode import auto_split  # noqa: E402
 from engine.kernels.moe_route import fused_route  # noqa: E402
 from engine.kernels.rmsnorm import moe_rmsnorm, rmsnorm  # noqa: E402
 from engine.presets import PRESETS  # noqa: E402
 from ep.experts import ExpertShard  # noqa: E402
 from ep.plan import RoutePlan  # noqa: E402
-from ep.router import route  # noqa: E402
+from engine.model.router import route  # noqa: E402
+
+
+DEFAULT = KernelConfig()
 
 
 def graph_time_us(fn, inner: int = 20, reps: int = 10) -> float:
@@ -84,14 +89,15 @@ def mla_rows(batches: list[int], length: int = 256, ctx: int = 150) -> list[dict
         slots = torch.arange(b, device=dev)
         lens = torch.full((b,), ctx, device=dev)
         row = {"mla_batch": b, "length": length, "ctx": ctx}
-        ref = mla_decode(q, cache, slots, lens, length, 0.1, rank, w_uv_t=w_uv_t, merge="row").float()
+        split_len = auto_split(b, length, DEFAULT.split_programs)
+        ref = mla_decode(q, cache, slots, lens, length, 0.1, rank, split_len=split_len, w_uv_t=w_uv_t, merge="row").float()
         for merge in ("row", "block"):
             row[f"{merge}_us"] = round(graph_time_us(
-                lambda: mla_decode(q, cache, slots, lens, length, 0.1, rank, w_uv_t=w_uv_t, merge=merge)), 1)
-            got = mla_decode(q, cache, slots, lens, length, 0.1, rank, w_uv_t=w_uv_t, merge=merge).float()
+                lambda: mla_decode(q, cache, slots, lens, length, 0.1, rank, split_len=split_len, w_uv_t=w_uv_t, merge=merge)), 1)
+            got = mla_decode(q, cache, slots, lens, length, 0.1, rank, split_len=split_len, w_uv_t=w_uv_t, merge=merge).float()
             row[f"{merge}_max_abs_diff"] = float((got - ref).abs().max())
         row["split_only_us"] = round(graph_time_us(
-            lambda: mla_decode(q, cache, slots, lens, length, 0.1, rank, merge="row")), 1)
+            lambda: mla_decode(q, cache, slots, lens, length, 0.1, rank, split_len=split_len, merge="row")), 1)
         if b <= 4:
             row |= output_rows(q, cache, slots, lens, length, w_uv_t)
         print(json.dumps(row), flush=True)
@@ -108,6 +114,7 @@ def output_rows(q, cache, slots, lens, length: int, w_uv_t) -> dict:
     from engine.kernels.mla_decode import mla_decode
     from engine.kernels.rmsnorm import rmsnorm
     b, hid, rank = q.shape[0], 2048, w_uv_t.shape[1]
+    split_len = auto_split(b, length, DEFAULT.split_programs)
     dev, dt = q.device, q.dtype
     w_o = [torch.randn(hid, hid, device=dev, dtype=dt) * 0.02 for _ in range(20)]
     res = torch.randn(b, hid, device=dev, dtype=dt)
@@ -115,12 +122,12 @@ def output_rows(q, cache, slots, lens, length: int, w_uv_t) -> dict:
     count = torch.zeros(b, dtype=torch.int32, device=dev)
 
     def apart(w):
-        o = mla_decode(q, cache, slots, lens, length, 0.1, rank, w_uv_t=w_uv_t, merge="row")
+        o = mla_decode(q, cache, slots, lens, length, 0.1, rank, split_len=split_len, w_uv_t=w_uv_t, merge="row")
         return rmsnorm(F.linear(o, w), norm_w, 1e-6, residual=res)
 
     def fused(w, tiling: tuple):
-        o = mla_decode(q, cache, slots, lens, length, 0.1, rank, w_uv_t=w_uv_t, merge="row")
-        return mla_output.proj_norm(o, w, res, norm_w, 1e-6, count, *tiling)
+        o = mla_decode(q, cache, slots, lens, length, 0.1, rank, split_len=split_len, w_uv_t=w_uv_t, merge="row")
+        return mla_output.proj_norm(o, w, res, norm_w, 1e-6, count, RowTiling(*tiling))
 
     return tiling_rows(apart, fused, w_o, ((16, 512, 4), (8, 1024, 4), (32, 256, 4), (16, 512, 8), (4, 2048, 4)),
                        "apart", "fused")
@@ -142,7 +149,7 @@ def norm_proj_rows() -> dict:
         h, x = moe_rmsnorm(routed, shared, nw, 1e-6, residual=res)
         return F.linear(h, w), x
 
-    return tiling_rows(apart, lambda w, t: norm_proj((routed, shared), res, nw, 1e-6, w, *t), ws,
+    return tiling_rows(apart, lambda w, t: norm_proj((routed, shared), res, nw, 1e-6, w, RowTiling(*t)), ws,
                        ((16, 512, 4), (32, 256, 4), (32, 512, 8), (8, 1024, 4), (16, 256, 4), (64, 256, 8)),
                        "norm_proj_apart", "norm_proj")
 
@@ -216,7 +223,8 @@ def main() -> int:
         def fused_path(tiling=None):  # as the decode step runs it: the router puts the routes in expert order
             al = moe_experts.Alignment.empty(b, k, totals)
             wts, _ = fused_route(x, gate, top_k=k, aligned=al)
-            slots = moe_experts.fused_experts_token_major(x, w13[0], w2[0], wts, al, tiling=tiling)
+            slots = moe_experts.fused_experts_token_major(x, w13[0], w2[0], wts, al,
+                                                          tiling or DEFAULT.experts.tiling_for(b * k))
             return moe_rmsnorm(slots, shared, norm_w, 1e-6, residual=resid)[0]
 
         ref, got = torch_path().float(), fused_path().float()

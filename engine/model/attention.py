@@ -1,5 +1,9 @@
 """Multi-head latent attention (MLA): queries (optionally through a q LoRA), the compressed latent
-plus shared RoPE key written to the cache, and keys/values expanded from the cached latent."""
+plus shared RoPE key written to the cache, and keys/values expanded from the cached latent. Three
+forms of one computation: the reference over any rows (`__call__`), packed fresh prompts
+(`prefill_packed`) and the absorbed decode over the latent cache (`decode_absorbed`, `decode_norm`);
+whether the Triton kernels run inside them, and their launch shapes, come from the KernelConfig the
+layer is built with."""
 from __future__ import annotations
 
 import torch
@@ -7,8 +11,11 @@ import torch.nn.functional as F
 
 from engine.batch import Batch
 from engine.config import ModelConfig
+from engine.kernels.config import KernelConfig
 from engine.kv_cache import MLACache
-from engine.rope import Rope
+from engine.model.inputs import DecodeInputs
+from engine.model.norm import add_norm
+from engine.model.rope import Rope
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -24,7 +31,7 @@ FUSED_MAX_HEADS = 64
 
 
 class MLAttention:
-    def __init__(self, cfg: ModelConfig, layer: int, w: dict[str, torch.Tensor], rope: Rope):
+    def __init__(self, cfg: ModelConfig, layer: int, w: dict[str, torch.Tensor], rope: Rope, kernels: KernelConfig):
         a = f"model.layers.{layer}.self_attn"
         self.layer = layer
         self.nh = cfg.num_attention_heads
@@ -32,8 +39,9 @@ class MLAttention:
         self.rank = cfg.kv_lora_rank
         self.scale = cfg.softmax_scale()
         self.rope = rope
-        self.fused_decode = False  # the Triton MLA decode kernel (CUDA); set by the engine at start-up (use_kernels)
-        self.fused_prefill = False  # the Triton packed-prompt attention kernel (CUDA); likewise
+        self.kernels = kernels
+        self.fused_decode = kernels.triton and self.nh <= FUSED_MAX_HEADS  # the Triton MLA decode kernels
+        self.fused_prefill = kernels.triton  # the Triton packed-prompt attention kernel
         self.out_count = None  # the output kernel's tickets (engine/kernels/mla_output.py), with fused_decode
         if cfg.q_lora_rank is None:
             q_in = w.pop(f"{a}.q_proj.weight")  # [nh*192, H]
@@ -55,14 +63,9 @@ class MLAttention:
         kv_b = self.kv_b.view(self.nh, self.nope + self.v_dim, self.rank)  # [nh, 256, 512]
         self.w_uk = kv_b[:, :self.nope].contiguous()  # [nh, 128, 512]
         self.w_uv_t = kv_b[:, self.nope:].transpose(1, 2).contiguous()  # [nh, 512, 128]
-
-    def use_kernels(self, decode: bool, prefill: bool) -> None:
-        """Select the Triton decode and prompt attention (start-up: CUDA, or the interpreter in tests)."""
-        self.fused_decode = decode and self.nh <= FUSED_MAX_HEADS
-        self.fused_prefill = prefill
-        if self.fused_decode and self.out_count is None:
-            from engine.kernels import mla_output, ticket
-            self.out_count = ticket.tickets(mla_output.MAX_ROWS, self.o_proj.device)
+        if self.fused_decode:
+            from engine.kernels import ticket
+            self.out_count = ticket.tickets(kernels.mla_output_rows, self.o_proj.device)
 
     def _project(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                  cache: MLACache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -115,44 +118,45 @@ class MLAttention:
             return self._out(packed_causal_attention(q, k_nope, k_pe, v, positions, self.scale))
         return self._out(self._attend(q.unsqueeze(0), kv.unsqueeze(0), mask=mask, causal=one_prompt)[0])
 
-    def decode_absorbed(self, x: torch.Tensor | None, positions: torch.Tensor, slots: torch.Tensor,
-                        ctx_lens: torch.Tensor, length: int, cache: MLACache,
+    def decode_absorbed(self, x: torch.Tensor | None, inp: DecodeInputs, cache: MLACache,
                         qkv: torch.Tensor | None = None) -> torch.Tensor:
         """One new token per row over the latent cache, with no host synchronisation (graph-safe).
-        x: [B, H]; positions, slots, ctx_lens: [B] int64; length: static bound >= every ctx_len.
+        x: [B, H]; inp: the rows' positions, slots, cached lengths [B] and the static bound `length`.
         Fused (Triton, CUDA): the q/kv_a GEMV, prep, split, merge with W_UV and o_proj launches."""
         if self.fused_decode:
-            return F.linear(self._fused_values(x, positions, slots, ctx_lens, length, cache, qkv), self.o_proj)
-        q_full = self.absorbed_query(x, positions, slots, cache, qkv)  # [B, nh, 576]
-        kv = cache.read_rows(self.layer, slots, length)  # [B, L, 576]
+            return F.linear(self._fused_values(x, inp, cache, qkv), self.o_proj)
+        length = inp.length
+        q_full = self.absorbed_query(x, inp.positions, inp.slots, cache, qkv)  # [B, nh, 576]
+        kv = cache.read_rows(self.layer, inp.slots, length)  # [B, L, 576]
         scores = torch.bmm(q_full, kv.transpose(1, 2)).float() * self.scale  # [B, nh, L]
-        valid = torch.arange(length, device=positions.device)[None, :] < ctx_lens[:, None]  # [B, L]
+        valid = torch.arange(length, device=inp.positions.device)[None, :] < inp.ctx_lens[:, None]  # [B, L]
         probs = scores.masked_fill(~valid[:, None, :], float("-inf")).softmax(dim=-1).to(kv.dtype)
         o_lat = torch.bmm(probs, kv[..., :self.rank])  # [B, nh, 512]
         return self._out(torch.bmm(o_lat.transpose(0, 1), self.w_uv_t).transpose(0, 1))  # [B, nh, 128] -> [B, H]
 
     def decode_norm(self, x: torch.Tensor | None, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                    positions: torch.Tensor, slots: torch.Tensor, ctx_lens: torch.Tensor, length: int,
-                    cache: MLACache, qkv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    inp: DecodeInputs, cache: MLACache, qkv: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """decode_absorbed, then its residual add and the post-attention RMSNorm: x [B, H] (normed),
         residual [B, H] -> (norm(residual + attention) * norm_weight, residual + attention). Fused at up
-        to mla_output.MAX_ROWS rows: o_proj, the add and the norm in one launch. qkv: x's q_kv_a
-        projection, already made (engine/kernels/norm_proj.py; x is then not read)."""
+        to KernelConfig.mla_output_rows rows: o_proj, the add and the norm in one launch. qkv: x's
+        q_kv_a projection, already made (engine/kernels/norm_proj.py; x is then not read)."""
+        k = self.kernels
+        if not (self.fused_decode and residual.shape[0] <= k.mla_output_rows):
+            return add_norm(self.decode_absorbed(x, inp, cache, qkv), norm_weight, residual, eps, k.triton)
         from engine.kernels import mla_output
-        from engine.kernels.rmsnorm import rmsnorm
-        if not (self.fused_decode and residual.shape[0] <= mla_output.MAX_ROWS):
-            return rmsnorm(self.decode_absorbed(x, positions, slots, ctx_lens, length, cache, qkv), norm_weight, eps,
-                           residual=residual)
-        v = self._fused_values(x, positions, slots, ctx_lens, length, cache, qkv)
-        return mla_output.proj_norm(v, self.o_proj, residual, norm_weight, eps, self.out_count)
+        v = self._fused_values(x, inp, cache, qkv)
+        return mla_output.proj_norm(v, self.o_proj, residual, norm_weight, eps, self.out_count, k.mla_output)
 
-    def _fused_values(self, x: torch.Tensor | None, positions: torch.Tensor, slots: torch.Tensor,
-                      ctx_lens: torch.Tensor, length: int, cache: MLACache, qkv: torch.Tensor | None) -> torch.Tensor:
+    def _fused_values(self, x: torch.Tensor | None, inp: DecodeInputs, cache: MLACache,
+                      qkv: torch.Tensor | None) -> torch.Tensor:
         """The Triton decode up to the value heads: absorbed query, split, merge with W_UV -> [B, nh*128]."""
-        from engine.kernels.mla_decode import mla_decode
-        q_full = self.absorbed_query(x, positions, slots, cache, qkv)  # [B, nh, 576]
-        return mla_decode(q_full, cache.data[self.layer], slots, ctx_lens, length, self.scale, self.rank,
-                          w_uv_t=self.w_uv_t)
+        from engine.kernels.mla_decode import auto_split, merge_form, mla_decode
+        q_full = self.absorbed_query(x, inp.positions, inp.slots, cache, qkv)  # [B, nh, 576]
+        b, k = q_full.shape[0], self.kernels
+        return mla_decode(q_full, cache.data[self.layer], inp.slots, inp.ctx_lens, inp.length, self.scale, self.rank,
+                          split_len=auto_split(b, inp.length, k.split_programs),
+                          merge=merge_form(b, k.row_merge_max_batch), w_uv_t=self.w_uv_t)
 
     def absorbed_query(self, x: torch.Tensor | None, positions: torch.Tensor, slots: torch.Tensor,
                        cache: MLACache, qkv: torch.Tensor | None = None) -> torch.Tensor:

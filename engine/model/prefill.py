@@ -1,27 +1,19 @@
 """The prefill step for fresh prompts as one graph-capturable function: every prompt's tokens packed
-into one sequence, attention kept inside each prompt by a mask built on the device, MoE without
-host synchronisation, and the greedy choice for each prompt's last token on the device (or, for
-steps that sample, the logits of each prompt's last token)."""
+into one sequence, attention kept inside each prompt, MoE without host synchronisation, and the
+greedy choice for each prompt's last token on the device (or, for steps that sample, the logits of
+each prompt's last token). One function for the phase; inside it attention is the Triton
+packed-prompt kernel with the model's KernelConfig `triton` (CUDA), else SDPA under a mask built on
+the device, or plain causal attention for a pack of one prompt."""
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 import torch.nn.functional as F
 
 from engine.kv_cache import MLACache
-from engine.model import DeepseekV2
+from engine.model.inputs import PrefillInputs
+from engine.model.model import DeepseekV2
 from engine.phases import phase
 from engine.sampler import argmax_rows
-
-
-@dataclasses.dataclass(slots=True)
-class PrefillInputs:
-    token_ids: torch.Tensor  # [T] int64, prompts back to back (padding at the end)
-    positions: torch.Tensor  # [T] int64, position within its own prompt (padding: 0)
-    slots: torch.Tensor  # [T] int64, KV slot of its prompt (padding: the scratch slot)
-    row_ids: torch.Tensor  # [T] int64, which prompt (padding tokens: a prompt of their own each)
-    last_index: torch.Tensor  # [R] int64, index in T of each prompt's last token
 
 
 @torch.inference_mode()
@@ -36,7 +28,7 @@ def prefill_step(model: DeepseekV2, inp: PrefillInputs, cache: MLACache, one_pro
 def prefill_logits(model: DeepseekV2, inp: PrefillInputs, cache: MLACache, one_prompt: bool = False) -> torch.Tensor:
     """[R, V] logits of every prompt's last token. one_prompt: the pack holds one prompt (from index
     0, padding after it), so plain causal attention is exact and no T x T mask is built; nor is it
-    where the Triton packed-prompt kernel runs (CUDA)."""
+    where the Triton packed-prompt kernel runs."""
     mask = None
     if not one_prompt and not model.layers[0].attn.fused_prefill:
         same_row = inp.row_ids[:, None] == inp.row_ids[None, :]  # [T, T]

@@ -1,5 +1,6 @@
-"""The MoE gate: softmax scores over routed experts and the top-k routes per token, with the
-DeepSeek-V2 selection methods (greedy, group-limited greedy)."""
+"""The MoE gate, the reference form: softmax scores over routed experts and the top-k routes per
+token, with the DeepSeek-V2 selection methods (greedy, group-limited greedy). Model math, used by the
+MoE layer (engine/model/moe.py); its kernel form is engine/kernels/moe_route.py fused_route."""
 from __future__ import annotations
 
 import torch

@@ -1,0 +1,118 @@
+"""The one kernel configuration: every launch choice of the forward passes that is a measured value
+(the row counts up to which a one-launch kernel runs, the tilings, the split attention's program
+target, the expert kernels' tilings by route count, the capture stream's priority) and the switch
+for the Triton kernels, in one frozen object. Built at start-up (engine/engine.py: EngineSpec.kernels,
+resolved against the device by `on_device`) or from a bench tool's flags (tools/benchkit/knobs.py,
+with dataclasses.replace), then passed down to the model, the attention, the MoE layer, the expert
+kernels and the graphs. Nothing changes it at run time; the kernel modules read no tunable of their
+own. The defaults are the values measured on the H200 (docs/perf-notes.md rows cited below).
+
+Torch- and Triton-free, so a CPU-only install (and ep/) can import it."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tiling:
+    """Launch shape of the expert GEMM kernels (engine/kernels/moe_experts.py); block_k fixes the K
+    order of every dot product. tools/dev kernel_bench --sweep times candidates."""
+    block_m: int = 32  # rows of one expert per block
+    block_k: int = 128
+    up_n: int = 64
+    down_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HeadTiling:
+    """The LM head + argmax launch (engine/kernels/head_argmax.py). The H200 (row 44; timelines at one
+    row, lite): 64 rows x 256 columns with 8 warps 105.6-106.1 µs a step; 32 x 256 with 4 warps 106.5,
+    16 x 512 133.8, 128 x 128 117.3, 128 x 64 117.8; cuBLAS's GEMV and the argmax kernel 104.8-105.4
+    + 3.5-3.6."""
+    block_n: int = 64  # vocabulary rows per program: 1,600 programs at lite's 102,400
+    block_k: int = 256
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RowTiling:
+    """A one-row projection kernel's launch (norm_proj, mla_output): output rows per program, the K
+    block (K or more: the whole row in one tile) and the warps per program."""
+    block_j: int
+    block_k: int
+    num_warps: int = 4
+
+
+@functools.cache
+def _one_token(tiling: Tiling, stages: int, up_n: int) -> Tiling:
+    """tiling with `stages` pipeline stages and `up_n` gate-up columns per program, made once per
+    triple (tiling_for runs at every MoE call)."""
+    return dataclasses.replace(tiling, num_stages=stages, up_n=up_n)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ExpertTilings:
+    """The routed experts' kernel shapes, chosen by the step's total routes, which every EP rank
+    shares, so a route's bits never depend on how the step was split between ranks.
+
+    Measured on the H200 (kernel_bench --sweep grid|small): 16-row blocks are 3-6 % faster while
+    experts hold a few rows each (46.9 / 163 / 275 µs per MoE layer at 1 / 8 / 64 tokens against
+    49.8 / 165 / 285 with 32-row blocks) and ~70 % slower at 256 tokens, where 32-row blocks are
+    within 3 % of the best of 24. One token's routes: four pipeline stages (row 38: batch-1 graph
+    2,011 µs against 2,026/2,040 with three, 2,054 with five) and 32-column gate-up blocks (row 41:
+    2,010 µs against 2,026 with 64)."""
+    tiling: Tiling = Tiling()
+    few_rows: Tiling = Tiling(block_m=16)
+    few_rows_max_routes: int = 512  # 8 routes per expert on average
+    one_token_max_routes: int = 8
+    one_token_stages: int = 4
+    one_token_up_n: int = 32
+    # Above this many routes on one rank (prompt chunks, not decode steps) each program would loop
+    # over many row blocks re-reading its weights; ExpertShard hands such calls to grouped GEMMs.
+    max_routes: int = 2048
+
+    def tiling_for(self, total_routes: int) -> Tiling:
+        if total_routes <= self.one_token_max_routes:
+            return _one_token(self.few_rows, self.one_token_stages, self.one_token_up_n)
+        return self.few_rows if total_routes <= self.few_rows_max_routes else self.tiling
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KernelConfig:
+    # The Triton kernels: the decode step's, the packed prompt attention and the routed experts'
+    # fused MLP. They run where the device allows (CUDA, bfloat16, Triton importable): on_device
+    # clears this flag elsewhere, so a config the model holds says what runs.
+    triton: bool = True
+    # The stream priority a graph is captured at (lower is higher; the shared experts' side stream
+    # has 0): the router and routed experts are scheduled ahead of the shared experts beside them
+    # (row 22: batch-1 graph 2,282 -> 2,224 µs).
+    capture_priority: int = -1
+    argmax_rows: int = 1024  # up to this many rows the greedy choice is one launch (argmax.py); 0: torch
+    head_argmax_rows: int = 1  # rows of the LM head + argmax launch (0: F.linear, then the argmax)
+    head: HeadTiling = HeadTiling()
+    norm_proj_rows: int = 1  # rows whose input norm runs inside the q/kv_a launch (0: apart)
+    embed_in_norm: bool = True  # that launch reads layer 0's row from the embedding table itself
+    # 228 programs for lite's 3,648 rows; the whole row in one tile, loaded before the norm (row 36:
+    # 8.3 -> 7.0 µs a layer at K = 2048)
+    norm_proj: RowTiling = RowTiling(block_j=16, block_k=2048)
+    router_one_launch: bool = True  # up to 16 tokens the router's logits and selection in one launch
+    mla_output_rows: int = 1  # rows of the o_proj + add + norm launch (row 24: 4 rows lost to cuBLAS)
+    mla_output: RowTiling = RowTiling(block_j=8, block_k=512)  # row 36: 16 columns 6.5 µs a layer, 8: 5.8
+    split_programs: int = 264  # programs the split MLA attention aims at: ~2 per SM on an H200
+    # merge of the split attention: a program per (row, head) up to this many rows, else 16-row
+    # blocks with tl.dot (kernel_bench --mla, lite, length 256: row/block 6.8/27.7 µs at batch 1,
+    # 32.0/25.2 at 64, 108.5/50.1 at 256)
+    row_merge_max_batch: int = 32
+    experts: ExpertTilings = ExpertTilings()
+    # A dense SwiGLU MLP (shared experts, dense layer) at up to dense_rows rows: gate, up and
+    # SiLU * up in one launch (row 32: -45 µs a step at one row, +80 µs at eight); 4 stages (row 38)
+    dense_rows: int = 1
+    dense: Tiling = Tiling(block_m=16, up_n=32, num_stages=4)
+
+    def on_device(self, cuda: bool, bf16: bool, triton_imports: bool) -> KernelConfig:
+        """This configuration with `triton` cleared where the Triton kernels cannot run."""
+        return dataclasses.replace(self, triton=self.triton and cuda and bf16 and triton_imports)

@@ -1,0 +1,25 @@
+"""The inputs of the two step functions, as graph-static device tensors: a decode step's rows (one
+new token each) and a prefill step's fresh prompts packed back to back."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass(slots=True)
+class DecodeInputs:
+    token_ids: torch.Tensor  # [B] int64
+    positions: torch.Tensor  # [B] int64, position of the new token
+    slots: torch.Tensor  # [B] int64, KV slot of each row
+    ctx_lens: torch.Tensor  # [B] int64, cached tokens after this step (= positions + 1)
+    length: int  # static attention bound >= every ctx_len (a bucket, so one graph serves many steps)
+
+
+@dataclasses.dataclass(slots=True)
+class PrefillInputs:
+    token_ids: torch.Tensor  # [T] int64, prompts back to back (padding at the end)
+    positions: torch.Tensor  # [T] int64, position within its own prompt (padding: 0)
+    slots: torch.Tensor  # [T] int64, KV slot of its prompt (padding: the scratch slot)
+    row_ids: torch.Tensor  # [T] int64, which prompt (padding tokens: a prompt of their own each)
+    last_index: torch.Tensor  # [R] int64, index in T of each prompt's last token

@@ -1,0 +1,38 @@
+"""The SwiGLU MLP of the dense first layer(s) and of a MoE layer's shared experts."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.kernels.config import KernelConfig
+
+
+class MLP:
+    """SwiGLU MLP: the dense first layer(s) and the shared experts."""
+
+    def __init__(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, kernels: KernelConfig):
+        self.gate_up = torch.cat([gate, up])  # [2I, H]; gate and up below are views of it
+        i = gate.shape[0]
+        self.gate, self.up, self.down = self.gate_up[:i], self.gate_up[i:], down  # [I, H], [I, H], [H, I]
+        self.kernels = kernels
+        self._dense_rows = None  # the one-launch SwiGLU's index tensors per row count (CUDA, few rows)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, H] -> [T, H], as the reference computes it (prompts, the torch decode step)."""
+        return F.linear(F.silu(F.linear(x, self.gate)) * F.linear(x, self.up), self.down)
+
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        """The decode step's form. With the Triton kernels: one projection for gate and up and one
+        launch for SiLU * up; at up to KernelConfig.dense_rows rows gate, up and SiLU * up in one
+        launch (engine/kernels/moe_experts.py dense_swiglu). Otherwise the reference's ops."""
+        k = self.kernels
+        if not k.triton:
+            return self(x)
+        if x.shape[0] <= k.dense_rows:
+            from engine.kernels import moe_experts
+            self._dense_rows = self._dense_rows or moe_experts.DenseRows()
+            act = moe_experts.dense_swiglu(x, self.gate_up, self._dense_rows(x.shape[0], x.device), k.dense)
+        else:
+            from engine.kernels.swiglu import swiglu
+            act = swiglu(F.linear(x, self.gate_up))
+        return F.linear(act, self.down)

@@ -1,0 +1,52 @@
+"""engine/kernels/argmax.py: the one-launch greedy choice is torch.argmax: ties (the first of equal
+maxima, across and inside chunks), -inf rows, NaN (the first NaN wins, as in torch), strided rows,
+with the tickets back at zero (Triton's CPU interpreter); on the GPU at lite's vocabulary, and the
+same result on each of 300 replays of a CUDA graph."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="triton is a GPU-side dependency; CI installs it for the interpreter")
+
+from engine.kernels.config import KernelConfig  # noqa: E402
+
+ROWS = KernelConfig().argmax_rows  # the tickets the decode step holds
+
+
+def test_argmax_is_torch_argmax(triton_interpreter, gen):
+    from engine.kernels.argmax import argmax
+    from engine.kernels.ticket import tickets
+    ticket = tickets(ROWS, "cpu")
+    x = torch.randn(6, 1000, generator=gen)
+    x[1, 10] = x[1, 990] = x[1].max() + 1  # equal maxima in different chunks
+    x[2, 500] = x[2, 501] = x[2].max() + 1  # in one chunk
+    x[3] = float("-inf")
+    x[4, 700] = float("nan")
+    x[4, 900] = float("nan")
+    x[4, 5] = float("inf")
+    wide = torch.randn(3, 1100, generator=gen)[:, :1000]  # strided rows
+    for logits in (x, x.to(torch.bfloat16), wide, x[:1]):
+        assert torch.equal(argmax(logits, ticket), torch.argmax(logits, dim=-1)), logits.shape
+        assert not ticket.any()
+    out = torch.full((6,), -1, dtype=torch.int64)
+    assert argmax(x, ticket, out=out) is out and torch.equal(out, torch.argmax(x, dim=-1))
+
+
+def test_gpu_argmax_is_torch_argmax_and_replays_the_same(triton_gpu):
+    from engine.cuda_graphs import capture
+    from engine.kernels.argmax import argmax
+    from engine.kernels.ticket import tickets
+    g = torch.Generator(device="cuda").manual_seed(0)
+    ticket = tickets(ROWS, "cuda")
+    for rows in (1, 3, 64, 256):
+        x = torch.randn(rows, 102400, device="cuda", generator=g).to(torch.bfloat16)
+        x[0, 7] = x[0, 99000] = 100.0  # equal maxima far apart: the first wins
+        assert torch.equal(argmax(x, ticket), torch.argmax(x, dim=-1)), rows
+        assert not ticket.any()
+        out = torch.empty(rows, dtype=torch.int64, device="cuda")
+        graph, _ = capture(lambda: argmax(x, ticket, out=out), None)
+        for _ in range(300):
+            graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, torch.argmax(x, dim=-1)) and not ticket.any(), rows
