@@ -13,7 +13,7 @@ import hashlib
 import hmac
 from collections.abc import Mapping
 
-from daemon.protocol import APIError
+from pegainfer.daemon.protocol import APIError
 
 ANONYMOUS: str | None = None
 

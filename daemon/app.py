@@ -16,13 +16,13 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, request_response
 
-from daemon import access
-from daemon.completions import create_completion, error_response
-from daemon.debug_traces import traces_route
-from daemon.protocol import APIError, bad_request
-from daemon.request_end import LOAD_FAILED_MESSAGE, engine_failure
-from daemon.runtime import Runtime
-from engine.contract import MAX_STALL_S, InjectFailure, Stall
+from pegainfer.daemon import access
+from pegainfer.daemon.completions import create_completion, error_response
+from pegainfer.daemon.debug_traces import traces_route
+from pegainfer.daemon.protocol import APIError, bad_request
+from pegainfer.daemon.request_end import LOAD_FAILED_MESSAGE, engine_failure
+from pegainfer.daemon.runtime import Runtime
+from pegainfer.engine.contract import MAX_STALL_S, InjectFailure, Stall
 
 log = logging.getLogger("pegainfer.daemon")
 
@@ -189,7 +189,7 @@ def _public_error(rt: Runtime) -> str | None:
 
 
 def _maturity(rt: Runtime) -> str:
-    from ep import registry
+    from pegainfer.ep import registry
     if rt.engine is not None:
         return rt.engine.maturity
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from engine.contract import (
+from pegainfer.engine.contract import (
     Admit,
     Cancel,
     EngineDied,
@@ -19,8 +19,8 @@ from engine.contract import (
     StepRecord,
     StopChoice,
 )
-from engine.loop import GpuThread
-from lifecycle.scheduler import Scheduler
+from pegainfer.engine.loop import GpuThread
+from pegainfer.lifecycle.scheduler import Scheduler
 
 
 class StepObserver(Protocol):

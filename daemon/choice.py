@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from daemon.logprobs import LogprobEntry, entry
-from daemon.stop import StopText
-from engine.contract import Token
-from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from pegainfer.daemon.logprobs import LogprobEntry, entry
+from pegainfer.daemon.stop import StopText
+from pegainfer.engine.contract import Token
+from pegainfer.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 @dataclasses.dataclass(slots=True)

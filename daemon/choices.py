@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from daemon.choice import ChoiceOutput, Delta
-from daemon.logprobs import as_openai, prompt_entries
-from daemon.protocol import CompletionRequest
-from engine.contract import PromptLogprobs, Token, TopLogprobs
-from engine.tokenizer import Tokenizer
+from pegainfer.daemon.choice import ChoiceOutput, Delta
+from pegainfer.daemon.logprobs import as_openai, prompt_entries
+from pegainfer.daemon.protocol import CompletionRequest
+from pegainfer.engine.contract import PromptLogprobs, Token, TopLogprobs
+from pegainfer.engine.tokenizer import Tokenizer
 
 
 class Choices:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import orjson
 
-from daemon import protocol
-from daemon.choice import Delta
-from daemon.logprobs import as_openai
+from pegainfer.daemon import protocol
+from pegainfer.daemon.choice import Delta
+from pegainfer.daemon.logprobs import as_openai
 
 _TAIL = b"]}\n\n"
 _NO_LOGPROBS = b',"logprobs":null,"finish_reason":'

@@ -6,16 +6,16 @@ import argparse
 import logging
 import sys
 
-from daemon.errors import CliError
-from daemon.settings import SettingsError
-from engine.config import ConfigError
-from engine.contract import ParamError
-from engine.engine import RequestError
-from engine.weights import WeightsError
-from ep.launch import EPStartError
-from ep.nccl_runtime import NcclRuntimeError
-from ep.ownership import OwnershipError
-from ep.registry import TestOnlyBackend, UnknownBackend
+from pegainfer.daemon.errors import CliError
+from pegainfer.daemon.settings import SettingsError
+from pegainfer.engine.config import ConfigError
+from pegainfer.engine.contract import ParamError
+from pegainfer.engine.engine import RequestError
+from pegainfer.engine.weights import WeightsError
+from pegainfer.ep.launch import EPStartError
+from pegainfer.ep.nccl_runtime import NcclRuntimeError
+from pegainfer.ep.ownership import OwnershipError
+from pegainfer.ep.registry import TestOnlyBackend, UnknownBackend
 
 # Errors whose message is the whole story for a user: no traceback.
 USER_ERRORS = (SettingsError, EPStartError, NcclRuntimeError, ConfigError, WeightsError, RequestError, OwnershipError,
@@ -56,11 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--join-timeout", type=float, default=300.0)
     w.add_argument("--num-threads", type=int, help="CPU threads; match rank 0's for bit-exact CPU results")
 
-    from daemon.settings import add_flags
+    from pegainfer.daemon.settings import add_flags
     sv = sub.add_parser("serve", help="serve OpenAI-compatible /v1/completions over HTTP")
     add_flags(sv)
 
-    from daemon.install_service import add_arguments
+    from pegainfer.daemon.install_service import add_arguments
     ins = sub.add_parser("install-service", help="install the systemd unit, example config and service account")
     add_arguments(ins)
     return parser
@@ -72,12 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "generate":
-            from daemon.generate import run_generate
+            from pegainfer.daemon.generate import run_generate
             return run_generate(args)
         if args.command == "expert-worker":
-            from engine.ep_setup import load_rank_experts
-            from ep.preflight import preflight
-            from ep.worker import end_process, run_expert_worker
+            from pegainfer.engine.ep_setup import load_rank_experts
+            from pegainfer.ep.preflight import preflight
+            from pegainfer.ep.worker import end_process, run_expert_worker
             if not (args.model or args.random_preset):
                 raise CliError("expert-worker needs --model DIR (or --random-preset)")
             preflight(args.backend, args.device, 1, remote_ranks=True)
@@ -87,10 +87,10 @@ def main(argv: list[str] | None = None) -> int:
                                      join_timeout_s=args.join_timeout, num_threads=args.num_threads)
             end_process(code)  # as the ranks rank 0 spawns end: no interpreter teardown
         if args.command == "serve":
-            from daemon.serve import run_serve
+            from pegainfer.daemon.serve import run_serve
             return run_serve(args)
         if args.command == "install-service":
-            from daemon.install_service import run_install_service
+            from pegainfer.daemon.install_service import run_install_service
             return run_install_service(args)
         raise CliError(f"unknown command {args.command}")
     except CliError as e:

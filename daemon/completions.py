@@ -16,19 +16,19 @@ from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 
-from daemon import protocol
-from daemon.choices import Choices
-from daemon.chunk_encoder import ChunkEncoder
-from daemon.protocol import APIError, CompletionRequest
-from daemon.request_end import end_error, unavailable_reason
-from daemon.runtime import Runtime
-from daemon.sse import EventStream
-from daemon.tokenize_pool import INLINE_MAX_CHARS
-from engine.startup_log import log_event
-from lifecycle.rejection import Draining, NotReady, QueueFull, Rejection
-from lifecycle.request import Request
-from lifecycle.sink import SinkEnd, SinkItem, TokenSink
-from lifecycle.states import RequestState
+from pegainfer.daemon import protocol
+from pegainfer.daemon.choices import Choices
+from pegainfer.daemon.chunk_encoder import ChunkEncoder
+from pegainfer.daemon.protocol import APIError, CompletionRequest
+from pegainfer.daemon.request_end import end_error, unavailable_reason
+from pegainfer.daemon.runtime import Runtime
+from pegainfer.daemon.sse import EventStream
+from pegainfer.daemon.tokenize_pool import INLINE_MAX_CHARS
+from pegainfer.engine.startup_log import log_event
+from pegainfer.lifecycle.rejection import Draining, NotReady, QueueFull, Rejection
+from pegainfer.lifecycle.request import Request
+from pegainfer.lifecycle.sink import SinkEnd, SinkItem, TokenSink
+from pegainfer.lifecycle.states import RequestState
 
 
 def error_response(e: APIError, request_id: str | None = None) -> JSONResponse:

@@ -19,9 +19,9 @@ import resource
 import time
 from typing import Protocol
 
-from daemon.settings import Settings
-from engine.kv_capacity import CPU_DEFAULT_SLOTS, MAX_AUTO_SLOTS
-from engine.startup_log import log_event
+from pegainfer.daemon.settings import Settings
+from pegainfer.engine.kv_capacity import CPU_DEFAULT_SLOTS, MAX_AUTO_SLOTS
+from pegainfer.engine.startup_log import log_event
 
 # Descriptors kept for everything but client sockets: stdio, the listening socket, the trace file,
 # epoll and thread wake-up pipes, checkpoint files while loading, device nodes. Measured on the CPU

@@ -8,7 +8,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from telemetry.recent import RecentSpans
+from pegainfer.telemetry.recent import RecentSpans
 
 MEDIA_TYPE = "application/x-ndjson"
 

@@ -6,13 +6,13 @@ import argparse
 
 import orjson
 
-from daemon.errors import CliError
+from pegainfer.daemon.errors import CliError
 
-from engine.contract import ParamError, check
-from engine.engine import Engine, EngineSpec, build_engine, default_model_dir
-from engine.generate import generate
-from engine.tokenizer import Tokenizer
-from ep.preflight import preflight
+from pegainfer.engine.contract import ParamError, check
+from pegainfer.engine.engine import Engine, EngineSpec, build_engine, default_model_dir
+from pegainfer.engine.generate import generate
+from pegainfer.engine.tokenizer import Tokenizer
+from pegainfer.ep.preflight import preflight
 
 
 def parse_ids(text: str) -> list[int]:

@@ -26,8 +26,8 @@ from typing import Any
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from daemon.connections import Admission, ConnectionGuard
-from daemon.protocol import APIError
+from pegainfer.daemon.connections import Admission, ConnectionGuard
+from pegainfer.daemon.protocol import APIError
 
 # An over-cap connection is only kept to tell it why: it gets this long to send its headers.
 REFUSE_HEADER_TIMEOUT_S = 1.0

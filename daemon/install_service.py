@@ -183,7 +183,7 @@ def entry_point() -> list[str]:
     found = shutil.which("pegainfer")
     if found:
         return [str(Path(found).absolute())]
-    return [str(Path(sys.executable).absolute()), "-m", "daemon.cli"]
+    return [str(Path(sys.executable).absolute()), "-m", "pegainfer.daemon.cli"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.contract import TopLogprobs
-from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from pegainfer.engine.contract import TopLogprobs
+from pegainfer.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

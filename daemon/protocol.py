@@ -12,7 +12,7 @@ import dataclasses
 import secrets
 from typing import Any
 
-from engine.contract import (
+from pegainfer.engine.contract import (
     BOUNDS,
     INT64_MAX,
     MAX_CHOICES,

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import re
 
-from daemon.protocol import APIError
-from engine.startup_log import log_event
-from lifecycle.sink import SinkEnd
-from lifecycle.states import RequestState
+from pegainfer.daemon.protocol import APIError
+from pegainfer.engine.startup_log import log_event
+from pegainfer.lifecycle.sink import SinkEnd
+from pegainfer.lifecycle.states import RequestState
 
 SERVER_SHUTDOWN = "server_shutdown"  # the code of a request the server's shutdown cancelled
 ENGINE_FAILED_MESSAGE = "the engine failed while running this request"

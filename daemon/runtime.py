@@ -17,18 +17,18 @@ import sys
 import time
 from pathlib import Path
 
-from daemon.bridge import EngineBridge
-from daemon.open_responses import OpenResponses
-from daemon.request_end import SERVER_SHUTDOWN
-from daemon.settings import Settings
-from daemon.tokenize_pool import TokenizePool
-from engine.engine import Engine, EngineSpec, build_engine, default_model_dir, log_event
-from engine.generate import generate
-from engine.loop import GpuThread
-from engine.contract import Shutdown
-from engine.tokenizer import Tokenizer
-from lifecycle.scheduler import Scheduler
-from telemetry.hub import Telemetry
+from pegainfer.daemon.bridge import EngineBridge
+from pegainfer.daemon.open_responses import OpenResponses
+from pegainfer.daemon.request_end import SERVER_SHUTDOWN
+from pegainfer.daemon.settings import Settings
+from pegainfer.daemon.tokenize_pool import TokenizePool
+from pegainfer.engine.engine import Engine, EngineSpec, build_engine, default_model_dir, log_event
+from pegainfer.engine.generate import generate
+from pegainfer.engine.loop import GpuThread
+from pegainfer.engine.contract import Shutdown
+from pegainfer.engine.tokenizer import Tokenizer
+from pegainfer.lifecycle.scheduler import Scheduler
+from pegainfer.telemetry.hub import Telemetry
 
 log = logging.getLogger("pegainfer.daemon")
 
@@ -278,5 +278,5 @@ class Runtime:
 
 
 def _preset_tokenizer(preset: str) -> Tokenizer:
-    from engine.default_model import ensure_preset_tokenizer
+    from pegainfer.engine.default_model import ensure_preset_tokenizer
     return Tokenizer(str(ensure_preset_tokenizer(preset)))

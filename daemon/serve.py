@@ -14,15 +14,15 @@ from types import FrameType
 
 import uvicorn
 
-from daemon.app import build_app
-from daemon.connections import ConnectionGuard, apply_budget
-from daemon.http_protocol import protocol_factory
-from daemon.notify import Notifier
-from daemon.runtime import Runtime
-from daemon.settings import resolve
-from daemon.telemetry_setup import telemetry_for
-from engine.startup_log import log_event
-from ep.preflight import preflight
+from pegainfer.daemon.app import build_app
+from pegainfer.daemon.connections import ConnectionGuard, apply_budget
+from pegainfer.daemon.http_protocol import protocol_factory
+from pegainfer.daemon.notify import Notifier
+from pegainfer.daemon.runtime import Runtime
+from pegainfer.daemon.settings import resolve
+from pegainfer.daemon.telemetry_setup import telemetry_for
+from pegainfer.engine.startup_log import log_event
+from pegainfer.ep.preflight import preflight
 
 log = logging.getLogger("pegainfer.daemon")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import orjson
 
-from daemon.settings import Settings, SettingsError
-from telemetry.hub import Telemetry
-from telemetry.setup import TraceFileError, build_telemetry
+from pegainfer.daemon.settings import Settings, SettingsError
+from pegainfer.telemetry.hub import Telemetry
+from pegainfer.telemetry.setup import TraceFileError, build_telemetry
 
 
 def telemetry_for(settings: Settings) -> Telemetry:

@@ -8,7 +8,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from engine.tokenizer import Tokenizer
+from pegainfer.engine.tokenizer import Tokenizer
 
 # Prompts shorter than this are tokenised on the loop. Measured on the 2-core CPU box (tiny
 # model's byte-level BPE, uvloop): a pool round trip costs about 50 µs on its own; 1,000

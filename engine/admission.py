@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import random
 
-from engine.contract import Admit
-from engine.draw_params import DrawParams
-from engine.engine import Engine, RequestError
-from engine.sequence import Group, Sequence
-from engine.startup_log import log_event
+from pegainfer.engine.contract import Admit
+from pegainfer.engine.draw_params import DrawParams
+from pegainfer.engine.engine import Engine, RequestError
+from pegainfer.engine.sequence import Group, Sequence
+from pegainfer.engine.startup_log import log_event
 
 _SEEDS = random.SystemRandom()  # seeds for requests that bring none
 

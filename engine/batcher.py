@@ -26,12 +26,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 
-from engine.batch import RowInput
-from engine.contract import Failed, Finished, PromptLogprobs, Token
-from engine.kv_capacity import Capacity
-from engine.sampler import Draw, PromptWant
-from engine.sequence import Sequence
-from engine.step_plan import Fork, StepPlan, StepResult
+from pegainfer.engine.batch import RowInput
+from pegainfer.engine.contract import Failed, Finished, PromptLogprobs, Token
+from pegainfer.engine.kv_capacity import Capacity
+from pegainfer.engine.sampler import Draw, PromptWant
+from pegainfer.engine.sequence import Sequence
+from pegainfer.engine.step_plan import Fork, StepPlan, StepResult
 
 
 @dataclasses.dataclass(slots=True)

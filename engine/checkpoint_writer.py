@@ -20,9 +20,9 @@ import torch
 from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
-from engine.config import ConfigError, ModelConfig
-from engine.presets import DTYPES, preset_config, random_tensor
-from engine.weights import INDEX_FILE, expected_tensors
+from pegainfer.engine.config import ConfigError, ModelConfig
+from pegainfer.engine.presets import DTYPES, preset_config, random_tensor
+from pegainfer.engine.weights import INDEX_FILE, expected_tensors
 
 # Bump when the bytes this module writes change, so cached models (engine/default_model.py) rebuild.
 WRITER_VERSION = 1

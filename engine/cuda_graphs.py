@@ -10,13 +10,13 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from engine.batch import RowInput
-from engine.kernels.config import KernelConfig
-from engine.kv_cache import MLACache
-from engine.model.decode import decode_logits, decode_step
-from engine.model.inputs import DecodeInputs
-from engine.model.model import DeepseekV2
-from engine.startup_log import log_event
+from pegainfer.engine.batch import RowInput
+from pegainfer.engine.kernels.config import KernelConfig
+from pegainfer.engine.kv_cache import MLACache
+from pegainfer.engine.model.decode import decode_logits, decode_step
+from pegainfer.engine.model.inputs import DecodeInputs
+from pegainfer.engine.model.model import DeepseekV2
+from pegainfer.engine.startup_log import log_event
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 MIN_LENGTH_BUCKET = 256

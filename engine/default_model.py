@@ -9,9 +9,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.checkpoint_writer import CORPUS, WRITER_VERSION, write_checkpoint, write_tokenizer
-from engine.presets import PRESETS
-from engine.weights import INDEX_FILE
+from pegainfer.engine.checkpoint_writer import CORPUS, WRITER_VERSION, write_checkpoint, write_tokenizer
+from pegainfer.engine.presets import PRESETS
+from pegainfer.engine.weights import INDEX_FILE
 
 PRESET = "tiny"
 SEED = 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from engine.contract import GREEDY_BELOW, SamplingParams
+from pegainfer.engine.contract import GREEDY_BELOW, SamplingParams
 
 FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32

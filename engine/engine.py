@@ -11,23 +11,23 @@ from pathlib import Path
 
 import torch
 
-from engine.config import ModelConfig
-from engine.cuda_graphs import DecodeGraphs
-from engine.ep_setup import ep_spec, moe_shape
-from engine.kernels import triton_available
-from engine.kernels.config import KernelConfig
-from engine.prefill_graphs import PrefillGraphs
-from engine.kv_cache import MLACache
-from engine.kv_capacity import kv_slots
-from engine.model.model import DeepseekV2
-from engine.runner import ModelRunner
-from engine.startup_log import log_event
-from engine.step_counters import StepCounters
-from engine.weights import LoadStats, is_expert_tensor, load_tensors
-from ep.backend import ExpertBackend
-from ep.experts import ExpertShard
-from ep.ownership import Ownership
-from ep.preflight import preflight
+from pegainfer.engine.config import ModelConfig
+from pegainfer.engine.cuda_graphs import DecodeGraphs
+from pegainfer.engine.ep_setup import ep_spec, moe_shape
+from pegainfer.engine.kernels import triton_available
+from pegainfer.engine.kernels.config import KernelConfig
+from pegainfer.engine.prefill_graphs import PrefillGraphs
+from pegainfer.engine.kv_cache import MLACache
+from pegainfer.engine.kv_capacity import kv_slots
+from pegainfer.engine.model.model import DeepseekV2
+from pegainfer.engine.runner import ModelRunner
+from pegainfer.engine.startup_log import log_event
+from pegainfer.engine.step_counters import StepCounters
+from pegainfer.engine.weights import LoadStats, is_expert_tensor, load_tensors
+from pegainfer.ep.backend import ExpertBackend
+from pegainfer.ep.experts import ExpertShard
+from pegainfer.ep.ownership import Ownership
+from pegainfer.ep.preflight import preflight
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -101,7 +101,7 @@ def build_engine(spec: EngineSpec) -> Engine:
     if spec.model_dir is not None:
         cfg = ModelConfig.load(spec.model_dir)
     else:
-        from engine.presets import PRESETS
+        from pegainfer.engine.presets import PRESETS
         cfg = ModelConfig.from_dict(PRESETS[spec.random_preset], f"preset {spec.random_preset}")
     ownership = Ownership(cfg.n_routed_experts, spec.ep_size)
     mine = ownership.experts_of(0)
@@ -152,7 +152,7 @@ def one_launch_sizes(kernels: KernelConfig, fused_router: bool) -> dict:
     with the add and norm, the router where the backend's experts read its listing (fused_router:
     BackendCaps.fused_alignment), the shared experts' and dense layers' gate-up with SwiGLU, the LM
     head with the argmax, the argmax)."""
-    from engine.kernels.moe_route import SMALL
+    from pegainfer.engine.kernels.moe_route import SMALL
     return dict(norm_proj_rows=kernels.norm_proj_rows,
                 embedding_in_norm_proj=bool(kernels.embed_in_norm and kernels.norm_proj_rows),
                 mla_output_rows=kernels.mla_output_rows,
@@ -162,7 +162,7 @@ def one_launch_sizes(kernels: KernelConfig, fused_router: bool) -> dict:
 
 
 def _random_tensors(cfg: ModelConfig, spec: EngineSpec, keep, device, dtype) -> tuple[dict, LoadStats]:
-    from engine.presets import random_tensors
+    from pegainfer.engine.presets import random_tensors
     t0 = time.perf_counter()
     stats = LoadStats()
     out = {}
@@ -175,5 +175,5 @@ def _random_tensors(cfg: ModelConfig, spec: EngineSpec, keep, device, dtype) -> 
 
 
 def default_model_dir() -> Path:
-    from engine.default_model import ensure_default_model
+    from pegainfer.engine.default_model import ensure_default_model
     return ensure_default_model()

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from engine.config import ModelConfig
-from engine.weights import is_expert_tensor, load_tensors
-from ep.experts import ExpertShard
-from ep.ownership import Ownership
-from ep.spec import EPSpec, MoEShape, WeightSource, resolve_dtype
+from pegainfer.engine.config import ModelConfig
+from pegainfer.engine.weights import is_expert_tensor, load_tensors
+from pegainfer.ep.experts import ExpertShard
+from pegainfer.ep.ownership import Ownership
+from pegainfer.ep.spec import EPSpec, MoEShape, WeightSource, resolve_dtype
 
 
 def model_config(source: WeightSource) -> ModelConfig:
@@ -20,7 +20,7 @@ def model_config(source: WeightSource) -> ModelConfig:
         return ModelConfig.load(source.model_dir)
     if source.random_preset is None:
         raise ValueError("an expert rank needs a model directory or a random preset")
-    from engine.presets import PRESETS
+    from pegainfer.engine.presets import PRESETS
     return ModelConfig.from_dict(PRESETS[source.random_preset], f"preset {source.random_preset}")
 
 
@@ -55,7 +55,7 @@ def load_rank_experts(source: WeightSource, rank: int, world_size: int, device: 
     if source.model_dir is not None:
         tensors, _ = load_tensors(source.model_dir, cfg, keep=keep, device=device, dtype=dtype)
     else:
-        from engine.presets import random_tensors
+        from pegainfer.engine.presets import random_tensors
         tensors = dict(random_tensors(cfg, source.seed, device=device, dtype=dtype, keep=keep))
     shard = ExpertShard.from_tensors(experts, tensors, cfg.moe_layers)
     if tensors:

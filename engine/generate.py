@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.admission import runnable
-from engine.batch import RowInput
-from engine.draw_params import DrawParams
-from engine.engine import Engine, RequestError
-from engine.contract import SamplingParams, TopLogprobs
-from engine.sampler import Draw
-from engine.step_plan import StepPlan
+from pegainfer.engine.admission import runnable
+from pegainfer.engine.batch import RowInput
+from pegainfer.engine.draw_params import DrawParams
+from pegainfer.engine.engine import Engine, RequestError
+from pegainfer.engine.contract import SamplingParams, TopLogprobs
+from pegainfer.engine.sampler import Draw
+from pegainfer.engine.step_plan import StepPlan
 
 
 @dataclasses.dataclass(slots=True)

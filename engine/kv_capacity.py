@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 if TYPE_CHECKING:
-    from engine.kv_cache import MLACache
-    from engine.sequence import Sequence
+    from pegainfer.engine.kv_cache import MLACache
+    from pegainfer.engine.sequence import Sequence
 
 CPU_DEFAULT_SLOTS = 8
 MAX_AUTO_SLOTS = 256  # the largest CUDA-graph batch bucket

@@ -16,9 +16,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from engine.admission import admit
-from engine.batcher import Batcher, StepOutcome
-from engine.contract import (
+from pegainfer.engine.admission import admit
+from pegainfer.engine.batcher import Batcher, StepOutcome
+from pegainfer.engine.contract import (
     Admit,
     Cancel,
     Command,
@@ -35,12 +35,12 @@ from engine.contract import (
     StepRecord,
     StopChoice,
 )
-from engine.engine import Engine, RequestError
-from engine.kv_capacity import SlotCapacity
-from engine.runner import LaunchedStep
-from engine.step_meter import StepMeter
-from engine.step_plan import StepPlan, StepResult
-from engine.step_record import step_record
+from pegainfer.engine.engine import Engine, RequestError
+from pegainfer.engine.kv_capacity import SlotCapacity
+from pegainfer.engine.runner import LaunchedStep
+from pegainfer.engine.step_meter import StepMeter
+from pegainfer.engine.step_plan import StepPlan, StepResult
+from pegainfer.engine.step_record import step_record
 
 IDLE_WAKE_S = 0.2  # an idle thread still checks the expert ranks and refreshes its heartbeat this often
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.batch import RowInput
-from engine.cuda_graphs import bucket, capture, wait_and_read, write_into
-from engine.kv_cache import MLACache
-from engine.model.inputs import PrefillInputs
-from engine.model.model import DeepseekV2
-from engine.model.prefill import prefill_logits, prefill_step
-from engine.startup_log import log_event
+from pegainfer.engine.batch import RowInput
+from pegainfer.engine.cuda_graphs import bucket, capture, wait_and_read, write_into
+from pegainfer.engine.kv_cache import MLACache
+from pegainfer.engine.model.inputs import PrefillInputs
+from pegainfer.engine.model.model import DeepseekV2
+from pegainfer.engine.model.prefill import prefill_logits, prefill_step
+from pegainfer.engine.startup_log import log_event
 
 TOKEN_BUCKETS = (64, 128, 256, 512, 1024, 2048, 3072, 4096, 5120, 6144, 8192)
 MAX_ROWS = 64  # prompts per graphed prefill step; larger steps run eagerly

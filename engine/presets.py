@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from engine.config import ModelConfig
-from engine.weights import expected_tensors
+from pegainfer.engine.config import ModelConfig
+from pegainfer.engine.weights import expected_tensors
 
 # deepseek-ai/DeepSeek-V2-Lite config.json, field for field, less auto_map (we run no remote code).
 _LITE: dict = {

@@ -13,8 +13,8 @@ from typing import TypeVar
 
 import torch
 
-from engine.sampler import Draw, Sampled, SamplingBatch, sample
-from ep.backend import RankFailure
+from pegainfer.engine.sampler import Draw, Sampled, SamplingBatch, sample
+from pegainfer.ep.backend import RankFailure
 
 T = TypeVar("T")
 

@@ -19,16 +19,16 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from engine.batch import Batch, RowInput
-from engine.cuda_graphs import DecodeGraphs, Launched, wait_and_read
-from engine.kv_cache import MLACache
-from engine.model.model import DeepseekV2
-from engine.phases import phase
-from engine.prefill_graphs import PrefillGraphs
-from engine.request_guard import choose, per_row
-from engine.sampler import Draw, PromptWant, prompt_logprobs
-from engine.step_meter import Events, StepMeter
-from engine.step_plan import Fork, StepPlan, StepResult
+from pegainfer.engine.batch import Batch, RowInput
+from pegainfer.engine.cuda_graphs import DecodeGraphs, Launched, wait_and_read
+from pegainfer.engine.kv_cache import MLACache
+from pegainfer.engine.model.model import DeepseekV2
+from pegainfer.engine.phases import phase
+from pegainfer.engine.prefill_graphs import PrefillGraphs
+from pegainfer.engine.request_guard import choose, per_row
+from pegainfer.engine.sampler import Draw, PromptWant, prompt_logprobs
+from pegainfer.engine.step_meter import Events, StepMeter
+from pegainfer.engine.step_plan import Fork, StepPlan, StepResult
 
 
 class LaunchedStep:

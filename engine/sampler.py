@@ -24,9 +24,9 @@ from collections.abc import Callable
 
 import torch
 
-from engine.counter_rng import exponential
-from engine.draw_params import DrawParams
-from engine.contract import SamplingParams, TopLogprobs
+from pegainfer.engine.counter_rng import exponential
+from pegainfer.engine.draw_params import DrawParams
+from pegainfer.engine.contract import SamplingParams, TopLogprobs
 
 
 def argmax_rows(logits: torch.Tensor, chunks: int = 64, out: torch.Tensor | None = None) -> torch.Tensor:

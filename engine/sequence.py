@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.draw_params import DrawParams
-from engine.contract import FinishReason, SamplingParams
+from pegainfer.engine.draw_params import DrawParams
+from pegainfer.engine.contract import FinishReason, SamplingParams
 
 
 @dataclasses.dataclass(slots=True)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from engine.model.route_counts import RouteCounts
-from ep.backend import ExpertBackend
-from ep.ownership import Ownership
+from pegainfer.engine.model.route_counts import RouteCounts
+from pegainfer.ep.backend import ExpertBackend
+from pegainfer.ep.ownership import Ownership
 
 
 @dataclasses.dataclass(slots=True)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.step_counters import ExchangeCounters, StepCounters
+from pegainfer.engine.step_counters import ExchangeCounters, StepCounters
 
 Events = tuple[torch.cuda.Event, torch.cuda.Event]
 

@@ -13,13 +13,13 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple
 
-from engine.batch import RowInput
-from engine.contract import TopLogprobs
-from engine.sampler import Draw, PromptWant
+from pegainfer.engine.batch import RowInput
+from pegainfer.engine.contract import TopLogprobs
+from pegainfer.engine.sampler import Draw, PromptWant
 
 if TYPE_CHECKING:
-    from engine.sequence import Sequence
-    from engine.step_counters import ExchangeCounters
+    from pegainfer.engine.sequence import Sequence
+    from pegainfer.engine.step_counters import ExchangeCounters
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

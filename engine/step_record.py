@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.contract import StepRecord
-from engine.step_plan import StepPlan, StepResult
+from pegainfer.engine.contract import StepRecord
+from pegainfer.engine.step_plan import StepPlan, StepResult
 
 if TYPE_CHECKING:
-    from engine.batcher import StepOutcome
+    from pegainfer.engine.batcher import StepOutcome
 
 
 def step_record(plan: StepPlan, result: StepResult, outcome: StepOutcome, *, step: int, started_ns: int,

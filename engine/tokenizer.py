@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from engine.token_bound import TokenBound, token_bound
+from pegainfer.engine.token_bound import TokenBound, token_bound
 
 REPLACEMENT = "\ufffd"  # what a byte-level decoder emits for bytes that are not (yet) a whole char
 

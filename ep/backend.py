@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import torch
 
-from ep.plan import RoutePlan
+from pegainfer.ep.plan import RoutePlan
 
 MATURITIES = ("production", "candidate", "test-only")
 

@@ -8,9 +8,9 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from engine.kernels import triton_available
-from engine.kernels.config import ExpertTilings
-from ep.grouped import grouped_linear, grouped_mm_available
+from pegainfer.engine.kernels import triton_available
+from pegainfer.engine.kernels.config import ExpertTilings
+from pegainfer.ep.grouped import grouped_linear, grouped_mm_available
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -74,7 +74,7 @@ class ExpertShard:
             if not isinstance(counts, torch.Tensor):
                 counts = torch.tensor(counts, dtype=torch.int64, device=hidden.device)
             if kernel.name == "triton":
-                from engine.kernels import moe_experts
+                from pegainfer.engine.kernels import moe_experts
                 total = token_index.shape[0] if total_routes is None else total_routes
                 if total <= kernel.tilings.max_routes or not grouped_mm_available(hidden.device):
                     return moe_experts.fused_experts(hidden, self.w13[layer], self.w2[layer], token_index, weight,
@@ -88,7 +88,7 @@ class ExpertShard:
         """Every route of every token when this shard owns all experts (the triton kernel only):
         weights [T, k] float32 -> [T, k, H] float32; aligned: the engine.kernels.moe_experts.Alignment
         the router kernel filled (routes by expert; it counted them into the model's route counts)."""
-        from engine.kernels.moe_experts import fused_experts_token_major
+        from pegainfer.engine.kernels.moe_experts import fused_experts_token_major
         return fused_experts_token_major(hidden, self.w13[layer], self.w2[layer], weights, aligned,
                                          kernel.tilings.tiling_for(weights.numel()))
 
@@ -102,8 +102,8 @@ class ExpertShard:
         if not (triton and triton_available()):
             gate, up = gate_up.chunk(2, dim=-1)  # [r, I] each
             return grouped_linear(F.silu(gate) * up, self.w2[layer], offs) * weight[:, None]
-        from engine.kernels.moe_combine import weigh
-        from engine.kernels.swiglu import swiglu
+        from pegainfer.engine.kernels.moe_combine import weigh
+        from pegainfer.engine.kernels.swiglu import swiglu
         # SwiGLU as the Triton expert kernels compute it (within a float32 ulp of F.silu before rounding)
         y = grouped_linear(swiglu(gate_up), self.w2[layer], offs)  # [r, H]
         return weigh(y, weight)

@@ -21,9 +21,9 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from ep.backend import RankFailure
-from ep.heartbeat import FRESH_S, RankWatch
-from ep.rendezvous import ABANDONED_KEY
+from pegainfer.ep.backend import RankFailure
+from pegainfer.ep.heartbeat import FRESH_S, RankWatch
+from pegainfer.ep.rendezvous import ABANDONED_KEY
 
 Work = dist.Work
 STOP_GRACE_S = 5.0  # how long close() lets expert ranks exit on their own before terminating them

@@ -21,7 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ep.rendezvous import ABANDONED_KEY
+from pegainfer.ep.rendezvous import ABANDONED_KEY
 
 HEARTBEAT_S = 0.1  # an expert rank's beat period
 FRESH_S = 3 * HEARTBEAT_S  # a rank heard from within this is beating normally

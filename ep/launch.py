@@ -12,12 +12,12 @@ from collections.abc import Callable
 import torch
 import torch.multiprocessing as mp
 
-from ep.group import RankGroup, make_process_group
-from ep.heartbeat import RankWatch
-from ep.log import log_event
-from ep.rendezvous import ReadyRecord, decide, free_port, host_store, wait_for_ranks
-from ep.spec import EPSpec
-from ep.worker import WorkerSpec, spawned_main
+from pegainfer.ep.group import RankGroup, make_process_group
+from pegainfer.ep.heartbeat import RankWatch
+from pegainfer.ep.log import log_event
+from pegainfer.ep.rendezvous import ReadyRecord, decide, free_port, host_store, wait_for_ranks
+from pegainfer.ep.spec import EPSpec
+from pegainfer.ep.worker import WorkerSpec, spawned_main
 
 DEFAULT_JOIN_TIMEOUT_S = 300.0  # loading a rank's experts of a real checkpoint takes a while
 

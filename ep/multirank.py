@@ -10,15 +10,15 @@ from typing import Any
 
 import torch
 
-from engine.kernels.config import KernelConfig
-from ep.backend import BackendCaps, Exchange, ExpertBackend, RankFailure
-from ep.experts import ExpertKernel, ExpertShard
-from ep.group import RankGroup
-from ep.launch import LaunchPlan, launch_group
-from ep.ownership import Ownership
-from ep.plan import RoutePlan
-from ep.rendezvous import ReadyRecord
-from ep.spec import EPSpec, MoEShape
+from pegainfer.engine.kernels.config import KernelConfig
+from pegainfer.ep.backend import BackendCaps, Exchange, ExpertBackend, RankFailure
+from pegainfer.ep.experts import ExpertKernel, ExpertShard
+from pegainfer.ep.group import RankGroup
+from pegainfer.ep.launch import LaunchPlan, launch_group
+from pegainfer.ep.ownership import Ownership
+from pegainfer.ep.plan import RoutePlan
+from pegainfer.ep.rendezvous import ReadyRecord
+from pegainfer.ep.spec import EPSpec, MoEShape
 
 Spans = list[tuple[int, int]]  # [start, end) of each rank's routes in execution order
 

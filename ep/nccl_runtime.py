@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ep.rendezvous import ReadyRecord
+from pegainfer.ep.rendezvous import ReadyRecord
 
 # Oldest NCCL runtime that supports each compute capability (older ones fail at communicator init or
 # hang). sm_100: NCCL 2.25.1 release notes, "Add Blackwell/SM100 support"; sm_120 (RTX 50xx /

@@ -8,7 +8,7 @@ import dataclasses
 
 import torch
 
-from engine.kernels import triton_available
+from pegainfer.engine.kernels import triton_available
 
 
 @dataclasses.dataclass(slots=True)
@@ -49,7 +49,7 @@ class RoutePlan:
         # one launch, the same order as below; chosen by availability alone, so every backend (and
         # every rank) combines with the same kernel whatever its expert kernel
         if contributions.is_cuda and triton_available():
-            from engine.kernels.moe_combine import combine_routes
+            from pegainfer.engine.kernels.moe_combine import combine_routes
             return combine_routes(contributions, self.perm, self.top_k)
         buf = self.token_major(contributions)  # [T, k, H]
         if buf.is_cuda:  # one reduction launch; deterministic, though not the CPU's add order

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from ep import registry
-from ep.nccl_runtime import NcclRuntimeError
+from pegainfer.ep import registry
+from pegainfer.ep.nccl_runtime import NcclRuntimeError
 
 # What preflight raises: each a one-line message for a user (a tool prints it and exits non-zero).
 REFUSALS = (registry.UnknownBackend, registry.TestOnlyBackend, NcclRuntimeError)

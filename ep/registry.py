@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 
-from ep.backend import ExpertBackend
+from pegainfer.ep.backend import ExpertBackend
 
 TEST_ONLY = "test-only"
 
@@ -26,13 +26,13 @@ class BackendEntry:
 REGISTRY: dict[str, BackendEntry] = {
     e.name: e
     for e in (
-        BackendEntry("local", "production", "ep.backends.local", "LocalBackend",
+        BackendEntry("local", "production", "pegainfer.ep.backends.local", "LocalBackend",
                      "one rank owns every expert; nothing moves"),
-        BackendEntry("host-staged", "production", "ep.backends.host_staged", "HostStagedBackend",
+        BackendEntry("host-staged", "production", "pegainfer.ep.backends.host_staged", "HostStagedBackend",
                      "device -> pinned host -> gloo send/recv -> host -> device; CPU, shared GPU or many GPUs"),
-        BackendEntry("nccl", "candidate", "ep.backends.nccl", "NcclBackend",
+        BackendEntry("nccl", "candidate", "pegainfer.ep.backends.nccl", "NcclBackend",
                      "device-resident broadcast + all-to-all on reusable scratch, chunked; one GPU per rank"),
-        BackendEntry("nccl-over-gloo-test", TEST_ONLY, "ep.backends.nccl_over_gloo_test", "NcclOverGlooTestBackend",
+        BackendEntry("nccl-over-gloo-test", TEST_ONLY, "pegainfer.ep.backends.nccl_over_gloo_test", "NcclOverGlooTestBackend",
                      "the nccl backend's code over gloo on CPU, for CPU tests only"),
     )
 }

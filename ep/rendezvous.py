@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from ep.backend import RankFailure
+from pegainfer.ep.backend import RankFailure
 
 DECISION_KEY = "decision"
 GO = "go"

@@ -9,12 +9,12 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Protocol
 
-from engine.kernels.config import KernelConfig
+from pegainfer.engine.kernels.config import KernelConfig
 
 if TYPE_CHECKING:  # annotations only: this module stays importable without torch
     import torch
 
-    from ep.experts import ExpertShard
+    from pegainfer.ep.experts import ExpertShard
 
 DTYPES = ("float32", "bfloat16")
 

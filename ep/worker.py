@@ -18,19 +18,19 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from ep import registry
-from ep.experts import ExpertShard
-from ep.group import RankGroup, make_process_group
-from ep.heartbeat import beat_until_lost, make_liveness_group
-from ep.log import log_event
-from ep.rendezvous import (
+from pegainfer.ep import registry
+from pegainfer.ep.experts import ExpertShard
+from pegainfer.ep.group import RankGroup, make_process_group
+from pegainfer.ep.heartbeat import beat_until_lost, make_liveness_group
+from pegainfer.ep.log import log_event
+from pegainfer.ep.rendezvous import (
     ReadyRecord,
     await_decision,
     connect_store,
     post_failed,
     post_ready,
 )
-from ep.spec import ExpertLoader, MoEShape, WeightSource, resolve_dtype
+from pegainfer.ep.spec import ExpertLoader, MoEShape, WeightSource, resolve_dtype
 
 SERVE_TIMEOUT_S = 7 * 24 * 3600.0  # an expert rank idles as long as rank 0 does: only rank 0 times out
 

@@ -4,14 +4,14 @@ library and the contract (engine/contract.py) only, no torch, nothing else from 
 it reaches the GPU thread only through the EngineClient protocol."""
 from __future__ import annotations
 
-from lifecycle.counters import SchedulerCounters
-from lifecycle.engine_client import EngineClient
-from lifecycle.observer import LifecycleObserver, NullObserver
-from lifecycle.rejection import Draining, NotReady, QueueFull, Rejection
-from lifecycle.request import Request
-from lifecycle.scheduler import Scheduler
-from lifecycle.sink import SinkEnd, SinkItem, TokenSink
-from lifecycle.states import (
+from pegainfer.lifecycle.counters import SchedulerCounters
+from pegainfer.lifecycle.engine_client import EngineClient
+from pegainfer.lifecycle.observer import LifecycleObserver, NullObserver
+from pegainfer.lifecycle.rejection import Draining, NotReady, QueueFull, Rejection
+from pegainfer.lifecycle.request import Request
+from pegainfer.lifecycle.scheduler import Scheduler
+from pegainfer.lifecycle.sink import SinkEnd, SinkItem, TokenSink
+from pegainfer.lifecycle.states import (
     TERMINAL,
     TRANSITIONS,
     FinishReason,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
-from lifecycle.states import TerminalReason
+from pegainfer.lifecycle.states import TerminalReason
 
 
 @dataclasses.dataclass(slots=True)

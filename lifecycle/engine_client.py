@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from engine.contract import Admit
+from pegainfer.engine.contract import Admit
 
 
 class EngineClient(Protocol):

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from lifecycle.request import Request
-    from lifecycle.states import RequestState
+    from pegainfer.lifecycle.request import Request
+    from pegainfer.lifecycle.states import RequestState
 
 
 class LifecycleObserver(Protocol):

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.contract import Admit
-from lifecycle.sink import SinkEnd, TokenSink
-from lifecycle.states import (
+from pegainfer.engine.contract import Admit
+from pegainfer.lifecycle.sink import SinkEnd, TokenSink
+from pegainfer.lifecycle.states import (
     TERMINAL,
     FinishReason,
     RequestState,

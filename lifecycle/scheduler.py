@@ -19,14 +19,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from engine.contract import PromptLogprobs, Token
-from lifecycle.counters import SchedulerCounters
-from lifecycle.engine_client import EngineClient
-from lifecycle.observer import LifecycleObserver, NullObserver
-from lifecycle.rejection import Draining, NotReady, QueueFull, Rejection
-from lifecycle.request import Request
-from lifecycle.service_rate import ServiceRate
-from lifecycle.states import ENGINE_HELD, FinishReason, RequestState
+from pegainfer.engine.contract import PromptLogprobs, Token
+from pegainfer.lifecycle.counters import SchedulerCounters
+from pegainfer.lifecycle.engine_client import EngineClient
+from pegainfer.lifecycle.observer import LifecycleObserver, NullObserver
+from pegainfer.lifecycle.rejection import Draining, NotReady, QueueFull, Rejection
+from pegainfer.lifecycle.request import Request
+from pegainfer.lifecycle.service_rate import ServiceRate
+from pegainfer.lifecycle.states import ENGINE_HELD, FinishReason, RequestState
 
 SLOW_READER = "client too slow to read"
 

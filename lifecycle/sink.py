@@ -22,8 +22,8 @@ import asyncio
 import dataclasses
 from collections.abc import Sequence
 
-from engine.contract import PromptLogprobs, Token
-from lifecycle.states import FinishReason, RequestState, TerminalReason
+from pegainfer.engine.contract import PromptLogprobs, Token
+from pegainfer.lifecycle.states import FinishReason, RequestState, TerminalReason
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ Decisions the diagram leaves open:
 """
 from __future__ import annotations
 
-from engine.contract import ENGINE_HELD, TERMINAL, FinishReason, RequestState, TerminalReason
+from pegainfer.engine.contract import ENGINE_HELD, TERMINAL, FinishReason, RequestState, TerminalReason
 
 __all__ = ["ENGINE_HELD", "TERMINAL", "TRANSITIONS", "FinishReason", "IllegalTransition", "RequestState",
            "TerminalReason", "advance", "terminal_reason"]

@@ -14,14 +14,14 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
-from engine.contract import EngineSnapshot, RequestState, StepRecord
-from telemetry.clock import EpochClock
-from telemetry.engine_info import EngineInfo
-from telemetry.metrics import Metrics
-from telemetry.observed import AnnouncedRequest, ObservedRequest
-from telemetry.request_spans import RequestSpans
-from telemetry.step_spans import StepSpans
-from telemetry.tracing import Tracing
+from pegainfer.engine.contract import EngineSnapshot, RequestState, StepRecord
+from pegainfer.telemetry.clock import EpochClock
+from pegainfer.telemetry.engine_info import EngineInfo
+from pegainfer.telemetry.metrics import Metrics
+from pegainfer.telemetry.observed import AnnouncedRequest, ObservedRequest
+from pegainfer.telemetry.request_spans import RequestSpans
+from pegainfer.telemetry.step_spans import StepSpans
+from pegainfer.telemetry.tracing import Tracing
 
 log = logging.getLogger("pegainfer.telemetry")
 LOGGED_ERRORS = 10  # tracebacks logged before the rest are only counted

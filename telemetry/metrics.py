@@ -12,8 +12,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from engine.contract import ENGINE_HELD, EngineSnapshot, RequestState, StepRecord, TerminalReason
-from telemetry.observed import ObservedRequest
+from pegainfer.engine.contract import ENGINE_HELD, EngineSnapshot, RequestState, StepRecord, TerminalReason
+from pegainfer.telemetry.observed import ObservedRequest
 
 P = "pegainfer:"
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from engine.contract import Admit, FinishReason, RequestState, TerminalReason
+from pegainfer.engine.contract import Admit, FinishReason, RequestState, TerminalReason
 
 
 class ObservedRequest(Protocol):

@@ -9,7 +9,7 @@ import threading
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
-from telemetry import otlp_json
+from pegainfer.telemetry import otlp_json
 
 CAPACITY = 4096
 SPANS_PER_LINE = 512

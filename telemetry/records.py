@@ -17,7 +17,7 @@ from pathlib import Path
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from telemetry import otlp_json
+from pegainfer.telemetry import otlp_json
 
 MAX_BYTES = 64 << 20  # rotate once the file would grow past this
 BACKUPS = 4  # rotated files kept beside the live one

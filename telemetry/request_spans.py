@@ -20,11 +20,11 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Span
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from engine.contract import ENGINE_HELD, RequestState, TerminalReason
-from telemetry.clock import EpochClock
-from telemetry.engine_info import EngineInfo
-from telemetry.observed import AnnouncedRequest, ObservedRequest
-from telemetry.tracing import Tracing
+from pegainfer.engine.contract import ENGINE_HELD, RequestState, TerminalReason
+from pegainfer.telemetry.clock import EpochClock
+from pegainfer.telemetry.engine_info import EngineInfo
+from pegainfer.telemetry.observed import AnnouncedRequest, ObservedRequest
+from pegainfer.telemetry.tracing import Tracing
 
 OPERATION = "text_completion"
 MAX_ANNOUNCED = 4096  # announced requests not yet seen by the scheduler (normally 0 or 1)

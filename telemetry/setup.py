@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from telemetry import otlp_json
-from telemetry.hub import Telemetry
-from telemetry.recent import RecentSpans
-from telemetry.records import BACKUPS, MAX_BYTES, JsonlSpanExporter
-from telemetry.tracing import Tracing
+from pegainfer.telemetry import otlp_json
+from pegainfer.telemetry.hub import Telemetry
+from pegainfer.telemetry.recent import RecentSpans
+from pegainfer.telemetry.records import BACKUPS, MAX_BYTES, JsonlSpanExporter
+from pegainfer.telemetry.tracing import Tracing
 
 OTLP_TRACES_PATH = "/v1/traces"
 OTLP_TIMEOUT_S = 5.0

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from opentelemetry.trace import Link
 
-from engine.contract import StepRecord
-from telemetry.engine_info import EngineInfo
-from telemetry.tracing import Tracing
+from pegainfer.engine.contract import StepRecord
+from pegainfer.telemetry.engine_info import EngineInfo
+from pegainfer.telemetry.tracing import Tracing
 
 
 class StepSpans:

@@ -17,8 +17,8 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Tracer, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from telemetry.export import GatedBatchProcessor
-from telemetry.recent import RecentSpans
+from pegainfer.telemetry.export import GatedBatchProcessor
+from pegainfer.telemetry.recent import RecentSpans
 
 SCOPE = "pegainfer"
 VERSION = "0.1.0"

@@ -47,10 +47,10 @@ def _kernel_modes() -> set[str]:
     triton = pytest.importorskip("triton", reason="triton is a GPU-side dependency; CI installs it for the interpreter")
     from triton.runtime.interpreter import InterpretedFunction
 
-    import engine.kernels
+    from pegainfer.engine import kernels
     modes = set()
-    for info in pkgutil.iter_modules(engine.kernels.__path__):
-        for value in vars(importlib.import_module(f"engine.kernels.{info.name}")).values():
+    for info in pkgutil.iter_modules(kernels.__path__):
+        for value in vars(importlib.import_module(f"pegainfer.engine.kernels.{info.name}")).values():
             if isinstance(value, InterpretedFunction):
                 modes.add("interpreted")
             elif isinstance(value, triton.runtime.JITFunction):
@@ -82,7 +82,7 @@ def triton_gpu():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny preset, seed 0 (the same bytes as the embedded default model)."""
-    from engine.checkpoint_writer import write_checkpoint  # imported here: torch-free tests stay fast
+    from pegainfer.engine.checkpoint_writer import write_checkpoint  # imported here: torch-free tests stay fast
 
     return write_checkpoint(tmp_path_factory.mktemp("tiny") / "tiny-seed0", "tiny", 0)
 
@@ -90,7 +90,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_variant_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """make(overrides, seed=0) -> folder of the tiny preset with config overrides; cached per session."""
-    from engine.checkpoint_writer import write_checkpoint
+    from pegainfer.engine.checkpoint_writer import write_checkpoint
 
     made: dict[str, Path] = {}
 

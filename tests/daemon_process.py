@@ -25,7 +25,7 @@ class DaemonProcess:
                  preexec_fn=None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.args = [sys.executable, "-m", "daemon.cli", "serve", "--port", str(self.port), *args]
+        self.args = [sys.executable, "-m", "pegainfer.daemon.cli", "serve", "--port", str(self.port), *args]
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.log_path = log_path
         self.preexec_fn = preexec_fn  # runs in the child before exec (e.g. a lower descriptor limit)

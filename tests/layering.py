@@ -3,6 +3,11 @@ inside functions and under TYPE_CHECKING too, and importlib.import_module / __im
 name), read with ast from a source tree, checked against the layers of DESIGN.md; plus the import
 cycles between modules, and the house limits on file length and positional parameters.
 
+Module names are the folders' (`engine.model` for engine/model.py): the installed distribution maps
+the folders under one import package, so code imports `pegainfer.engine.model`; the checker reads such
+a target as `engine.model`, and flags an import of a folder by its bare name (`engine.model`), which
+resolves only from a checkout, never from the installed package.
+
 Pure functions of a root folder, so that tests can feed it a small fake tree as well as the repo."""
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 PACKAGES = ("daemon", "engine", "ep", "lifecycle", "telemetry")
+DISTRIBUTION = "pegainfer"  # the one import package the folders are installed under (pyproject.toml)
 SIZED = (*PACKAGES, "tools")  # no file over MAX_LINES lines here
 MAX_LINES = 400
 MAX_POSITIONAL = 8  # positional parameters of a function, a method's self or cls not counted
@@ -30,9 +36,10 @@ DAEMON_WIRES = ("engine.engine", "engine.loop", "engine.tokenizer", "engine.gene
 class Import:
     path: str  # the importing file, relative to the root ("engine/model.py")
     source: str  # its module ("engine.model")
-    target: str  # the module imported, absolute: a project module where one is named
+    target: str  # the module imported, absolute: a project module where one is named (no "pegainfer.")
     line: int
     in_function: bool
+    bare: bool = False  # a folder imported by its bare name, not through the pegainfer package
 
     def where(self) -> str:
         return f"{self.path}:{self.line}{' (inside a function)' if self.in_function else ''}"
@@ -65,8 +72,11 @@ class _Imports(ast.NodeVisitor):
 
     visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _scoped
 
-    def _add(self, target: str, node: ast.AST) -> None:
-        self.found.append((target, node.lineno, self._depth > 0))
+    def _add(self, target: str, node: ast.AST, *, relative: bool = False) -> None:
+        """target as written (absolute, or resolved from a relative import): stored without the
+        distribution's prefix, with whether it named a folder by its bare name."""
+        bare = not relative and target.split(".")[0] in PACKAGES
+        self.found.append((target.removeprefix(DISTRIBUTION + "."), node.lineno, self._depth > 0, bare))
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
@@ -78,9 +88,13 @@ class _Imports(ast.NodeVisitor):
             package = self.module.split(".") if self.is_package else self.module.split(".")[:-1]
             package = package[:len(package) - (node.level - 1)]
             base = ".".join([*package, *([base] if base else [])])
+        plain = base.removeprefix(DISTRIBUTION + ".")
         for alias in node.names:
-            sub = f"{base}.{alias.name}" if base else alias.name
-            self._add(sub if sub in self.known else base, node)
+            sub = f"{plain}.{alias.name}" if plain else alias.name
+            # `from pegainfer.engine import kernels` names the module engine.kernels
+            target = sub if sub in self.known else plain
+            prefix = base[:len(base) - len(plain)]
+            self._add(prefix + target, node, relative=bool(node.level))
 
     def visit_Call(self, node: ast.Call) -> None:
         f = node.func
@@ -99,7 +113,7 @@ def imports(root: Path, packages: Iterable[str] = PACKAGES) -> list[Import]:
         visitor = _Imports(module, path.name == "__init__.py", known)
         visitor.visit(ast.parse(path.read_text(), str(path)))
         rel = path.relative_to(root).as_posix()
-        out += [Import(rel, module, target, line, inner) for target, line, inner in dict.fromkeys(visitor.found)]
+        out += [Import(rel, module, target, line, inner, bare) for target, line, inner, bare in dict.fromkeys(visitor.found)]
     return out
 
 
@@ -114,6 +128,8 @@ def _stdlib(module: str) -> bool:
 def layer_problem(imp: Import) -> str | None:
     """Why this import breaks the layers of DESIGN.md; None if it does not."""
     s, t = imp.source, imp.target
+    if imp.bare:
+        return f"imports {t} by its bare name: the installed package is {DISTRIBUTION}.{t.split('.')[0]}"
     if _under(t, "tools", "tests"):
         return "a package imports tools/ or tests/"
     if _under(s, CONTRACT):

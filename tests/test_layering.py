@@ -78,9 +78,11 @@ def test_every_module_has_the_house_shape(path):
 
 
 def test_importing_lifecycle_and_telemetry_loads_nothing_of_the_gpu_side():
-    probe = ("import sys, lifecycle, lifecycle.scheduler, telemetry.hub, telemetry.setup; "
-             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ep', 'daemon', 'triton') "
-             "or (m.startswith('engine.') and m != 'engine.contract')))")
+    probe = ("import sys, pegainfer.lifecycle, pegainfer.lifecycle.scheduler, pegainfer.telemetry.hub, "
+             "pegainfer.telemetry.setup; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton') "
+             "or m.startswith(('pegainfer.ep', 'pegainfer.daemon')) "
+             "or (m.startswith('pegainfer.engine.') and m != 'pegainfer.engine.contract')))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
 
@@ -103,10 +105,10 @@ def _problems(root: Path) -> dict[tuple[str, str], str]:
 
 def test_the_checker_reports_a_cycle_through_function_level_imports(tmp_path):
     root = _tree(tmp_path, {
-        "engine/a.py": "import engine.b\n",
-        "engine/b.py": "def later():\n    from engine import c\n",
+        "engine/a.py": "import pegainfer.engine.b\n",
+        "engine/b.py": "def later():\n    from pegainfer.engine import c\n",
         "engine/c.py": "from . import a\n",  # relative, back to the start
-        "engine/d.py": "import engine.a\n",  # reaches the cycle, not part of it
+        "engine/d.py": "import pegainfer.engine.a\n",  # reaches the cycle, not part of it
     })
     found = L.imports(root)
     assert any(imp.target == "engine.c" and imp.in_function for imp in found)
@@ -116,18 +118,20 @@ def test_the_checker_reports_a_cycle_through_function_level_imports(tmp_path):
 
 def test_the_checker_reports_each_layer_rule(tmp_path):
     root = _tree(tmp_path, {
-        "engine/contract.py": "import dataclasses\nimport engine.model\n",
-        "engine/model.py": "import torch\ndef f():\n    import telemetry.hub\n",
+        "engine/contract.py": "import dataclasses\nimport pegainfer.engine.model\n",
+        "engine/model.py": "import torch\ndef f():\n    import pegainfer.telemetry.hub\n",
         "engine/kernels/argmax.py": "import triton\n",
-        "ep/moe.py": "from engine.kernels import argmax\nfrom engine.contract import X\nfrom engine.model import M\n",
-        "lifecycle/s.py": ("from engine.contract import Admit\nimport asyncio\n"
-                           "if False:\n    import torch\nfrom ep import moe\nfrom engine import model\nimport orjson\n"),
+        "ep/moe.py": ("from pegainfer.engine.kernels import argmax\nfrom pegainfer.engine.contract import X\n"
+                      "from pegainfer.engine.model import M\n"),
+        "lifecycle/s.py": ("from pegainfer.engine.contract import Admit\nimport asyncio\n"
+                           "if False:\n    import torch\nfrom pegainfer.ep import moe\nfrom pegainfer.engine import model\nimport orjson\n"),
         "telemetry/hub.py": ("import opentelemetry.trace\nfrom prometheus_client import Counter\n"
-                             "from engine.contract import StepRecord\nimport daemon.settings\n"
+                             "from pegainfer.engine.contract import StepRecord\nimport pegainfer.daemon.settings\n"
                              "import importlib\nimportlib.import_module('starlette.routing')\n"),
-        "daemon/app.py": ("import starlette\nfrom engine.contract import Admit\nfrom engine.engine import Engine\n"
-                          "from engine.sampler import Draw\nimport lifecycle.s\nimport telemetry.hub\n"),
-        "engine/engine.py": "from lifecycle import s\n",
+        "daemon/app.py": ("import starlette\nfrom pegainfer.engine.contract import Admit\nfrom pegainfer.engine.engine import Engine\n"
+                          "from pegainfer.engine.sampler import Draw\nimport pegainfer.lifecycle.s\nimport pegainfer.telemetry.hub\n"),
+        "engine/engine.py": "from pegainfer.lifecycle import s\n",
+        "engine/bare.py": "import engine.contract\ndef f():\n    from ep import registry\n",
     })
     problems = _problems(root)
     expected = {
@@ -142,6 +146,8 @@ def test_the_checker_reports_each_layer_rule(tmp_path):
         ("telemetry/hub.py", "daemon.settings"): "telemetry/ imports beyond",
         ("telemetry/hub.py", "starlette.routing"): "telemetry/ imports beyond",
         ("daemon/app.py", "engine.sampler"): "daemon/ takes from engine/ beyond",
+        ("engine/bare.py", "engine.contract"): "imports engine.contract by its bare name",
+        ("engine/bare.py", "ep.registry"): "imports ep.registry by its bare name",
     }
     assert set(problems) == set(expected), set(problems) ^ set(expected)
     for key, start in expected.items():

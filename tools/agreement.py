@@ -32,14 +32,14 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from engine.batch import RowInput  # noqa: E402
-from engine.engine import EngineSpec, build_engine  # noqa: E402
-from engine.generate import generate  # noqa: E402
-from engine.contract import SamplingParams  # noqa: E402
-from engine.presets import DTYPES, PRESETS  # noqa: E402
-from engine.sampler import Draw  # noqa: E402
-from engine.step_plan import StepPlan  # noqa: E402
-from engine.tokenizer import Tokenizer  # noqa: E402
+from pegainfer.engine.batch import RowInput  # noqa: E402
+from pegainfer.engine.engine import EngineSpec, build_engine  # noqa: E402
+from pegainfer.engine.generate import generate  # noqa: E402
+from pegainfer.engine.contract import SamplingParams  # noqa: E402
+from pegainfer.engine.presets import DTYPES, PRESETS  # noqa: E402
+from pegainfer.engine.sampler import Draw  # noqa: E402
+from pegainfer.engine.step_plan import StepPlan  # noqa: E402
+from pegainfer.engine.tokenizer import Tokenizer  # noqa: E402
 from tools.benchkit import hardware, hf_side  # noqa: E402
 from tools.hf_oracle import DEFAULT_CASES, GateError, checkpoint_hash, hf_greedy, load_cases  # noqa: E402
 
@@ -174,7 +174,7 @@ def measure(a: argparse.Namespace) -> dict:
         tok = Tokenizer(str(a.model))
         norm_topk = bool(json.loads((a.model / "config.json").read_text()).get("norm_topk_prob"))
     else:
-        from engine.default_model import ensure_preset_tokenizer
+        from pegainfer.engine.default_model import ensure_preset_tokenizer
         tok = Tokenizer(str(ensure_preset_tokenizer(a.preset)))
         norm_topk = bool(PRESETS[a.preset].get("norm_topk_prob"))
     cases = load_cases(a.cases, tok)

@@ -23,9 +23,9 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from engine.engine import EngineSpec, build_engine  # noqa: E402
-from engine.presets import PRESETS  # noqa: E402
-from ep.preflight import REFUSALS, preflight  # noqa: E402
+from pegainfer.engine.engine import EngineSpec, build_engine  # noqa: E402
+from pegainfer.engine.presets import PRESETS  # noqa: E402
+from pegainfer.ep.preflight import REFUSALS, preflight  # noqa: E402
 from tools.benchkit import hardware, hf_side, report  # noqa: E402
 from tools.benchkit.attribution import profile_steps  # noqa: E402
 from tools.benchkit.direct import DecodeRun, batch_prompts, run_ours, summarise, synchronizer  # noqa: E402

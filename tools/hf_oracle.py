@@ -24,10 +24,10 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from engine.engine import EngineSpec, build_engine  # noqa: E402
-from engine.generate import generate  # noqa: E402
-from engine.tokenizer import IncrementalDetokenizer, Tokenizer  # noqa: E402
-from ep.preflight import REFUSALS, preflight  # noqa: E402
+from pegainfer.engine.engine import EngineSpec, build_engine  # noqa: E402
+from pegainfer.engine.generate import generate  # noqa: E402
+from pegainfer.engine.tokenizer import IncrementalDetokenizer, Tokenizer  # noqa: E402
+from pegainfer.ep.preflight import REFUSALS, preflight  # noqa: E402
 
 DEFAULT_CASES = ROOT / "tests" / "data" / "cases.json"
 
@@ -211,7 +211,7 @@ def run_gate(model_dir: Path, *, engine_dir: Path | None = None, cases_path: Pat
 
 
 def run_variants(names: list[str], **kw) -> dict:
-    from engine.checkpoint_writer import write_checkpoint
+    from pegainfer.engine.checkpoint_writer import write_checkpoint
     reports = {}
     with tempfile.TemporaryDirectory(prefix="pegainfer-oracle-") as tmp:
         for name in names:

@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(overrides, dict):
             fail(f"--config-overrides must be a JSON object, got {type(overrides).__name__}")
 
-    from engine.checkpoint_writer import write_checkpoint  # after argument checks: imports torch
-    from engine.config import ConfigError
+    from pegainfer.engine.checkpoint_writer import write_checkpoint  # after argument checks: imports torch
+    from pegainfer.engine.config import ConfigError
 
     try:
         path = write_checkpoint(args.out, args.preset, args.seed, overrides)

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from tools.reliakit.runner import RunConfig, Runner
         if mode == "spawn":
-            from ep.preflight import REFUSALS, preflight
+            from pegainfer.ep.preflight import REFUSALS, preflight
             try:  # what the daemons would refuse (nccl without a GPU per rank), refused here in one line
                 preflight(a.backend, a.device, a.ep_size)
             except REFUSALS as e:

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.ticket import last_to_finish
+from pegainfer.engine.kernels.ticket import last_to_finish
 
 CHUNKS = 64  # column chunks per row: 1,600 columns each at lite's 102,400
 BIG = tl.constexpr(2147483647)  # "no such index" (int32)

@@ -17,9 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.argmax import block_best, first_best
-from engine.kernels.config import HeadTiling
-from engine.kernels.ticket import last_to_finish
+from pegainfer.engine.kernels.argmax import block_best, first_best
+from pegainfer.engine.kernels.config import HeadTiling
+from pegainfer.engine.kernels.ticket import last_to_finish
 
 
 @triton.jit

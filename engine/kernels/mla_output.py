@@ -17,9 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.config import RowTiling
-from engine.kernels.rmsnorm import norm_store
-from engine.kernels.ticket import last_to_finish
+from pegainfer.engine.kernels.config import RowTiling
+from pegainfer.engine.kernels.rmsnorm import norm_store
+from pegainfer.engine.kernels.ticket import last_to_finish
 
 
 @triton.jit

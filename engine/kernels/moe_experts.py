@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.config import Tiling
+from pegainfer.engine.kernels.config import Tiling
 
 COMPACT_MAX_TOKENS = 16  # up to this many tokens the router lists the active experts first (Alignment)
 

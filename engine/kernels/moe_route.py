@@ -17,8 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.moe_experts import COMPACT_MAX_TOKENS, Alignment
-from engine.kernels.ticket import last_to_finish
+from pegainfer.engine.kernels.moe_experts import COMPACT_MAX_TOKENS, Alignment
+from pegainfer.engine.kernels.ticket import last_to_finish
 
 
 @triton.jit

@@ -17,8 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.config import RowTiling
-from engine.kernels.rmsnorm import residual_sum
+from pegainfer.engine.kernels.config import RowTiling
+from pegainfer.engine.kernels.rmsnorm import residual_sum
 
 
 @triton.jit

@@ -9,13 +9,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.batch import Batch
-from engine.config import ModelConfig
-from engine.kernels.config import KernelConfig
-from engine.kv_cache import MLACache
-from engine.model.inputs import DecodeInputs
-from engine.model.norm import add_norm
-from engine.model.rope import Rope
+from pegainfer.engine.batch import Batch
+from pegainfer.engine.config import ModelConfig
+from pegainfer.engine.kernels.config import KernelConfig
+from pegainfer.engine.kv_cache import MLACache
+from pegainfer.engine.model.inputs import DecodeInputs
+from pegainfer.engine.model.norm import add_norm
+from pegainfer.engine.model.rope import Rope
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -64,7 +64,7 @@ class MLAttention:
         self.w_uk = kv_b[:, :self.nope].contiguous()  # [nh, 128, 512]
         self.w_uv_t = kv_b[:, self.nope:].transpose(1, 2).contiguous()  # [nh, 512, 128]
         if self.fused_decode:
-            from engine.kernels import ticket
+            from pegainfer.engine.kernels import ticket
             self.out_count = ticket.tickets(kernels.mla_output_rows, self.o_proj.device)
 
     def _project(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
@@ -111,7 +111,7 @@ class MLAttention:
         q_nope, q_pe, kv = self._project(x, positions, slots, cache)
         q = torch.cat([q_nope, q_pe], dim=-1)  # [T, nh, 192]
         if self.fused_prefill and not one_prompt:
-            from engine.kernels.prefill_attention import packed_causal_attention
+            from pegainfer.engine.kernels.prefill_attention import packed_causal_attention
             latent, k_pe = kv.split([self.rank, self.rope_dim], dim=-1)  # [T, 512], [T, 64]
             k_nope, v = F.linear(latent, self.kv_b).view(x.shape[0], self.nh, self.nope + self.v_dim).split(
                 [self.nope, self.v_dim], dim=-1)  # [T, nh, 128] each, views
@@ -144,14 +144,14 @@ class MLAttention:
         k = self.kernels
         if not (self.fused_decode and residual.shape[0] <= k.mla_output_rows):
             return add_norm(self.decode_absorbed(x, inp, cache, qkv), norm_weight, residual, eps, k.triton)
-        from engine.kernels import mla_output
+        from pegainfer.engine.kernels import mla_output
         v = self._fused_values(x, inp, cache, qkv)
         return mla_output.proj_norm(v, self.o_proj, residual, norm_weight, eps, self.out_count, k.mla_output)
 
     def _fused_values(self, x: torch.Tensor | None, inp: DecodeInputs, cache: MLACache,
                       qkv: torch.Tensor | None) -> torch.Tensor:
         """The Triton decode up to the value heads: absorbed query, split, merge with W_UV -> [B, nh*128]."""
-        from engine.kernels.mla_decode import auto_split, merge_form, mla_decode
+        from pegainfer.engine.kernels.mla_decode import auto_split, merge_form, mla_decode
         q_full = self.absorbed_query(x, inp.positions, inp.slots, cache, qkv)  # [B, nh, 576]
         b, k = q_full.shape[0], self.kernels
         return mla_decode(q_full, cache.data[self.layer], inp.slots, inp.ctx_lens, inp.length, self.scale, self.rank,
@@ -164,7 +164,7 @@ class MLAttention:
         folded in: x: [B, H] -> [B, nh, 576] (latent part, then the roped q_pe). Graph-safe.
         Fused: one GEMV for q (or the q LoRA input) and kv_a together, then one prep launch."""
         if self.fused_decode:
-            from engine.kernels.mla_prep import mla_prep
+            from pegainfer.engine.kernels.mla_prep import mla_prep
             width = self.kv_a.shape[0]
             qkv = F.linear(x, self.q_kv_a) if qkv is None else qkv  # [B, nq + 576]
             q, kv = qkv.split([self.q_kv_a.shape[0] - width, width], dim=-1)  # [B, nq], [B, 576]

@@ -14,12 +14,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.kv_cache import MLACache
-from engine.model.inputs import DecodeInputs
-from engine.model.model import DeepseekV2
-from engine.model.norm import add_norm
-from engine.phases import phase
-from engine.sampler import argmax_rows
+from pegainfer.engine.kv_cache import MLACache
+from pegainfer.engine.model.inputs import DecodeInputs
+from pegainfer.engine.model.model import DeepseekV2
+from pegainfer.engine.model.norm import add_norm
+from pegainfer.engine.phases import phase
+from pegainfer.engine.sampler import argmax_rows
 
 
 @torch.inference_mode()
@@ -30,7 +30,7 @@ def decode_step(model: DeepseekV2, inp: DecodeInputs, cache: MLACache, out: torc
     h = decode_hidden(model, inp, cache)  # [B, H] after the final norm
     rows = h.shape[0]
     if k.triton and rows <= k.head_argmax_rows:
-        from engine.kernels import head_argmax
+        from pegainfer.engine.kernels import head_argmax
         if head_argmax.fits(model.lm_head, k.head):  # the head and the choice in one launch
             with phase("lm_head"):
                 return head_argmax.head_argmax(h, model.lm_head, model.argmax_ticket, k.head, out=out)
@@ -38,7 +38,7 @@ def decode_step(model: DeepseekV2, inp: DecodeInputs, cache: MLACache, out: torc
         logits = F.linear(h, model.lm_head)  # [B, V]
     with phase("sampling"):
         if k.triton and rows <= k.argmax_rows:  # one launch (engine/kernels/argmax.py) where its tickets reach
-            from engine.kernels import argmax
+            from pegainfer.engine.kernels import argmax
             return argmax.argmax(logits, model.argmax_ticket, out=out)
         return argmax_rows(logits, out=out)
 
@@ -64,11 +64,11 @@ def decode_hidden(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torc
         with phase("attention"):
             qkv, h = None, None
             if x is None:  # the first layer's launch reads the token's embedding row itself
-                from engine.kernels.norm_proj import norm_proj
+                from pegainfer.engine.kernels.norm_proj import norm_proj
                 qkv, x = norm_proj(None, model.embed, layer.input_norm, eps, layer.attn.q_kv_a, k.norm_proj,
                                    token=inp.token_ids)
             elif one_row and layer.attn.fused_decode:
-                from engine.kernels.norm_proj import norm_proj
+                from pegainfer.engine.kernels.norm_proj import norm_proj
                 qkv, x = norm_proj(delta, x, layer.input_norm, eps, layer.attn.q_kv_a, k.norm_proj)
             else:
                 h, x = add_norm(delta, layer.input_norm, x, eps, k.triton)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.kernels.config import KernelConfig
+from pegainfer.engine.kernels.config import KernelConfig
 
 
 class MLP:
@@ -29,10 +29,10 @@ class MLP:
         if not k.triton:
             return self(x)
         if x.shape[0] <= k.dense_rows:
-            from engine.kernels import moe_experts
+            from pegainfer.engine.kernels import moe_experts
             self._dense_rows = self._dense_rows or moe_experts.DenseRows()
             act = moe_experts.dense_swiglu(x, self.gate_up, self._dense_rows(x.shape[0], x.device), k.dense)
         else:
-            from engine.kernels.swiglu import swiglu
+            from pegainfer.engine.kernels.swiglu import swiglu
             act = swiglu(F.linear(x, self.gate_up))
         return F.linear(act, self.down)

@@ -11,18 +11,18 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from engine.batch import Batch
-from engine.config import ModelConfig
-from engine.kernels.config import KernelConfig
-from engine.kv_cache import MLACache
-from engine.model.attention import MLAttention
-from engine.model.mlp import MLP
-from engine.model.norm import rms_norm
-from engine.model.moe import MoE
-from engine.model.route_counts import RouteCounts
-from engine.model.rope import Rope
-from engine.phases import phase
-from ep.backend import ExpertBackend
+from pegainfer.engine.batch import Batch
+from pegainfer.engine.config import ModelConfig
+from pegainfer.engine.kernels.config import KernelConfig
+from pegainfer.engine.kv_cache import MLACache
+from pegainfer.engine.model.attention import MLAttention
+from pegainfer.engine.model.mlp import MLP
+from pegainfer.engine.model.norm import rms_norm
+from pegainfer.engine.model.moe import MoE
+from pegainfer.engine.model.route_counts import RouteCounts
+from pegainfer.engine.model.rope import Rope
+from pegainfer.engine.phases import phase
+from pegainfer.ep.backend import ExpertBackend
 
 
 class DecoderLayer:
@@ -85,7 +85,7 @@ class DeepseekV2:
         self.side_stream: torch.cuda.Stream | None = None  # the shared experts' stream in the Triton decode step
         self.argmax_ticket: torch.Tensor | None = None  # the decode step's greedy choice (kernels/argmax.py)
         if kernels.triton:
-            from engine.kernels import ticket
+            from pegainfer.engine.kernels import ticket
             if self.embed.is_cuda:
                 self.side_stream = torch.cuda.Stream(device=dev)
             # the argmax's tickets, one per row it takes; the head + argmax launch uses the first

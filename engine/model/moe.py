@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import torch
 
-from engine.config import ModelConfig
-from engine.kernels.config import KernelConfig
-from engine.model.mlp import MLP
-from engine.model.route_counts import RouteCounts
-from engine.model.router import route
-from engine.phases import phase
-from ep.backend import ExpertBackend
-from ep.plan import RoutePlan
+from pegainfer.engine.config import ModelConfig
+from pegainfer.engine.kernels.config import KernelConfig
+from pegainfer.engine.model.mlp import MLP
+from pegainfer.engine.model.route_counts import RouteCounts
+from pegainfer.engine.model.router import route
+from pegainfer.engine.phases import phase
+from pegainfer.ep.backend import ExpertBackend
+from pegainfer.ep.plan import RoutePlan
 
 
 class MoE:
@@ -77,16 +77,16 @@ class MoE:
         (engine/kernels/moe_experts.Alignment), where the backend's experts read them
         (BackendCaps.fused_alignment) and the kernel lists that many tokens at once; None otherwise
         (the route plan does the sorting). The ticket, where the router takes one launch."""
-        from engine.kernels.moe_route import MAX_TOKENS
+        from pegainfer.engine.kernels.moe_route import MAX_TOKENS
         if not self.backend.caps.fused_alignment or tokens > MAX_TOKENS:
             return None
-        from engine.kernels.moe_experts import Alignment
+        from pegainfer.engine.kernels.moe_experts import Alignment
         ticket = self.ticket if self.kernels.router_one_launch else None
         # the router kernel adds the routes to the totals in place (captured graphs hold the tensor)
         return Alignment.empty(tokens, self.cfg.num_experts_per_tok, self.routes.totals, ticket)
 
     def _fused_gate(self, x: torch.Tensor, aligned) -> tuple[torch.Tensor, torch.Tensor]:
-        from engine.kernels.moe_route import fused_route
+        from pegainfer.engine.kernels.moe_route import fused_route
         with phase("routing"):
             return self._gate(fused_route, x, aligned=aligned)
 

@@ -20,7 +20,7 @@ def add_norm(delta, weight: torch.Tensor, x: torch.Tensor, eps: float, fused: bo
     (norm(x + delta) * weight, x + delta). fused: one Triton launch (engine/kernels/rmsnorm.py);
     otherwise the torch add and the reference's norm."""
     if fused:
-        from engine.kernels.rmsnorm import moe_rmsnorm, rmsnorm
+        from pegainfer.engine.kernels.rmsnorm import moe_rmsnorm, rmsnorm
         if delta is None:
             return rmsnorm(x, weight, eps)
         if isinstance(delta, tuple):

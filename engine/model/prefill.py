@@ -9,11 +9,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.kv_cache import MLACache
-from engine.model.inputs import PrefillInputs
-from engine.model.model import DeepseekV2
-from engine.phases import phase
-from engine.sampler import argmax_rows
+from pegainfer.engine.kv_cache import MLACache
+from pegainfer.engine.model.inputs import PrefillInputs
+from pegainfer.engine.model.model import DeepseekV2
+from pegainfer.engine.phases import phase
+from pegainfer.engine.sampler import argmax_rows
 
 
 @torch.inference_mode()

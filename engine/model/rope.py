@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from engine.config import ModelConfig, yarn_mscale
+from pegainfer.engine.config import ModelConfig, yarn_mscale
 
 
 def inv_freq_and_scale(cfg: ModelConfig) -> tuple[torch.Tensor, float]:

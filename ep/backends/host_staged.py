@@ -7,12 +7,12 @@ import dataclasses
 
 import torch
 
-from ep.experts import ExpertShard
-from ep.group import RankGroup, Work
-from ep.multirank import MultiRankBackend, Spans
-from ep.plan import RoutePlan
-from ep.scratch import Scratch
-from ep.wire import CMD_RUN, CMD_STOP, Header, pack_rows, row_bytes, unpack_rows
+from pegainfer.ep.experts import ExpertShard
+from pegainfer.ep.group import RankGroup, Work
+from pegainfer.ep.multirank import MultiRankBackend, Spans
+from pegainfer.ep.plan import RoutePlan
+from pegainfer.ep.scratch import Scratch
+from pegainfer.ep.wire import CMD_RUN, CMD_STOP, Header, pack_rows, row_bytes, unpack_rows
 
 TAG_HEADER, TAG_ROWS, TAG_OUT = 1, 2, 3
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from ep.backend import BackendCaps, ExpertBackend
-from ep.experts import ExpertKernel, ExpertShard
-from ep.ownership import OwnershipError
-from ep.plan import RoutePlan
+from pegainfer.ep.backend import BackendCaps, ExpertBackend
+from pegainfer.ep.experts import ExpertKernel, ExpertShard
+from pegainfer.ep.ownership import OwnershipError
+from pegainfer.ep.plan import RoutePlan
 
 
 class LocalBackend(ExpertBackend):

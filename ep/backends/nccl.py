@@ -12,16 +12,16 @@ import os
 
 import torch
 
-from ep.experts import ExpertShard
-from ep.group import RankGroup, Work
-from ep.multirank import MultiRankBackend, Spans
-from ep.nccl_runtime import check_distinct_gpus, check_nccl_runtime
-from ep.ownership import Ownership
-from ep.plan import RoutePlan
-from ep.rendezvous import ReadyRecord
-from ep.scratch import Scratch
-from ep.spec import EPSpec
-from ep.wire import (
+from pegainfer.ep.experts import ExpertShard
+from pegainfer.ep.group import RankGroup, Work
+from pegainfer.ep.multirank import MultiRankBackend, Spans
+from pegainfer.ep.nccl_runtime import check_distinct_gpus, check_nccl_runtime
+from pegainfer.ep.ownership import Ownership
+from pegainfer.ep.plan import RoutePlan
+from pegainfer.ep.rendezvous import ReadyRecord
+from pegainfer.ep.scratch import Scratch
+from pegainfer.ep.spec import EPSpec
+from pegainfer.ep.wire import (
     CMD_RUN,
     CMD_STOP,
     Header,
@@ -96,7 +96,7 @@ class NcclBackend(MultiRankBackend):
     def vet(cls, records: list[ReadyRecord], device: torch.device) -> str | None:
         if device.type != "cuda":
             return None
-        from ep.worker import _gpu_id
+        from pegainfer.ep.worker import _gpu_id
         return check_distinct_gpus(records, _gpu_id(device))
 
     def _remote_sizes(self, counts: list[int]) -> list[int]:

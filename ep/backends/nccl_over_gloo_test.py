@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from ep.backends.nccl import NcclBackend
-from ep.nccl_runtime import NcclRuntimeError
-from ep.rendezvous import ReadyRecord
+from pegainfer.ep.backends.nccl import NcclBackend
+from pegainfer.ep.nccl_runtime import NcclRuntimeError
+from pegainfer.ep.rendezvous import ReadyRecord
 
 
 class NcclOverGlooTestBackend(NcclBackend):

@@ -12,14 +12,14 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from daemon import access
-from daemon.app import build_app
-from daemon.protocol import completion_id
-from daemon.runtime import Runtime
-from daemon.settings import Settings
-from engine.contract import Stall
-from lifecycle.scheduler import Scheduler
-from telemetry.hub import Telemetry
+from pegainfer.daemon import access
+from pegainfer.daemon.app import build_app
+from pegainfer.daemon.protocol import completion_id
+from pegainfer.daemon.runtime import Runtime
+from pegainfer.daemon.settings import Settings
+from pegainfer.engine.contract import Stall
+from pegainfer.lifecycle.scheduler import Scheduler
+from pegainfer.telemetry.hub import Telemetry
 from tests.daemon_process import DaemonProcess
 from tests.lifecycle.fakes import FakeEngine, make_request
 
@@ -192,7 +192,7 @@ def test_an_unhandled_exception_is_a_stable_500_json():
 
 def test_health_names_no_server_internals():
     """/health is open to anyone: it says the engine failed, not the exception's text (the log has it)."""
-    from daemon.runtime import Phase
+    from pegainfer.daemon.runtime import Phase
     rt = Runtime(Settings(model="/nonexistent"), Telemetry())
     rt.load_error, rt.phase = "FileNotFoundError: /var/lib/pegainfer/models/x/config.json", Phase.DEAD
     r = TestClient(build_app(rt)).get("/health")

@@ -10,9 +10,9 @@ import types
 
 import pytest
 
-from daemon.bridge import EngineBridge
-from daemon.protocol import parse_completion
-from engine.contract import (
+from pegainfer.daemon.bridge import EngineBridge
+from pegainfer.daemon.protocol import parse_completion
+from pegainfer.engine.contract import (
     Admit,
     EngineDied,
     EngineSnapshot,
@@ -23,10 +23,10 @@ from engine.contract import (
     StopChoice,
     Token,
 )
-from lifecycle.request import Request
-from lifecycle.scheduler import Scheduler
-from lifecycle.sink import TokenSink
-from lifecycle.states import RequestState
+from pegainfer.lifecycle.request import Request
+from pegainfer.lifecycle.scheduler import Scheduler
+from pegainfer.lifecycle.sink import TokenSink
+from pegainfer.lifecycle.states import RequestState
 
 
 def snapshot(running: int, free: int) -> EngineSnapshot:

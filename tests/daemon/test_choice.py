@@ -7,11 +7,11 @@ import dataclasses
 
 import pytest
 
-from daemon.choice import ChoiceOutput, Delta
-from daemon.choices import Choices
-from daemon.protocol import parse_completion
-from engine.contract import PromptLogprobs, Token
-from engine.tokenizer import Tokenizer
+from pegainfer.daemon.choice import ChoiceOutput, Delta
+from pegainfer.daemon.choices import Choices
+from pegainfer.daemon.protocol import parse_completion
+from pegainfer.engine.contract import PromptLogprobs, Token
+from pegainfer.engine.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,10 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from daemon import protocol
-from daemon.choice import Delta
-from daemon.chunk_encoder import ChunkEncoder
-from daemon.logprobs import LogprobEntry, as_openai
+from pegainfer.daemon import protocol
+from pegainfer.daemon.choice import Delta
+from pegainfer.daemon.chunk_encoder import ChunkEncoder
+from pegainfer.daemon.logprobs import LogprobEntry, as_openai
 
 DELTAS = [Delta("hello"), Delta(""), Delta(' "quoted"\n\\ \u00e9\u65e5\U0001f600 \x00\x1f'), Delta("x", [], "stop"),
           Delta("", [], "length"), Delta("y", [], "abort")]

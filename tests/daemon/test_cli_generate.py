@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "daemon.cli", "generate", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "pegainfer.daemon.cli", "generate", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
 
 

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from daemon.connections import (
+from pegainfer.daemon.connections import (
     PROBE_MARGIN,
     RESERVE_FDS,
     RESERVE_FDS_PER_RANK,
@@ -16,7 +16,7 @@ from daemon.connections import (
     ConnectionGuard,
     plan_budget,
 )
-from daemon.settings import Settings, SettingsError, resolve
+from pegainfer.daemon.settings import Settings, SettingsError, resolve
 
 BIG = 1 << 20
 

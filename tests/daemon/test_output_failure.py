@@ -14,16 +14,16 @@ import types
 import pytest
 from starlette.requests import Request as HTTPRequest
 
-from daemon.choices import Choices
-from daemon.completions import _complete, _stream
-from daemon.protocol import parse_completion
-from engine.default_model import ensure_preset_tokenizer
-from engine.contract import FinishReason, Token
-from engine.tokenizer import Tokenizer
-from lifecycle.request import Request
-from lifecycle.scheduler import Scheduler
-from lifecycle.sink import TokenSink
-from lifecycle.states import RequestState
+from pegainfer.daemon.choices import Choices
+from pegainfer.daemon.completions import _complete, _stream
+from pegainfer.daemon.protocol import parse_completion
+from pegainfer.engine.default_model import ensure_preset_tokenizer
+from pegainfer.engine.contract import FinishReason, Token
+from pegainfer.engine.tokenizer import Tokenizer
+from pegainfer.lifecycle.request import Request
+from pegainfer.lifecycle.scheduler import Scheduler
+from pegainfer.lifecycle.sink import TokenSink
+from pegainfer.lifecycle.states import RequestState
 from tests.lifecycle.fakes import FakeEngine
 
 SENTINEL = 777  # the one token id the faulty tokenizer cannot decode

@@ -9,8 +9,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from daemon.protocol import APIError, parse_completion, vocabulary_problem
-from engine.contract import BOUNDS, Admit, SamplingParams
+from pegainfer.daemon.protocol import APIError, parse_completion, vocabulary_problem
+from pegainfer.engine.contract import BOUNDS, Admit, SamplingParams
 
 VOCAB = 1024
 HUGE = [2**63, 2**64 - 1, -2**63 - 1, 10**30]

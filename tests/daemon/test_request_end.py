@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from daemon.request_end import ENGINE_FAILED_MESSAGE, SERVER_SHUTDOWN, end_error, engine_failure
-from lifecycle.sink import SinkEnd
-from lifecycle.states import RequestState, TerminalReason
+from pegainfer.daemon.request_end import ENGINE_FAILED_MESSAGE, SERVER_SHUTDOWN, end_error, engine_failure
+from pegainfer.lifecycle.sink import SinkEnd
+from pegainfer.lifecycle.states import RequestState, TerminalReason
 
 GLOO = ("engine failed: RankFailure: expert rank 1 exited (signal SIGKILL) during combine "
         "[[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:61835: Connection reset]")

@@ -13,9 +13,9 @@ import openai
 import pytest
 import torch
 
-from engine.engine import EngineSpec, build_engine
-from engine.generate import generate
-from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from pegainfer.engine.engine import EngineSpec, build_engine
+from pegainfer.engine.generate import generate
+from pegainfer.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from tests.daemon_process import DaemonProcess
 from tools.traceview.reader import load
 

@@ -10,9 +10,9 @@ import time
 import httpx
 import pytest
 
-from engine.engine import EngineSpec, build_engine
-from engine.generate import generate
-from engine.tokenizer import Tokenizer
+from pegainfer.engine.engine import EngineSpec, build_engine
+from pegainfer.engine.generate import generate
+from pegainfer.engine.tokenizer import Tokenizer
 from tests.daemon_process import DaemonProcess
 
 PROMPTS = ["Hello", "The weather in the mountains is cold in winter and the snow falls for days.", "日本語のテキスト",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from daemon.sse import EventStream
+from pegainfer.daemon.sse import EventStream
 
 SCOPE = {"type": "http", "method": "POST"}
 

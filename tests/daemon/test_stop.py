@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from daemon.stop import StopText
+from pegainfer.daemon.stop import StopText
 
 
 def feed(stops: list[str], deltas: list[str]) -> tuple[list[str], bool, str]:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.tokenize_pool import INLINE_MAX_CHARS, WORKER_NICE, TokenizePool
-from engine.tokenizer import Tokenizer
+from pegainfer.daemon.tokenize_pool import INLINE_MAX_CHARS, WORKER_NICE, TokenizePool
+from pegainfer.engine.tokenizer import Tokenizer
 from tools.benchkit.workload import prompt_text
 
 

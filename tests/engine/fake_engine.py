@@ -8,12 +8,12 @@ import types
 
 import torch
 
-from engine.admission import admit
-from engine.contract import Admit
-from engine.engine import RequestError
-from engine.kv_cache import MLACache
-from engine.sequence import Sequence
-from engine.step_plan import Fork, StepPlan, StepResult
+from pegainfer.engine.admission import admit
+from pegainfer.engine.contract import Admit
+from pegainfer.engine.engine import RequestError
+from pegainfer.engine.kv_cache import MLACache
+from pegainfer.engine.sequence import Sequence
+from pegainfer.engine.step_plan import Fork, StepPlan, StepResult
 
 EOS = 2
 VOCAB = 1000

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from engine.engine import Engine
-from engine.kernels.config import KernelConfig
-from engine.model.model import DeepseekV2
-from engine.presets import random_tensors
-from engine.weights import load_tensors
-from ep.backends.local import LocalBackend
-from ep.experts import ExpertKernel, ExpertShard
+from pegainfer.engine.engine import Engine
+from pegainfer.engine.kernels.config import KernelConfig
+from pegainfer.engine.model.model import DeepseekV2
+from pegainfer.engine.presets import random_tensors
+from pegainfer.engine.weights import load_tensors
+from pegainfer.ep.backends.local import LocalBackend
+from pegainfer.ep.experts import ExpertKernel, ExpertShard
 
 
 def rebuild(engine: Engine, kernels: KernelConfig, expert_kernel: str) -> DeepseekV2:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.batcher import Batcher, StepOutcome
-from engine.contract import Admit, SamplingParams
-from engine.kv_capacity import SlotCapacity
-from engine.step_plan import Fork, StepPlan
+from pegainfer.engine.batcher import Batcher, StepOutcome
+from pegainfer.engine.contract import Admit, SamplingParams
+from pegainfer.engine.kv_capacity import SlotCapacity
+from pegainfer.engine.step_plan import Fork, StepPlan
 from tests.engine.fake_engine import EOS, FakeEngine
 
 HOT = SamplingParams(temperature=1.0, seed=7)

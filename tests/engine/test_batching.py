@@ -6,10 +6,10 @@ import queue
 
 import pytest
 
-from engine.engine import EngineSpec, build_engine
-from engine.generate import generate
-from engine.loop import GpuThread
-from engine.contract import Admit, Cancel, Released, Shutdown, StepEvents
+from pegainfer.engine.engine import EngineSpec, build_engine
+from pegainfer.engine.generate import generate
+from pegainfer.engine.loop import GpuThread
+from pegainfer.engine.contract import Admit, Cancel, Released, Shutdown, StepEvents
 
 PROMPTS = [[5, 9, 200, 31], [7], list(range(40, 140)), [300, 301, 302, 303, 304, 305, 306], [12, 13]]
 
@@ -107,7 +107,7 @@ def test_one_launch_sizes_name_each_kernel_and_the_router_follows_the_backend(en
     # experts in a loop and reads no router listing, so the router's one-launch form does not apply
     import dataclasses
 
-    from engine.engine import one_launch_sizes
+    from pegainfer.engine.engine import one_launch_sizes
     k = engine.spec.kernels
     assert not engine.model.kernels.triton and not engine.backend.caps.fused_alignment  # CPU: no Triton
     sizes = one_launch_sizes(k, engine.backend.caps.fused_alignment)

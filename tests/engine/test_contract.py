@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.contract import (
+from pegainfer.engine.contract import (
     BOUNDS,
     INT64_MAX,
     INT64_MIN,

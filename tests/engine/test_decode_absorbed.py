@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from engine.batch import Batch, RowInput
-from engine.model.decode import decode_logits
-from engine.model.inputs import DecodeInputs
-from engine.engine import EngineSpec, build_engine
-from engine.step_plan import StepPlan
+from pegainfer.engine.batch import Batch, RowInput
+from pegainfer.engine.model.decode import decode_logits
+from pegainfer.engine.model.inputs import DecodeInputs
+from pegainfer.engine.engine import EngineSpec, build_engine
+from pegainfer.engine.step_plan import StepPlan
 
 
 def test_absorbed_decode_matches_expand_path(tiny_model_dir):
@@ -38,8 +38,8 @@ def test_absorbed_decode_matches_expand_path(tiny_model_dir):
 def test_packed_prefill_matches_row_by_row_prefill(tiny_model_dir):
     """Several fresh prompts packed into one masked sequence give each prompt's own first token
     and the same cache contents."""
-    from engine.model.inputs import PrefillInputs
-    from engine.model.prefill import prefill_step
+    from pegainfer.engine.model.inputs import PrefillInputs
+    from pegainfer.engine.model.prefill import prefill_step
     engine = build_engine(EngineSpec(model_dir=str(tiny_model_dir), num_slots=4))
     prompts = [[5, 9, 200, 31], list(range(40, 90)), [7], [11, 12, 13]]
     slots = [engine.cache.allocate() for _ in prompts]
@@ -68,8 +68,8 @@ def test_packed_prefill_matches_row_by_row_prefill(tiny_model_dir):
 
 def test_one_prompt_pack_uses_plain_causal_attention(tiny_model_dir):
     """A pack of one prompt (padding after it) skips the T x T mask: same first token, same cache."""
-    from engine.model.inputs import PrefillInputs
-    from engine.model.prefill import prefill_logits
+    from pegainfer.engine.model.inputs import PrefillInputs
+    from pegainfer.engine.model.prefill import prefill_logits
     engine = build_engine(EngineSpec(model_dir=str(tiny_model_dir), num_slots=2))
     prompt = list(range(40, 77))
     slot = engine.cache.allocate()

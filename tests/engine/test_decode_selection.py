@@ -14,10 +14,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 pytest.importorskip("triton", reason="triton is a GPU-side dependency; CI installs it for the interpreter")
 
-from engine.engine import EngineSpec, build_engine  # noqa: E402
-from engine.kernels.config import KernelConfig  # noqa: E402
-from engine.model.decode import decode_step  # noqa: E402
-from engine.model.inputs import DecodeInputs  # noqa: E402
+from pegainfer.engine.engine import EngineSpec, build_engine  # noqa: E402
+from pegainfer.engine.kernels.config import KernelConfig  # noqa: E402
+from pegainfer.engine.model.decode import decode_step  # noqa: E402
+from pegainfer.engine.model.inputs import DecodeInputs  # noqa: E402
 from tests.engine.model_builds import rebuild  # noqa: E402
 
 DEFAULT = KernelConfig()

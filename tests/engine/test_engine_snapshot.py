@@ -8,9 +8,9 @@ import queue
 
 import pytest
 
-from engine.contract import Admit, EngineSnapshot, SamplingParams, Shutdown, StepEvents
-from engine.engine import EngineSpec, build_engine
-from engine.loop import GpuThread
+from pegainfer.engine.contract import Admit, EngineSnapshot, SamplingParams, Shutdown, StepEvents
+from pegainfer.engine.engine import EngineSpec, build_engine
+from pegainfer.engine.loop import GpuThread
 
 
 @pytest.fixture(scope="module")

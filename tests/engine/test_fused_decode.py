@@ -10,12 +10,12 @@ import torch
 
 pytest.importorskip("triton", reason="triton is a GPU-side dependency; CI installs it for the interpreter")
 
-from engine.batch import Batch, RowInput  # noqa: E402
-from engine.engine import EngineSpec, build_engine  # noqa: E402
-from engine.kernels.config import KernelConfig  # noqa: E402
-from engine.model.decode import decode_logits, decode_step  # noqa: E402
-from engine.model.inputs import DecodeInputs  # noqa: E402
-from engine.step_plan import StepPlan  # noqa: E402
+from pegainfer.engine.batch import Batch, RowInput  # noqa: E402
+from pegainfer.engine.engine import EngineSpec, build_engine  # noqa: E402
+from pegainfer.engine.kernels.config import KernelConfig  # noqa: E402
+from pegainfer.engine.model.decode import decode_logits, decode_step  # noqa: E402
+from pegainfer.engine.model.inputs import DecodeInputs  # noqa: E402
+from pegainfer.engine.step_plan import StepPlan  # noqa: E402
 from tests.engine.model_builds import rebuild  # noqa: E402
 
 

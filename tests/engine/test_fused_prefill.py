@@ -9,10 +9,10 @@ import torch
 
 pytest.importorskip("triton", reason="triton is a GPU-side dependency; CI installs it for the interpreter")
 
-from engine.engine import EngineSpec, build_engine  # noqa: E402
-from engine.kernels.config import KernelConfig  # noqa: E402
-from engine.model.inputs import PrefillInputs  # noqa: E402
-from engine.model.prefill import prefill_logits  # noqa: E402
+from pegainfer.engine.engine import EngineSpec, build_engine  # noqa: E402
+from pegainfer.engine.kernels.config import KernelConfig  # noqa: E402
+from pegainfer.engine.model.inputs import PrefillInputs  # noqa: E402
+from pegainfer.engine.model.prefill import prefill_logits  # noqa: E402
 from tests.engine.model_builds import rebuild  # noqa: E402
 
 

@@ -12,9 +12,9 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def test_one_row_steps_choose_as_the_two_launch_form(tiny_model_dir):
-    from engine.engine import EngineSpec, build_engine
-    from engine.generate import generate
-    from engine.kernels.config import KernelConfig
+    from pegainfer.engine.engine import EngineSpec, build_engine
+    from pegainfer.engine.generate import generate
+    from pegainfer.engine.kernels.config import KernelConfig
     prompts = [[5, 17, 300, 2], [900, 1, 44], [7] * 20]
 
     def tokens(rows: int) -> list[list[int]]:

@@ -10,9 +10,9 @@ import queue
 import pytest
 import torch
 
-from engine.engine import EngineSpec, build_engine
-from engine.loop import GpuThread
-from engine.contract import Admit, Shutdown, StepEvents
+from pegainfer.engine.engine import EngineSpec, build_engine
+from pegainfer.engine.loop import GpuThread
+from pegainfer.engine.contract import Admit, Shutdown, StepEvents
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -9,10 +9,10 @@ import dataclasses
 import pytest
 import torch
 
-from engine.batch import RowInput
-from engine.engine import EngineSpec, build_engine
-from engine.model.inputs import PrefillInputs
-from engine.model.prefill import prefill_logits
+from pegainfer.engine.batch import RowInput
+from pegainfer.engine.engine import EngineSpec, build_engine
+from pegainfer.engine.model.inputs import PrefillInputs
+from pegainfer.engine.model.prefill import prefill_logits
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

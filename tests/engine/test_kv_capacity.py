@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kv_capacity import CPU_DEFAULT_SLOTS, MAX_AUTO_SLOTS, RESERVE_BYTES, CapacityError, kv_slots, slots_that_fit
+from pegainfer.engine.kv_capacity import CPU_DEFAULT_SLOTS, MAX_AUTO_SLOTS, RESERVE_BYTES, CapacityError, kv_slots, slots_that_fit
 
 LITE_BYTES_PER_TOKEN = 27 * 576 * 2  # layers x (512 latent + 64 rope) x bf16
 

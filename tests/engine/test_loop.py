@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import time
 
-from engine.contract import Admit, EngineDied, InjectFailure, PrefillStarted, Shutdown, StepEvents
-from engine.loop import IDLE_WAKE_S, GpuThread
-from ep.backend import RankFailure
+from pegainfer.engine.contract import Admit, EngineDied, InjectFailure, PrefillStarted, Shutdown, StepEvents
+from pegainfer.engine.loop import IDLE_WAKE_S, GpuThread
+from pegainfer.ep.backend import RankFailure
 from tests.engine.fake_engine import FakeEngine
 
 

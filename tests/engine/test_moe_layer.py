@@ -12,15 +12,15 @@ import torch
 
 pytest.importorskip("triton", reason="the kernel forms' limits live in Triton kernel modules")
 
-from engine.config import ModelConfig  # noqa: E402
-from engine.kernels.config import KernelConfig  # noqa: E402
-from engine.model.mlp import MLP  # noqa: E402
-from engine.model.moe import MoE  # noqa: E402
-from engine.model.route_counts import RouteCounts  # noqa: E402
-from engine.presets import preset_config  # noqa: E402
-from ep.backend import BackendCaps  # noqa: E402
-from ep.backends.local import LocalBackend  # noqa: E402
-from ep.experts import ExpertKernel, ExpertShard  # noqa: E402
+from pegainfer.engine.config import ModelConfig  # noqa: E402
+from pegainfer.engine.kernels.config import KernelConfig  # noqa: E402
+from pegainfer.engine.model.mlp import MLP  # noqa: E402
+from pegainfer.engine.model.moe import MoE  # noqa: E402
+from pegainfer.engine.model.route_counts import RouteCounts  # noqa: E402
+from pegainfer.engine.presets import preset_config  # noqa: E402
+from pegainfer.ep.backend import BackendCaps  # noqa: E402
+from pegainfer.ep.backends.local import LocalBackend  # noqa: E402
+from pegainfer.ep.experts import ExpertKernel, ExpertShard  # noqa: E402
 
 
 def _moe(expert_kernel: str, kernels: KernelConfig = KernelConfig()) -> MoE:
@@ -33,7 +33,7 @@ def _moe(expert_kernel: str, kernels: KernelConfig = KernelConfig()) -> MoE:
 
 
 def test_local_backend_hands_steps_above_the_router_limit_to_the_route_plan():
-    from engine.kernels.moe_route import MAX_TOKENS
+    from pegainfer.engine.kernels.moe_route import MAX_TOKENS
     moe = _moe("triton")  # as chosen on CUDA bf16
     assert moe.backend.caps == BackendCaps(graph_safe=True, expert_kernel="triton", fused_alignment=True)
     al = moe._alignment(MAX_TOKENS)

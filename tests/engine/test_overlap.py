@@ -9,11 +9,11 @@ import queue
 
 import pytest
 
-from engine.cuda_graphs import DecodeGraphs
-from engine.engine import EngineSpec, build_engine
-from engine.generate import generate
-from engine.loop import GpuThread
-from engine.contract import Admit, Cancel, Released, Shutdown, StepEvents, StopChoice
+from pegainfer.engine.cuda_graphs import DecodeGraphs
+from pegainfer.engine.engine import EngineSpec, build_engine
+from pegainfer.engine.generate import generate
+from pegainfer.engine.loop import GpuThread
+from pegainfer.engine.contract import Admit, Cancel, Released, Shutdown, StepEvents, StopChoice
 
 PROMPTS = [[5, 9, 200, 31], [7], list(range(40, 90)), [300, 301, 302, 303], [12, 13]]
 MAXES = [12, 5, 9, 20, 1]
@@ -171,8 +171,8 @@ def test_graph_buffers_keep_two_launched_steps_apart(engine):
     try:
         prompts = [PROMPTS[0], PROMPTS[3]]
         ref = offline(engine, prompts, [3, 3])
-        from engine.batch import RowInput
-        from engine.step_plan import StepPlan
+        from pegainfer.engine.batch import RowInput
+        from pegainfer.engine.step_plan import StepPlan
         first = engine.runner.run(StepPlan.greedy([RowInput(sl, p, 0) for sl, p in zip(slots, prompts)])).tokens
         n0 = [len(p) for p in prompts]
         step1 = graphs.launch([RowInput(sl, [t], n) for sl, t, n in zip(slots, first, n0)])

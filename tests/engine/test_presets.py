@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from engine.config import ModelConfig
-from engine.presets import PRESETS, preset_config, random_tensor, random_tensors, tensor_seed
-from engine.weights import expected_tensors
+from pegainfer.engine.config import ModelConfig
+from pegainfer.engine.presets import PRESETS, preset_config, random_tensor, random_tensors, tensor_seed
+from pegainfer.engine.weights import expected_tensors
 
 # deepseek-ai/DeepSeek-V2-Lite config.json (less auto_map), as published.
 PUBLISHED_LITE = {

@@ -12,10 +12,10 @@ import resource
 import pytest
 import torch
 
-from engine.engine import EngineSpec, build_engine
-from engine.loop import GpuThread
-from engine.contract import Admit, EngineDied, SamplingParams, Shutdown, StepEvents
-from engine.sampler import prompt_logprobs
+from pegainfer.engine.engine import EngineSpec, build_engine
+from pegainfer.engine.loop import GpuThread
+from pegainfer.engine.contract import Admit, EngineDied, SamplingParams, Shutdown, StepEvents
+from pegainfer.engine.sampler import prompt_logprobs
 
 PROMPT = [(7 * i + 3) % 1000 for i in range(50)]
 

@@ -12,14 +12,14 @@ import queue
 import pytest
 import torch
 
-from engine.batch import RowInput
-from engine.engine import EngineSpec, build_engine
-from engine.loop import GpuThread
-from engine.contract import Admit, EngineDied, SamplingParams, Shutdown, StepEvents
-from engine.request_guard import device_fault
-from engine.sampler import Draw
-from engine.step_plan import StepPlan
-from ep.backend import RankFailure
+from pegainfer.engine.batch import RowInput
+from pegainfer.engine.engine import EngineSpec, build_engine
+from pegainfer.engine.loop import GpuThread
+from pegainfer.engine.contract import Admit, EngineDied, SamplingParams, Shutdown, StepEvents
+from pegainfer.engine.request_guard import device_fault
+from pegainfer.engine.sampler import Draw
+from pegainfer.engine.step_plan import StepPlan
+from pegainfer.ep.backend import RankFailure
 
 PROMPT = [5, 9, 200, 31, 77, 12]
 NEIGHBOUR = Admit("n", [7, 8, 9, 10], 24, True, SamplingParams(temperature=0.9, top_k=50, seed=42, logprobs=2))

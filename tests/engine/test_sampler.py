@@ -9,9 +9,9 @@ import random
 import pytest
 import torch
 
-from engine.counter_rng import mix32, uniform
-from engine.contract import SamplingParams
-from engine.sampler import Draw, SamplingBatch, apply_penalties, sample
+from pegainfer.engine.counter_rng import mix32, uniform
+from pegainfer.engine.contract import SamplingParams
+from pegainfer.engine.sampler import Draw, SamplingBatch, apply_penalties, sample
 
 LOGITS = [2.0, 1.0, 0.5, 0.0, -0.5, -1.0, -2.0, -3.0]  # V = 8
 DRAWS = 20_000
@@ -185,7 +185,7 @@ def test_uniforms_are_in_the_open_unit_interval_and_spread():
 
 
 def test_argmax_rows_is_torch_argmax_ties_included():
-    from engine.sampler import argmax_rows
+    from pegainfer.engine.sampler import argmax_rows
     g = torch.Generator().manual_seed(3)
     for dt in (torch.float32, torch.bfloat16):
         x = torch.randn(6, 102400, generator=g).to(dt)

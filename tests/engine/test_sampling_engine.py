@@ -9,11 +9,11 @@ import queue
 import pytest
 import torch
 
-from engine.cuda_graphs import DecodeGraphs
-from engine.engine import EngineSpec, build_engine
-from engine.generate import generate
-from engine.loop import GpuThread
-from engine.contract import Admit, SamplingParams, Shutdown, StepEvents, StepRecord
+from pegainfer.engine.cuda_graphs import DecodeGraphs
+from pegainfer.engine.engine import EngineSpec, build_engine
+from pegainfer.engine.generate import generate
+from pegainfer.engine.loop import GpuThread
+from pegainfer.engine.contract import Admit, SamplingParams, Shutdown, StepEvents, StepRecord
 
 PROMPT = [5, 9, 200, 31, 77, 12]
 HOT = SamplingParams(temperature=1.0, seed=1234)
@@ -173,8 +173,8 @@ class EagerPrefillGraphs:
         return all(r.start_pos == 0 for r in rows)
 
     def run(self, rows, logits=False):
-        from engine.model.inputs import PrefillInputs
-        from engine.model.prefill import prefill_logits, prefill_step
+        from pegainfer.engine.model.inputs import PrefillInputs
+        from pegainfer.engine.model.prefill import prefill_logits, prefill_step
         self.calls.append(logits)
         ids, pos, slots, row_ids, last = [], [], [], [], []
         for i, r in enumerate(rows):

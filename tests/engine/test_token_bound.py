@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer as HFTokenizer
 from tokenizers import models, normalizers, pre_tokenizers, trainers
 
-from engine.checkpoint_writer import CORPUS
-from engine.token_bound import NFD_MAX, NFKD_MAX, token_bound
-from engine.tokenizer import Tokenizer
+from pegainfer.engine.checkpoint_writer import CORPUS
+from pegainfer.engine.token_bound import NFD_MAX, NFKD_MAX, token_bound
+from pegainfer.engine.tokenizer import Tokenizer
 
 BYTES = [f"<0x{b:02X}>" for b in range(256)]
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.checkpoint_writer import BOS_TOKEN, EOS_TOKEN, build_tokenizer, special_ids, tokenizer_config
-from engine.tokenizer import IncrementalDetokenizer, Tokenizer, TokenizerError
+from pegainfer.engine.checkpoint_writer import BOS_TOKEN, EOS_TOKEN, build_tokenizer, special_ids, tokenizer_config
+from pegainfer.engine.tokenizer import IncrementalDetokenizer, Tokenizer, TokenizerError
 
 SAMPLES = [
     "Hello, world! def f(x): return x ** 2",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.engine import Engine, EngineSpec, build_engine
-from ep.plan import RoutePlan
+from pegainfer.engine.engine import Engine, EngineSpec, build_engine
+from pegainfer.ep.plan import RoutePlan
 
 PROMPTS = [[5, 17, 300, 44, 9], [7], list(range(2, 60)), [100, 200, 300, 400, 12, 13]]
 

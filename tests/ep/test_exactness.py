@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.generate import generate
+from pegainfer.engine.generate import generate
 from tests.ep.conftest import PROMPTS, random_batch
 
 # (backend, ep size, weights source, dtype, chunk bytes): every multi-rank shape the gate covers. On

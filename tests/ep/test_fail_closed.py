@@ -8,23 +8,23 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from engine.config import ModelConfig
-from engine.engine import EngineSpec, build_engine
-from engine.ep_setup import ep_spec, moe_shape
-from engine.presets import PRESETS
-from ep import registry
-from ep.backends.nccl import NcclBackend, chunk_bytes_of
-from ep.backends.nccl_over_gloo_test import NcclOverGlooTestBackend
-from ep.nccl_runtime import (
+from pegainfer.engine.config import ModelConfig
+from pegainfer.engine.engine import EngineSpec, build_engine
+from pegainfer.engine.ep_setup import ep_spec, moe_shape
+from pegainfer.engine.presets import PRESETS
+from pegainfer.ep import registry
+from pegainfer.ep.backends.nccl import NcclBackend, chunk_bytes_of
+from pegainfer.ep.backends.nccl_over_gloo_test import NcclOverGlooTestBackend
+from pegainfer.ep.nccl_runtime import (
     NCCL_FLOORS,
     NcclRuntimeError,
     check_distinct_gpus,
     check_nccl_runtime,
 )
-from ep.ownership import Ownership, OwnershipError
-from ep.preflight import preflight
-from ep.rendezvous import ReadyRecord
-from ep.spec import EPSpec
+from pegainfer.ep.ownership import Ownership, OwnershipError
+from pegainfer.ep.preflight import preflight
+from pegainfer.ep.rendezvous import ReadyRecord
+from pegainfer.ep.spec import EPSpec
 
 
 @pytest.fixture
@@ -145,7 +145,7 @@ def test_the_test_only_transports_artifacts_say_so(caplog) -> None:
     import json
     import logging
 
-    from engine.generate import generate
+    from pegainfer.engine.generate import generate
     caplog.set_level(logging.INFO, logger="pegainfer")
     engine = build_engine(EngineSpec(random_preset="tiny", backend="nccl-over-gloo-test", ep_size=2))
     try:

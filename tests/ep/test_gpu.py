@@ -11,10 +11,10 @@ import time
 import pytest
 import torch
 
-from engine.engine import EngineSpec, build_engine
-from engine.generate import generate
-from ep.backend import RankFailure
-from ep.nccl_runtime import NcclRuntimeError
+from pegainfer.engine.engine import EngineSpec, build_engine
+from pegainfer.engine.generate import generate
+from pegainfer.ep.backend import RankFailure
+from pegainfer.ep.nccl_runtime import NcclRuntimeError
 from tests.ep.conftest import PROMPTS, random_batch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ep.ownership import Ownership, OwnershipError
+from pegainfer.ep.ownership import Ownership, OwnershipError
 
 
 @pytest.mark.parametrize("n_experts, world", [(8, 1), (8, 2), (8, 3), (8, 8), (64, 4), (64, 5), (64, 7)])

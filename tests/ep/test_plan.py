@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ep.ownership import Ownership
-from ep.plan import RoutePlan
+from pegainfer.ep.ownership import Ownership
+from pegainfer.ep.plan import RoutePlan
 
 
 def _plan(t: int = 7, k: int = 3, e: int = 8, seed: int = 0) -> tuple[RoutePlan, torch.Tensor, torch.Tensor]:

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from engine.engine import EngineSpec, build_engine
-from engine.generate import generate
-from ep.backend import RankFailure
+from pegainfer.engine.engine import EngineSpec, build_engine
+from pegainfer.engine.generate import generate
+from pegainfer.ep.backend import RankFailure
 from tests.ep.conftest import PROMPTS
 
 TIMEOUT_S = 3.0

@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from engine.engine import EngineSpec, build_engine
-from engine.generate import generate
-from ep.backend import RankFailure
-from ep.heartbeat import HEARTBEAT_S
-from ep.rendezvous import free_port
+from pegainfer.engine.engine import EngineSpec, build_engine
+from pegainfer.engine.generate import generate
+from pegainfer.ep.backend import RankFailure
+from pegainfer.ep.heartbeat import HEARTBEAT_S
+from pegainfer.ep.rendezvous import free_port
 from tests.ep.conftest import PROMPTS
 from tests.ep.test_rendezvous import MultiHostSpec, _start_worker
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ep import registry
-from ep.backend import MATURITIES
+from pegainfer.ep import registry
+from pegainfer.ep.backend import MATURITIES
 
 STATUS = Path(__file__).resolve().parents[2] / "docs" / "STATUS.md"
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from engine.engine import EngineSpec, build_engine
-from engine.ep_setup import load_rank_experts
-from engine.generate import generate
-from ep.backend import RankFailure
-from ep.rendezvous import (
+from pegainfer.engine.engine import EngineSpec, build_engine
+from pegainfer.engine.ep_setup import load_rank_experts
+from pegainfer.engine.generate import generate
+from pegainfer.ep.backend import RankFailure
+from pegainfer.ep.rendezvous import (
     ReadyRecord,
     free_port,
     host_store,
@@ -23,7 +23,7 @@ from ep.rendezvous import (
     post_ready,
     wait_for_ranks,
 )
-from ep.worker import end_process, run_expert_worker
+from pegainfer.ep.worker import end_process, run_expert_worker
 from tests.ep.conftest import PROMPTS
 
 
@@ -175,7 +175,7 @@ def test_the_cli_expert_worker_loads_through_the_engines_loader(tiny_model_dir) 
     from pathlib import Path
 
     port = free_port()
-    worker = subprocess.Popen([sys.executable, "-m", "daemon.cli", "expert-worker", "--rank", "1", "--world-size", "2",
+    worker = subprocess.Popen([sys.executable, "-m", "pegainfer.daemon.cli", "expert-worker", "--rank", "1", "--world-size", "2",
                                "--master-addr", "127.0.0.1", "--master-port", str(port), "--model",
                                str(tiny_model_dir), "--backend", "host-staged", "--num-threads", "1"],
                               cwd=Path(__file__).resolve().parents[2], stderr=subprocess.PIPE, text=True)

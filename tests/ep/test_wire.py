@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ep.scratch import Scratch
-from ep.wire import (
+from pegainfer.ep.scratch import Scratch
+from pegainfer.ep.wire import (
     CMD_RUN,
     Header,
     chunk_major_order,
@@ -80,10 +80,10 @@ def test_expert_kernel_follows_the_steps_routes_not_the_calls(monkeypatch) -> No
     import torch
     pytest.importorskip("triton")
 
-    from engine.kernels import moe_experts
-    from engine.kernels.config import ExpertTilings
-    from ep import experts as experts_mod
-    from ep.experts import ExpertKernel, ExpertShard
+    from pegainfer.engine.kernels import moe_experts
+    from pegainfer.engine.kernels.config import ExpertTilings
+    from pegainfer.ep import experts as experts_mod
+    from pegainfer.ep.experts import ExpertKernel, ExpertShard
     chosen = []
     monkeypatch.setattr(experts_mod, "grouped_mm_available", lambda device: True)
     monkeypatch.setattr(moe_experts, "fused_experts", lambda *a: chosen.append(("triton", a[-1])))

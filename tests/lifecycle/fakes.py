@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.contract import Admit, Token
-from lifecycle.request import Request
-from lifecycle.sink import TokenSink
-from lifecycle.states import RequestState
+from pegainfer.engine.contract import Admit, Token
+from pegainfer.lifecycle.request import Request
+from pegainfer.lifecycle.sink import TokenSink
+from pegainfer.lifecycle.states import RequestState
 
 
 @dataclasses.dataclass(slots=True)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.contract import Admit, SamplingParams
-from lifecycle.sink import SinkEnd
-from lifecycle.states import FinishReason, IllegalTransition, RequestState, TerminalReason
+from pegainfer.engine.contract import Admit, SamplingParams
+from pegainfer.lifecycle.sink import SinkEnd
+from pegainfer.lifecycle.states import FinishReason, IllegalTransition, RequestState, TerminalReason
 
 from tests.lifecycle.fakes import make_request
 

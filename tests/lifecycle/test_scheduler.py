@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 
-from engine.contract import PromptLogprobs
-from lifecycle.rejection import Draining, NotReady, QueueFull
-from lifecycle.request import Request
-from lifecycle.scheduler import SLOW_READER, Scheduler
-from lifecycle.sink import SinkItem
-from lifecycle.states import FinishReason, RequestState, TerminalReason
+from pegainfer.engine.contract import PromptLogprobs
+from pegainfer.lifecycle.rejection import Draining, NotReady, QueueFull
+from pegainfer.lifecycle.request import Request
+from pegainfer.lifecycle.scheduler import SLOW_READER, Scheduler
+from pegainfer.lifecycle.sink import SinkItem
+from pegainfer.lifecycle.states import FinishReason, RequestState, TerminalReason
 
 from tests.lifecycle.fakes import FakeClock, FakeEngine, RecordingObserver, drain_sink, make_request, tok
 

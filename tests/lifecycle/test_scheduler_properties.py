@@ -9,10 +9,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from lifecycle.rejection import Draining, NotReady, QueueFull, Rejection
-from lifecycle.request import Request
-from lifecycle.scheduler import Scheduler
-from lifecycle.states import ENGINE_HELD, TERMINAL, RequestState
+from pegainfer.lifecycle.rejection import Draining, NotReady, QueueFull, Rejection
+from pegainfer.lifecycle.request import Request
+from pegainfer.lifecycle.scheduler import Scheduler
+from pegainfer.lifecycle.states import ENGINE_HELD, TERMINAL, RequestState
 
 from tests.lifecycle.fakes import FakeClock, FakeEngine, RecordingObserver, drain_sink, make_request, tok
 

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from lifecycle.rejection import QueueFull
-from lifecycle.scheduler import Scheduler
-from lifecycle.service_rate import RETRY_AFTER_BOUNDS_S, ServiceRate
+from pegainfer.lifecycle.rejection import QueueFull
+from pegainfer.lifecycle.scheduler import Scheduler
+from pegainfer.lifecycle.service_rate import RETRY_AFTER_BOUNDS_S, ServiceRate
 from tests.lifecycle.fakes import FakeClock, FakeEngine, make_request, tok
 
 

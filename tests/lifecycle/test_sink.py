@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from engine.contract import PromptLogprobs, Token
-from lifecycle.sink import SinkEnd, SinkItem, TokenSink
-from lifecycle.states import FinishReason, RequestState, TerminalReason
+from pegainfer.engine.contract import PromptLogprobs, Token
+from pegainfer.lifecycle.sink import SinkEnd, SinkItem, TokenSink
+from pegainfer.lifecycle.states import FinishReason, RequestState, TerminalReason
 
 STOP = SinkEnd(RequestState.FINISHED, TerminalReason.COMPLETED_STOP, FinishReason.STOP)
 

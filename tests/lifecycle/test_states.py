@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from lifecycle.states import (
+from pegainfer.lifecycle.states import (
     ENGINE_HELD,
     TERMINAL,
     TRANSITIONS,

@@ -8,7 +8,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from daemon.settings import ENV_PREFIX, Settings, resolve
+from pegainfer.daemon.settings import ENV_PREFIX, Settings, resolve
 
 SYSTEMD = Path(__file__).resolve().parents[2] / "systemd"
 KEY_LINE = re.compile(r"^# ?([a-z_]+) = (.+)$")

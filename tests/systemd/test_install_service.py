@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.cli import build_parser, main
-from daemon.settings import resolve
+from pegainfer.daemon.cli import build_parser, main
+from pegainfer.daemon.settings import resolve
 from tests.daemon_process import ROOT
 
 UNIT = "etc/systemd/system/pegainfer.service"

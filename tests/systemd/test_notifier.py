@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from daemon.notify import ENGINE_LOGGER, EP_LOGGER, Notifier
-from engine.engine import log_event
-from ep.log import log_event as ep_log_event
+from pegainfer.daemon.notify import ENGINE_LOGGER, EP_LOGGER, Notifier
+from pegainfer.engine.engine import log_event
+from pegainfer.ep.log import log_event as ep_log_event
 from tests.systemd.notify_listener import NotifyListener
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.install_service import Installer, entry_point
-from daemon.settings import Settings
+from pegainfer.daemon.install_service import Installer, entry_point
+from pegainfer.daemon.settings import Settings
 
 UNIT = Path(__file__).resolve().parents[2] / "systemd" / "pegainfer.service"
 ANALYZE = shutil.which("systemd-analyze")

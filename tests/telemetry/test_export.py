@@ -15,14 +15,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from daemon.settings import Settings, SettingsError
+from pegainfer.daemon.settings import Settings, SettingsError
 from tools.traceview import reader as trace_reader
-from telemetry.export import GatedBatchProcessor
-from telemetry.recent import RecentSpans
-from telemetry.records import JsonlSpanExporter
-from daemon.debug_traces import traces_route
-from daemon.telemetry_setup import telemetry_for
-from telemetry.setup import otlp_traces_url
+from pegainfer.telemetry.export import GatedBatchProcessor
+from pegainfer.telemetry.recent import RecentSpans
+from pegainfer.telemetry.records import JsonlSpanExporter
+from pegainfer.daemon.debug_traces import traces_route
+from pegainfer.daemon.telemetry_setup import telemetry_for
+from pegainfer.telemetry.setup import otlp_traces_url
 from tests.telemetry.otlp_check import check_line
 
 
@@ -197,7 +197,7 @@ def test_the_stdlib_encoder_writes_what_orjson_writes():
     """telemetry/ encodes with the stdlib unless handed an encoder; the daemon hands it orjson's."""
     import orjson
 
-    from telemetry import otlp_json
+    from pegainfer.telemetry import otlp_json
 
     spans = finished_spans(4)
     assert otlp_json.line(spans) == otlp_json.line(spans, orjson.dumps)
@@ -211,7 +211,7 @@ def test_encoding_matches_the_sdk_protobuf_encoder():
     from google.protobuf.json_format import MessageToDict
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-    from telemetry import otlp_json
+    from pegainfer.telemetry import otlp_json
 
     spans = finished_spans(3)
     reference = MessageToDict(encode_spans(spans), use_integers_for_enums=True)
@@ -239,7 +239,7 @@ def test_an_unwritable_trace_file_is_a_settings_error(tmp_path: Path):
 def test_trace_file_rotation_is_a_setting(tmp_path: Path):
     import argparse
 
-    from daemon.settings import resolve
+    from pegainfer.daemon.settings import resolve
 
     settings = resolve(argparse.Namespace(trace_file=str(tmp_path / "t.jsonl"), trace_file_max_mb="2",
                                           trace_file_backups="0"), environ={})

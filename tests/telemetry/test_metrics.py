@@ -2,9 +2,9 @@
 of one request, terminal and token counters, scrape-time gauges, dropped spans, backend info."""
 from __future__ import annotations
 
-from engine.contract import EngineSnapshot, StepRecord
-from lifecycle.scheduler import Scheduler
-from telemetry.metrics import Metrics
+from pegainfer.engine.contract import EngineSnapshot, StepRecord
+from pegainfer.lifecycle.scheduler import Scheduler
+from pegainfer.telemetry.metrics import Metrics
 from tests.lifecycle.fakes import FakeClock, FakeEngine, make_request
 from tests.telemetry.prom import value
 
@@ -60,7 +60,7 @@ def test_scrape_time_gauges_dropped_spans_and_backend_info():
 def test_step_histogram_takes_n_equal_observations_as_n_observe_calls():
     from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-    from telemetry.metrics import ITL_BUCKETS, _StepHistogram
+    from pegainfer.telemetry.metrics import ITL_BUCKETS, _StepHistogram
 
     values = [(0.0, 3), (0.001, 2), (0.0012, 5), (0.25, 1), (5.0, 4), (9.5, 2)]  # on, between and past bounds
     a, b = CollectorRegistry(), CollectorRegistry()

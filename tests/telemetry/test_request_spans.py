@@ -11,14 +11,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from daemon.protocol import parse_completion
-from engine.contract import StepRecord
-from lifecycle.rejection import NotReady, QueueFull
-from lifecycle.scheduler import Scheduler
-from telemetry.clock import EpochClock
-from telemetry.hub import Telemetry
-from telemetry.request_spans import output_hash
-from telemetry.tracing import Tracing
+from pegainfer.daemon.protocol import parse_completion
+from pegainfer.engine.contract import StepRecord
+from pegainfer.lifecycle.rejection import NotReady, QueueFull
+from pegainfer.lifecycle.scheduler import Scheduler
+from pegainfer.telemetry.clock import EpochClock
+from pegainfer.telemetry.hub import Telemetry
+from pegainfer.telemetry.request_spans import output_hash
+from pegainfer.telemetry.tracing import Tracing
 from tests.lifecycle.fakes import FakeClock, FakeEngine, make_request, tok
 
 WALL = 1_700_000_000 * 10**9  # the epoch time of monotonic 0 in these tests
@@ -115,8 +115,8 @@ def test_a_finished_request_is_timed_from_its_timestamps(rig: Rig):
 
 
 def test_a_sampled_request_carries_its_sampling_attributes(rig: Rig):
-    from lifecycle.request import Request
-    from lifecycle.sink import TokenSink
+    from pegainfer.lifecycle.request import Request
+    from pegainfer.lifecycle.sink import TokenSink
 
     body = {"prompt": "hi", "max_tokens": 2, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 5,
             "presence_penalty": 0.5, "frequency_penalty": -0.25, "stop": ["\n", "END"], "n": 2, "best_of": 3,

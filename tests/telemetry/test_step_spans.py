@@ -7,12 +7,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanKind
 
-from engine.contract import StepRecord
-from telemetry import otlp_json
-from telemetry.engine_info import EngineInfo
-from telemetry.recent import RecentSpans
-from telemetry.step_spans import StepSpans
-from telemetry.tracing import MAX_LINKS, Tracing
+from pegainfer.engine.contract import StepRecord
+from pegainfer.telemetry import otlp_json
+from pegainfer.telemetry.engine_info import EngineInfo
+from pegainfer.telemetry.recent import RecentSpans
+from pegainfer.telemetry.step_spans import StepSpans
+from pegainfer.telemetry.tracing import MAX_LINKS, Tracing
 
 
 def _record(ids: list[str]) -> StepRecord:

@@ -7,9 +7,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from telemetry import otlp_json
-from telemetry.recent import RecentSpans
-from telemetry.tracing import Tracing
+from pegainfer.telemetry import otlp_json
+from pegainfer.telemetry.recent import RecentSpans
+from pegainfer.telemetry.tracing import Tracing
 
 
 def _without_span_id(encoded: dict) -> dict:

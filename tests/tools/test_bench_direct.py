@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.engine import EngineSpec, build_engine
-from engine.generate import generate
+from pegainfer.engine.engine import EngineSpec, build_engine
+from pegainfer.engine.generate import generate
 from tools import bench_direct
 from tools.benchkit import hf_side
 from tools.benchkit.direct import batch_prompts, run_ours, synchronizer, token_hash

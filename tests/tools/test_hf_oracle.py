@@ -89,7 +89,7 @@ def test_cli_writes_a_report(tiny_model_dir, tmp_path):
 
 def test_weights_in_the_engine_are_the_checkpoint(tiny_model_dir):
     """The engine's stacked experts are exactly the per-expert tensors on disk."""
-    from engine.engine import EngineSpec, build_engine
+    from pegainfer.engine.engine import EngineSpec, build_engine
     engine = build_engine(EngineSpec(model_dir=str(tiny_model_dir)))
     index = json.loads((tiny_model_dir / "model.safetensors.index.json").read_text())["weight_map"]
     name = "model.layers.2.mlp.experts.5.up_proj.weight"

@@ -9,7 +9,7 @@ import importlib
 
 import pytest
 
-from engine.kernels.config import ExpertTilings, HeadTiling, KernelConfig, RowTiling, Tiling
+from pegainfer.engine.kernels.config import ExpertTilings, HeadTiling, KernelConfig, RowTiling, Tiling
 from tools.benchkit import knobs
 
 DEFAULT = KernelConfig()
@@ -67,7 +67,7 @@ def test_tiling_and_split_flags():
     assert config.dense == dataclasses.replace(DEFAULT.dense, up_n=64, num_warps=8, num_stages=5)
     assert config.dense_rows == 0 and config.split_programs == 8
     pytest.importorskip("triton", reason="auto_split lives in a Triton kernel module")
-    from engine.kernels import mla_decode
+    from pegainfer.engine.kernels import mla_decode
     assert mla_decode.auto_split(1, 1024, config.split_programs) == 128  # 8 splits of 1,024 keys
     assert mla_decode.auto_split(1, 1024, DEFAULT.split_programs) == 32
 

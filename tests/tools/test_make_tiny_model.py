@@ -14,12 +14,12 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from engine import checkpoint_writer
-from engine.checkpoint_writer import write_checkpoint
-from engine.config import ConfigError, ModelConfig
-from engine.default_model import ensure_default_model
-from engine.tokenizer import Tokenizer
-from engine.weights import expected_tensors, load_tensors
+from pegainfer.engine import checkpoint_writer
+from pegainfer.engine.checkpoint_writer import write_checkpoint
+from pegainfer.engine.config import ConfigError, ModelConfig
+from pegainfer.engine.default_model import ensure_default_model
+from pegainfer.engine.tokenizer import Tokenizer
+from pegainfer.engine.weights import expected_tensors, load_tensors
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "make_tiny_model.py"
@@ -238,7 +238,7 @@ def test_default_model_is_written_once_and_races_are_safe(tmp_path, monkeypatch,
 
 
 def test_default_model_cache_location(tmp_path, monkeypatch):
-    from engine.default_model import cache_root
+    from pegainfer.engine.default_model import cache_root
 
     monkeypatch.delenv("PEGAINFER_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
@@ -249,8 +249,8 @@ def test_default_model_cache_location(tmp_path, monkeypatch):
 
 
 def test_preset_tokenizer_matches_the_preset_ids(tmp_path, monkeypatch, tiny_model_dir):
-    from engine.default_model import ensure_preset_tokenizer
-    from engine.presets import PRESETS
+    from pegainfer.engine.default_model import ensure_preset_tokenizer
+    from pegainfer.engine.presets import PRESETS
 
     monkeypatch.setenv("PEGAINFER_CACHE_DIR", str(tmp_path))
     folder = ensure_preset_tokenizer("tiny")

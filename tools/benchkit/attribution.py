@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from engine.phases import PHASES
+from pegainfer.engine.phases import PHASES
 
 PREFIX = "pegainfer::"
 

@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import torch
 
-from engine.batch import RowInput
-from engine.engine import Engine
-from engine.step_plan import StepPlan
+from pegainfer.engine.batch import RowInput
+from pegainfer.engine.engine import Engine
+from pegainfer.engine.step_plan import StepPlan
 from tools.benchkit.metrics import percentile
 
 

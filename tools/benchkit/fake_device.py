@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from engine.batch import RowInput
+from pegainfer.engine.batch import RowInput
 
 
 def made_up(rows: list[RowInput]) -> list[int]:

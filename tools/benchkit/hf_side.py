@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from engine.config import ModelConfig
-from engine.presets import preset_config, random_tensors
+from pegainfer.engine.config import ModelConfig
+from pegainfer.engine.presets import preset_config, random_tensors
 from tools.benchkit.direct import Timing
 
 

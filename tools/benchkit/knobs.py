@@ -38,7 +38,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from engine.kernels.config import KernelConfig
+from pegainfer.engine.kernels.config import KernelConfig
 
 
 def _as_is(v: int, default):

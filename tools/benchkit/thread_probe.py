@@ -8,8 +8,8 @@ import time
 
 import torch
 
-from engine.loop import GpuThread
-from engine.contract import Admit, Shutdown, StepEvents
+from pegainfer.engine.loop import GpuThread
+from pegainfer.engine.contract import Admit, Shutdown, StepEvents
 
 
 def thread_decode(engine, batches: list[int], prompt_len: int, new_tokens: int, overlap: bool) -> list[dict]:

@@ -35,8 +35,8 @@ if str(ROOT) not in sys.path:
 def tune_like_the_daemon() -> None:
     """The daemon's serving-time interpreter settings (collector, GIL switch interval), where this
     version of the daemon has them, so that both paths run as they would in it."""
-    import daemon.runtime
-    tune = getattr(daemon.runtime, "tune_for_serving", None)
+    from pegainfer.daemon import runtime
+    tune = getattr(runtime, "tune_for_serving", None)
     if tune is not None:
         tune()
 
@@ -44,14 +44,14 @@ def tune_like_the_daemon() -> None:
 async def loop_path(streams: int, tokens: int, rounds: int) -> list[float]:
     from starlette.requests import Request as HTTPRequest
 
-    from daemon.bridge import EngineBridge
-    from daemon.completions import create_completion
-    from daemon.settings import Settings
-    from engine.default_model import ensure_default_model
-    from engine.contract import Admit, Finished, StepEvents, StepRecord, Token
-    from engine.tokenizer import Tokenizer
-    from lifecycle.scheduler import Scheduler
-    from telemetry.hub import Telemetry
+    from pegainfer.daemon.bridge import EngineBridge
+    from pegainfer.daemon.completions import create_completion
+    from pegainfer.daemon.settings import Settings
+    from pegainfer.engine.default_model import ensure_default_model
+    from pegainfer.engine.contract import Admit, Finished, StepEvents, StepRecord, Token
+    from pegainfer.engine.tokenizer import Tokenizer
+    from pegainfer.lifecycle.scheduler import Scheduler
+    from pegainfer.telemetry.hub import Telemetry
     from tools.benchkit.workload import PROFILES, make_prompts
 
     admitted: list[str] = []
@@ -113,10 +113,10 @@ async def loop_path(streams: int, tokens: int, rounds: int) -> list[float]:
 
 
 def gpu_path(rows: int, steps: int, rounds: int, overlap: bool = False) -> list[float]:
-    from engine.default_model import ensure_default_model
-    from engine.engine import EngineSpec, build_engine
-    from engine.loop import GpuThread
-    from engine.contract import Admit
+    from pegainfer.engine.default_model import ensure_default_model
+    from pegainfer.engine.engine import EngineSpec, build_engine
+    from pegainfer.engine.loop import GpuThread
+    from pegainfer.engine.contract import Admit
     from tools.benchkit.fake_device import FakeDevice
 
     engine = build_engine(EngineSpec(model_dir=str(ensure_default_model()), num_slots=rows))

@@ -323,15 +323,15 @@ def report_lines(r: dict) -> list[str]:
 async def _serve(a: argparse.Namespace, port: int) -> Bench:
     import torch
 
-    from daemon.runtime import Runtime
-    from daemon.serve import serve_runtime
-    from daemon.settings import resolve
-    from daemon.telemetry_setup import telemetry_for
+    from pegainfer.daemon.runtime import Runtime
+    from pegainfer.daemon.serve import serve_runtime
+    from pegainfer.daemon.settings import resolve
+    from pegainfer.daemon.telemetry_setup import telemetry_for
 
     torch.set_num_threads(a.torch_threads)
     if a.switch_interval is not None:
-        import daemon.runtime
-        daemon.runtime.GIL_SWITCH_INTERVAL_S = a.switch_interval
+        from pegainfer.daemon import runtime
+        runtime.GIL_SWITCH_INTERVAL_S = a.switch_interval
     trace_file = a.trace_file
     if trace_file is None:
         trace_file = os.path.join(tempfile.mkdtemp(prefix="pegainfer-host-path-"), "trace.jsonl")

@@ -21,7 +21,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from engine.kernels import gemv  # noqa: E402
+from pegainfer.engine.kernels import gemv  # noqa: E402
 from tools.dev.kernel_bench import graph_time_us  # noqa: E402
 
 SHAPES = {"q_kv_a": (3072 + 576, 2048), "o_proj": (2048, 2048), "shared_gate_up": (2 * 2816, 2048),

@@ -23,10 +23,10 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from engine.batch import RowInput  # noqa: E402
-from engine.engine import EngineSpec, build_engine  # noqa: E402
-from engine.kernels.config import KernelConfig  # noqa: E402
-from engine.step_plan import StepPlan  # noqa: E402
+from pegainfer.engine.batch import RowInput  # noqa: E402
+from pegainfer.engine.engine import EngineSpec, build_engine  # noqa: E402
+from pegainfer.engine.kernels.config import KernelConfig  # noqa: E402
+from pegainfer.engine.step_plan import StepPlan  # noqa: E402
 from tools.benchkit import knobs  # noqa: E402
 
 
@@ -123,7 +123,7 @@ def graph_timeline(engine, batch: int, reps: int = 3) -> dict:
     import tempfile
 
     from torch.profiler import ProfilerActivity, profile
-    from engine.cuda_graphs import bucket
+    from pegainfer.engine.cuda_graphs import bucket
     graphs = engine.runner.graphs
     if graphs is None:
         return {"timeline_batch": batch, "skipped": "no CUDA graphs in this variant"}
@@ -175,9 +175,9 @@ def diagnose(preset: str, prompt_len: int, kernels: KernelConfig, profile_batch:
     """First decode step of one row, three ways: expand path (eager), absorbed path (eager call, an
     engine of the same weights without the Triton kernels), captured graph; then a profile of the
     absorbed decode step by kernel."""
-    from engine.batch import Batch
-    from engine.model.decode import decode_logits
-    from engine.model.inputs import DecodeInputs
+    from pegainfer.engine.batch import Batch
+    from pegainfer.engine.model.decode import decode_logits
+    from pegainfer.engine.model.inputs import DecodeInputs
 
     def build(k: KernelConfig):
         return build_engine(EngineSpec(random_preset=preset, device="cuda", dtype="bfloat16",
@@ -269,8 +269,8 @@ def prefill_profile(cases: list[tuple[int, int]], kernels: KernelConfig) -> None
     (prompts, tokens per prompt) cases, with the top kernels."""
     from torch.profiler import ProfilerActivity, profile
 
-    from engine.model.inputs import PrefillInputs
-    from engine.model.prefill import prefill_step
+    from pegainfer.engine.model.inputs import PrefillInputs
+    from pegainfer.engine.model.prefill import prefill_step
     longest = max(n for _, n in cases)
     engine = build_engine(EngineSpec(random_preset="lite", device="cuda", dtype="bfloat16",
                                      num_slots=max(r for r, _ in cases), max_model_len=longest + 64, kernels=kernels))

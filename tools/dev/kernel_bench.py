@@ -23,17 +23,17 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from engine.config import ModelConfig  # noqa: E402
-from engine.cuda_graphs import capture  # noqa: E402
-from engine.kernels import mla_output, moe_experts  # noqa: E402
-from engine.kernels.config import KernelConfig, RowTiling  # noqa: E402
-from engine.kernels.mla_decode import auto_split  # noqa: E402
-from engine.kernels.moe_route import fused_route  # noqa: E402
-from engine.kernels.rmsnorm import moe_rmsnorm, rmsnorm  # noqa: E402
-from engine.presets import PRESETS  # noqa: E402
-from ep.experts import ExpertShard  # noqa: E402
-from ep.plan import RoutePlan  # noqa: E402
-from engine.model.router import route  # noqa: E402
+from pegainfer.engine.config import ModelConfig  # noqa: E402
+from pegainfer.engine.cuda_graphs import capture  # noqa: E402
+from pegainfer.engine.kernels import mla_output, moe_experts  # noqa: E402
+from pegainfer.engine.kernels.config import KernelConfig, RowTiling  # noqa: E402
+from pegainfer.engine.kernels.mla_decode import auto_split  # noqa: E402
+from pegainfer.engine.kernels.moe_route import fused_route  # noqa: E402
+from pegainfer.engine.kernels.rmsnorm import moe_rmsnorm, rmsnorm  # noqa: E402
+from pegainfer.engine.presets import PRESETS  # noqa: E402
+from pegainfer.ep.experts import ExpertShard  # noqa: E402
+from pegainfer.ep.plan import RoutePlan  # noqa: E402
+from pegainfer.engine.model.router import route  # noqa: E402
 
 
 DEFAULT = KernelConfig()
@@ -78,7 +78,7 @@ def mla_rows(batches: list[int], length: int = 256, ctx: int = 150) -> list[dict
     """MLA decode attention of one layer at lite's shapes (16 heads, latent 512 + 64, value 128):
     the split kernel and each merge kernel with W_UV applied, µs per layer; at a few rows also the
     output kernel against the separate kernels it replaces (output_rows)."""
-    from engine.kernels.mla_decode import mla_decode
+    from pegainfer.engine.kernels.mla_decode import mla_decode
     dev, dt = torch.device("cuda"), torch.bfloat16
     h, rank, rope, v = 16, 512, 64, 128
     w_uv_t = torch.randn(h, rank, v, device=dev, dtype=dt) * 0.05
@@ -111,8 +111,8 @@ def output_rows(q, cache, slots, lens, length: int, w_uv_t) -> dict:
     few tilings (block j, block k, warps), µs including the split and merge launches. Each o_proj
     read comes from HBM: one weight copy per call of the 20 in a graph, as in the step."""
     import torch.nn.functional as F
-    from engine.kernels.mla_decode import mla_decode
-    from engine.kernels.rmsnorm import rmsnorm
+    from pegainfer.engine.kernels.mla_decode import mla_decode
+    from pegainfer.engine.kernels.rmsnorm import rmsnorm
     b, hid, rank = q.shape[0], 2048, w_uv_t.shape[1]
     split_len = auto_split(b, length, DEFAULT.split_programs)
     dev, dt = q.device, q.dtype
@@ -138,7 +138,7 @@ def norm_proj_rows() -> dict:
     cuBLAS's q/kv_a GEMV ("apart"), against engine/kernels/norm_proj.py under a few tilings (block j,
     block k, warps), µs. One weight copy per call of the 20 in a graph, as in the step."""
     import torch.nn.functional as F
-    from engine.kernels.norm_proj import norm_proj
+    from pegainfer.engine.kernels.norm_proj import norm_proj
     dev, dt, hid, n = torch.device("cuda"), torch.bfloat16, 2048, 3072 + 576
     ws = [torch.randn(n, hid, device=dev, dtype=dt) * 0.02 for _ in range(20)]
     routed, shared = torch.randn(1, 6, hid, device=dev), torch.randn(1, hid, device=dev, dtype=dt)

@@ -62,7 +62,7 @@ class SpawnedDaemon:
         self.trace_file = work_dir / f"daemon-{index}.trace.jsonl"
         self.log_path = work_dir / f"daemon-{index}.log"
         self.flags = list(flags)
-        self.args = [sys.executable, "-m", "daemon.cli", "serve", "--port", str(self.port),
+        self.args = [sys.executable, "-m", "pegainfer.daemon.cli", "serve", "--port", str(self.port),
                      "--trace-file", str(self.trace_file), "--debug-hooks", *base_flags, *flags]
         self.proc: subprocess.Popen | None = None
         self.exit_code: int | None = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 
-from daemon.settings import Settings
+from pegainfer.daemon.settings import Settings
 from tools.reliakit import observation as o
 from tools.reliakit import server_checks as sc
 from tools.reliakit.check import PASS, Check, skipped

@@ -8,14 +8,14 @@ import dataclasses
 
 import torch
 
-from engine.config import ModelConfig
-from engine.kernels.config import KernelConfig
-from engine.kv_cache import MLACache
-from engine.model.attention import MLAttention
-from engine.model.inputs import DecodeInputs
-from engine.model.rope import Rope
-from engine.presets import preset_config, random_tensor
-from engine.weights import expected_tensors
+from pegainfer.engine.config import ModelConfig
+from pegainfer.engine.kernels.config import KernelConfig
+from pegainfer.engine.kv_cache import MLACache
+from pegainfer.engine.model.attention import MLAttention
+from pegainfer.engine.model.inputs import DecodeInputs
+from pegainfer.engine.model.rope import Rope
+from pegainfer.engine.presets import preset_config, random_tensor
+from pegainfer.engine.weights import expected_tensors
 
 LAYER, SLOTS, MAX_LEN = 1, 20, 320
 FUSED, TORCH = KernelConfig(), KernelConfig(triton=False)

@@ -9,14 +9,14 @@ import torch
 
 pytest.importorskip("triton", reason="triton is a GPU-side dependency; CI installs it for the interpreter")
 
-from engine.kernels.config import KernelConfig  # noqa: E402
+from pegainfer.engine.kernels.config import KernelConfig  # noqa: E402
 
 ROWS = KernelConfig().argmax_rows  # the tickets the decode step holds
 
 
 def test_argmax_is_torch_argmax(triton_interpreter, gen):
-    from engine.kernels.argmax import argmax
-    from engine.kernels.ticket import tickets
+    from pegainfer.engine.kernels.argmax import argmax
+    from pegainfer.engine.kernels.ticket import tickets
     ticket = tickets(ROWS, "cpu")
     x = torch.randn(6, 1000, generator=gen)
     x[1, 10] = x[1, 990] = x[1].max() + 1  # equal maxima in different chunks
@@ -34,9 +34,9 @@ def test_argmax_is_torch_argmax(triton_interpreter, gen):
 
 
 def test_gpu_argmax_is_torch_argmax_and_replays_the_same(triton_gpu):
-    from engine.cuda_graphs import capture
-    from engine.kernels.argmax import argmax
-    from engine.kernels.ticket import tickets
+    from pegainfer.engine.cuda_graphs import capture
+    from pegainfer.engine.kernels.argmax import argmax
+    from pegainfer.engine.kernels.ticket import tickets
     g = torch.Generator(device="cuda").manual_seed(0)
     ticket = tickets(ROWS, "cuda")
     for rows in (1, 3, 64, 256):

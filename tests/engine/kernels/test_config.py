@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from engine.kernels.config import ExpertTilings, HeadTiling, KernelConfig, RowTiling, Tiling
+from pegainfer.engine.kernels.config import ExpertTilings, HeadTiling, KernelConfig, RowTiling, Tiling
 
 
 def test_frozen_and_hashable():

@@ -11,7 +11,7 @@ pytest.importorskip("triton", reason="triton is a GPU-side dependency; CI instal
 
 
 def test_partial_sums_add_up_to_the_product(triton_interpreter, gen):
-    from engine.kernels import gemv
+    from pegainfer.engine.kernels import gemv
     xs = torch.randn(3, 300, generator=gen)
     wo = torch.randn(96, 300, generator=gen)
     for tiling in (gemv.Tiling(16, 128, 2), gemv.Tiling(32, 64, 4)):  # 4 splits of 75 padded to 128: one runs empty
@@ -22,7 +22,7 @@ def test_partial_sums_add_up_to_the_product(triton_interpreter, gen):
 
 
 def test_gpu_partial_sums_match_f_linear_at_the_lite_o_proj_shape(triton_gpu):
-    from engine.kernels import gemv
+    from pegainfer.engine.kernels import gemv
     g = torch.Generator(device="cuda").manual_seed(0)
     for rows in (1, 3, 4):
         x = torch.randn(rows, 2048, device="cuda", dtype=torch.bfloat16, generator=g)

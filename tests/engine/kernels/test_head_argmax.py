@@ -12,12 +12,12 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton", reason="triton is a GPU-side dependency; CI installs it for the interpreter")
 
-from engine.kernels.config import HeadTiling, KernelConfig  # noqa: E402
+from pegainfer.engine.kernels.config import HeadTiling, KernelConfig  # noqa: E402
 
 
 def test_head_argmax_is_linear_then_argmax(triton_interpreter, gen):
-    from engine.kernels import head_argmax as ha
-    from engine.kernels.ticket import tickets
+    from pegainfer.engine.kernels import head_argmax as ha
+    from pegainfer.engine.kernels.ticket import tickets
     ticket = tickets(1, "cpu")
     hw = torch.randn(1000, 64, generator=gen)
     hh = torch.randn(1, 64, generator=gen)
@@ -45,9 +45,9 @@ V, K = 102400, 2048
 
 
 def test_gpu_head_argmax_is_linear_then_argmax(triton_gpu):
-    from engine.cuda_graphs import capture
-    from engine.kernels import head_argmax
-    from engine.kernels.ticket import tickets
+    from pegainfer.engine.cuda_graphs import capture
+    from pegainfer.engine.kernels import head_argmax
+    from pegainfer.engine.kernels.ticket import tickets
     tiling = KernelConfig().head
     g = torch.Generator(device="cuda").manual_seed(0)
     ticket = tickets(1, "cuda")

@@ -23,7 +23,7 @@ def _inputs(gen: torch.Generator) -> tuple:
 
 
 def test_split_attention_is_a_softmax_over_each_rows_length(triton_interpreter, gen):
-    from engine.kernels.mla_decode import mla_decode
+    from pegainfer.engine.kernels.mla_decode import mla_decode
     cache, q, slots, lens = _inputs(gen)
     got = mla_decode(q, cache, slots, lens, 80, 0.3, RANK, split_len=32, merge="row")
     for b in range(B):
@@ -34,7 +34,7 @@ def test_split_attention_is_a_softmax_over_each_rows_length(triton_interpreter, 
 
 
 def test_both_merges_apply_w_uv(triton_interpreter, gen):
-    from engine.kernels.mla_decode import mla_decode
+    from pegainfer.engine.kernels.mla_decode import mla_decode
     cache, q, slots, lens = _inputs(gen)
     v = 24
     w_uv = torch.randn(H, RANK, v, generator=gen)
@@ -46,7 +46,7 @@ def test_both_merges_apply_w_uv(triton_interpreter, gen):
 
 
 def test_split_and_merge_follow_the_config():
-    from engine.kernels.mla_decode import auto_split, merge_form
+    from pegainfer.engine.kernels.mla_decode import auto_split, merge_form
     # enough splits that rows x splits reach the program target, no split under one block of 32 keys
     assert auto_split(1, 1024, 264) == 32 and auto_split(64, 1024, 264) == 224 and auto_split(1, 1024, 8) == 128
     assert auto_split(300, 300, 264) == 320  # one split: the whole bound in blocks of 32

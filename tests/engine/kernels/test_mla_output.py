@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("triton", reason="triton is a GPU-side dependency; CI installs it for the interpreter")
 
-from engine.kernels.config import KernelConfig  # noqa: E402
+from pegainfer.engine.kernels.config import KernelConfig  # noqa: E402
 from tests.engine.kernels import mla_cases  # noqa: E402
 
 
@@ -39,7 +39,7 @@ def test_output_kernel_matches_the_torch_path(triton_interpreter, request, overr
 
 def test_output_kernel_runs_up_to_its_rows_only(triton_interpreter, monkeypatch):
     """Above mla_output_rows rows decode_norm takes the separate launches; at 0 it never launches."""
-    from engine.kernels import mla_output
+    from pegainfer.engine.kernels import mla_output
     calls = []
     real = mla_output.proj_norm
     monkeypatch.setattr(mla_output, "proj_norm", lambda *a: calls.append(a[0].shape[0]) or real(*a))
@@ -57,11 +57,11 @@ LAYER, SLOTS, MAX_LEN = 1, 8, 1024
 
 
 def _lite_attention(kernels: KernelConfig):
-    from engine.config import ModelConfig
-    from engine.model.attention import MLAttention
-    from engine.model.rope import Rope
-    from engine.presets import PRESETS, random_tensor
-    from engine.weights import expected_tensors
+    from pegainfer.engine.config import ModelConfig
+    from pegainfer.engine.model.attention import MLAttention
+    from pegainfer.engine.model.rope import Rope
+    from pegainfer.engine.presets import PRESETS, random_tensor
+    from pegainfer.engine.weights import expected_tensors
     cfg = ModelConfig.from_dict(PRESETS["lite"])
     prefix = f"model.layers.{LAYER}.self_attn."
     w = {n: random_tensor(n, s, 0).to(torch.bfloat16).cuda() for n, s in expected_tensors(cfg).items()
@@ -70,9 +70,9 @@ def _lite_attention(kernels: KernelConfig):
 
 
 def test_gpu_output_kernel_matches_the_torch_path_and_replays_the_same_bits(triton_gpu):
-    from engine.cuda_graphs import capture
-    from engine.kv_cache import MLACache
-    from engine.model.inputs import DecodeInputs
+    from pegainfer.engine.cuda_graphs import capture
+    from pegainfer.engine.kv_cache import MLACache
+    from pegainfer.engine.model.inputs import DecodeInputs
     cfg, attn = _lite_attention(KernelConfig())
     _, ref_attn = _lite_attention(KernelConfig(triton=False))
     g = torch.Generator(device="cuda").manual_seed(0)

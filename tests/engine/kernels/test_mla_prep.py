@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("triton", reason="triton is a GPU-side dependency; CI installs it for the interpreter")
 
-from engine.model.norm import rms_norm  # noqa: E402
+from pegainfer.engine.model.norm import rms_norm  # noqa: E402
 from tests.engine.kernels import mla_cases  # noqa: E402
 
 
@@ -24,7 +24,7 @@ def _rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("nh,nope,rope,rank", [(4, 16, 8, 32), (3, 12, 6, 40)])
 def test_prep_writes_the_cache_entries_and_makes_the_absorbed_query(triton_interpreter, gen, nh, nope, rope, rank):
-    from engine.kernels.mla_prep import mla_prep
+    from pegainfer.engine.kernels.mla_prep import mla_prep
     b, slots_n, max_len = 19, 6, 40  # two row blocks of 16
     q = torch.randn(b, nh * (nope + rope) + 5, generator=gen)[:, :nh * (nope + rope)]  # strided rows
     kv = torch.randn(b, rank + rope, generator=gen)

@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("triton", reason="triton is a GPU-side dependency; CI installs it for the interpreter")
 
-from ep.plan import RoutePlan  # noqa: E402
+from pegainfer.ep.plan import RoutePlan  # noqa: E402
 
 T, H, E, K = 5, 48, 16, 4
 
@@ -19,7 +19,7 @@ def _plan(gen: torch.Generator, device: str = "cpu") -> RoutePlan:
 
 
 def test_combine_and_weigh_give_the_cpu_paths_bits(triton_interpreter, gen):
-    from engine.kernels.moe_combine import combine_routes, weigh
+    from pegainfer.engine.kernels.moe_combine import combine_routes, weigh
     plan = _plan(gen)
     contrib = torch.randn(T * K, H, generator=gen)
     assert torch.equal(combine_routes(contrib, plan.perm, K), plan.combine(contrib))
@@ -28,7 +28,7 @@ def test_combine_and_weigh_give_the_cpu_paths_bits(triton_interpreter, gen):
 
 
 def test_gpu_combine_adds_in_slot_order(triton_gpu, gen):
-    from engine.kernels.moe_combine import combine_routes, weigh
+    from pegainfer.engine.kernels.moe_combine import combine_routes, weigh
     plan = _plan(gen, "cuda")
     contrib = torch.randn(T * K, H, generator=gen).cuda() * torch.logspace(-3, 3, H, device="cuda")
     token_major = plan.token_major(contrib)  # [T, k, H]

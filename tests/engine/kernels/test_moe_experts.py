@@ -12,9 +12,9 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton", reason="triton is a GPU-side dependency; CI installs it for the interpreter")
 
-from engine.kernels.config import ExpertTilings, KernelConfig, Tiling  # noqa: E402
-from ep.experts import ExpertShard  # noqa: E402
-from ep.plan import RoutePlan  # noqa: E402
+from pegainfer.engine.kernels.config import ExpertTilings, KernelConfig, Tiling  # noqa: E402
+from pegainfer.ep.experts import ExpertShard  # noqa: E402
+from pegainfer.ep.plan import RoutePlan  # noqa: E402
 
 T, H, E, K, I = 5, 48, 16, 4, 40
 TILINGS = ExpertTilings()
@@ -25,8 +25,8 @@ def _shard(gen: torch.Generator, n: int) -> ExpertShard:
 
 
 def test_both_forms_are_the_per_expert_loop(triton_interpreter, gen):
-    from engine.kernels.moe_experts import Alignment, fused_experts, fused_experts_token_major
-    from engine.kernels.moe_route import fused_route
+    from pegainfer.engine.kernels.moe_experts import Alignment, fused_experts, fused_experts_token_major
+    from pegainfer.engine.kernels.moe_route import fused_route
     x = torch.randn(T, H, generator=gen)
     gate = torch.randn(E, H, generator=gen)
     shard = _shard(gen, E)
@@ -62,8 +62,8 @@ def test_token_major_form_of_every_listing(triton_interpreter, gen, case):
     """Every shape of the router's listing, as the decode step makes it (with the ticket: the
     one-launch form up to 16 tokens; tests/engine/kernels/test_moe_route.py checks that both forms
     list the same): the experts' outputs per route are the per-expert loop's."""
-    from engine.kernels.moe_experts import Alignment, fused_experts_token_major
-    from engine.kernels.moe_route import fused_route
+    from pegainfer.engine.kernels.moe_experts import Alignment, fused_experts_token_major
+    from pegainfer.engine.kernels.moe_route import fused_route
     tokens, k, n_exp, kw = case
     gate = torch.randn(n_exp, H, generator=gen)
     shard = _shard(gen, n_exp)
@@ -85,7 +85,7 @@ def test_tiling_follows_the_steps_routes():
 
 
 def test_dense_swiglu_is_one_expert_holding_every_row(triton_interpreter, gen):
-    from engine.kernels.moe_experts import DenseRows, dense_swiglu
+    from pegainfer.engine.kernels.moe_experts import DenseRows, dense_swiglu
     x = torch.randn(T, H, generator=gen)
     gate_up = torch.randn(2 * I, H, generator=gen)
     rows = DenseRows()
@@ -99,9 +99,9 @@ def test_dense_swiglu_is_one_expert_holding_every_row(triton_interpreter, gen):
 @pytest.mark.parametrize("inter", [2816, 10944])
 @pytest.mark.parametrize("rows", [1, 4, 16])
 def test_gpu_dense_swiglu_matches_cublas_and_the_swiglu_launch(triton_gpu, inter, rows):
-    from engine.cuda_graphs import capture
-    from engine.kernels.moe_experts import DenseRows, dense_swiglu
-    from engine.kernels.swiglu import swiglu
+    from pegainfer.engine.cuda_graphs import capture
+    from pegainfer.engine.kernels.moe_experts import DenseRows, dense_swiglu
+    from pegainfer.engine.kernels.swiglu import swiglu
     tiling = KernelConfig().dense
     g = torch.Generator(device="cuda").manual_seed(rows)
     w = (torch.randn(2 * inter, 2048, device="cuda", generator=g) * 0.02).bfloat16()

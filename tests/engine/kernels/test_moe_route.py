@@ -11,8 +11,8 @@ import torch
 
 pytest.importorskip("triton", reason="triton is a GPU-side dependency; CI installs it for the interpreter")
 
-from engine.model.router import route  # noqa: E402
-from ep.plan import RoutePlan  # noqa: E402
+from pegainfer.engine.model.router import route  # noqa: E402
+from pegainfer.ep.plan import RoutePlan  # noqa: E402
 
 H, E, K = 48, 16, 4
 GROUPED = dict(method="group_limited_greedy", n_group=4, topk_group=2)
@@ -27,7 +27,7 @@ def _sorted_route(x, gate, k, **kw) -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("kw", [dict(), dict(norm_topk_prob=True, scaling=2.5), dict(GROUPED, norm_topk_prob=True)])
 def test_router_is_route_then_the_per_token_sort(triton_interpreter, gen, kw):
-    from engine.kernels.moe_route import fused_route
+    from pegainfer.engine.kernels.moe_route import fused_route
     x = torch.randn(5, H, generator=gen)
     gate = torch.randn(E, H, generator=gen)
     w_ref, e_ref = _sorted_route(x, gate, K, **kw)
@@ -39,8 +39,8 @@ def test_router_is_route_then_the_per_token_sort(triton_interpreter, gen, kw):
 
 
 def test_listing_by_expert_matches_the_plan_and_counts_the_totals(triton_interpreter, gen):
-    from engine.kernels.moe_experts import Alignment
-    from engine.kernels.moe_route import fused_route
+    from pegainfer.engine.kernels.moe_experts import Alignment
+    from pegainfer.engine.kernels.moe_route import fused_route
     x = torch.randn(5, H, generator=gen)
     gate = torch.randn(E, H, generator=gen)
     w, e = fused_route(x, gate, top_k=K)
@@ -67,8 +67,8 @@ CASES = [(20, K, E, dict()), (20, K, E, GROUPED), (1, K, E, dict()), (17, 1, 64,
 def test_listing_of_every_shape(triton_interpreter, gen, case, ticket):
     """Without a ticket: logits, then the selection kernel (lists up to 16 tokens, a third launch
     above); with one, up to 16 tokens the one-launch router, whose last program selects and lists."""
-    from engine.kernels.moe_experts import Alignment
-    from engine.kernels.moe_route import fused_route
+    from pegainfer.engine.kernels.moe_experts import Alignment
+    from pegainfer.engine.kernels.moe_route import fused_route
     tokens, k, n_exp, kw = case
     gate = torch.randn(n_exp, H, generator=gen)
     xb = torch.randn(tokens, H, generator=gen)
@@ -92,9 +92,9 @@ def test_listing_of_every_shape(triton_interpreter, gen, case, ticket):
 
 
 def test_gpu_one_launch_router_lists_the_same_routes_as_two_launches(triton_gpu):
-    from engine.cuda_graphs import capture
-    from engine.kernels.moe_experts import Alignment
-    from engine.kernels.moe_route import fused_route
+    from pegainfer.engine.cuda_graphs import capture
+    from pegainfer.engine.kernels.moe_experts import Alignment
+    from pegainfer.engine.kernels.moe_route import fused_route
     g = torch.Generator(device="cuda").manual_seed(0)
     gate = torch.randn(64, 2048, device="cuda", generator=g) * 0.02
     ticket = torch.zeros(1, dtype=torch.int32, device="cuda")

@@ -13,13 +13,13 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton", reason="triton is a GPU-side dependency; CI installs it for the interpreter")
 
-from engine.kernels.config import KernelConfig, RowTiling  # noqa: E402
+from pegainfer.engine.kernels.config import KernelConfig, RowTiling  # noqa: E402
 
 
 @pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
 def test_norm_proj_is_the_norm_then_the_projection(triton_interpreter, gen, dt):
-    from engine.kernels.norm_proj import norm_proj
-    from engine.kernels.rmsnorm import moe_rmsnorm, rmsnorm
+    from pegainfer.engine.kernels.norm_proj import norm_proj
+    from pegainfer.engine.kernels.rmsnorm import moe_rmsnorm, rmsnorm
     hid, n = 200, 37
     w = (torch.randn(n, hid, generator=gen) / 8).to(dt)
     nw = (1 + 0.1 * torch.randn(hid, generator=gen)).to(dt)
@@ -54,9 +54,9 @@ def test_norm_proj_is_the_norm_then_the_projection(triton_interpreter, gen, dt):
 
 
 def test_gpu_norm_proj_matches_the_norm_kernel_and_cublas(triton_gpu):
-    from engine.cuda_graphs import capture
-    from engine.kernels.norm_proj import norm_proj
-    from engine.kernels.rmsnorm import moe_rmsnorm, rmsnorm
+    from pegainfer.engine.cuda_graphs import capture
+    from pegainfer.engine.kernels.norm_proj import norm_proj
+    from pegainfer.engine.kernels.rmsnorm import moe_rmsnorm, rmsnorm
     tiling = KernelConfig().norm_proj
     g = torch.Generator(device="cuda").manual_seed(0)
     bf = torch.bfloat16
@@ -81,8 +81,8 @@ def test_gpu_norm_proj_matches_the_norm_kernel_and_cublas(triton_gpu):
 def test_gpu_first_layer_reads_the_embedding_row_itself(triton_gpu):
     # the token's row of lite's embedding table, the same bits as F.embedding then the launch, and
     # the same bits on each graph replay with a new token written into the graph's input
-    from engine.cuda_graphs import capture
-    from engine.kernels.norm_proj import norm_proj
+    from pegainfer.engine.cuda_graphs import capture
+    from pegainfer.engine.kernels.norm_proj import norm_proj
     tiling = KernelConfig().norm_proj
     g = torch.Generator(device="cuda").manual_seed(1)
     bf = torch.bfloat16

@@ -12,7 +12,7 @@ pytest.importorskip("triton", reason="triton is a GPU-side dependency; CI instal
 
 
 def test_packed_attention_is_sdpa_per_prompt(triton_interpreter, gen):
-    from engine.kernels.prefill_attention import packed_causal_attention
+    from pegainfer.engine.kernels.prefill_attention import packed_causal_attention
     lens, pads = [1, 70, 5], 3
     t, nh, nope, rope, v_dim = sum(lens) + pads, 3, 16, 8, 12
     q = torch.randn(t, nh, nope + rope, generator=gen)

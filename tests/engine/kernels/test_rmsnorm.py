@@ -7,11 +7,11 @@ import torch
 
 pytest.importorskip("triton", reason="triton is a GPU-side dependency; CI installs it for the interpreter")
 
-from engine.model.norm import rms_norm  # noqa: E402
+from pegainfer.engine.model.norm import rms_norm  # noqa: E402
 
 
 def test_rmsnorm_with_and_without_the_residual_add(triton_interpreter, gen):
-    from engine.kernels.rmsnorm import rmsnorm
+    from pegainfer.engine.kernels.rmsnorm import rmsnorm
     x = torch.randn(5, 96, generator=gen)
     r = torch.randn(5, 96, generator=gen)
     w = 1 + 0.1 * torch.randn(96, generator=gen)
@@ -26,7 +26,7 @@ def test_rmsnorm_with_and_without_the_residual_add(triton_interpreter, gen):
 def test_moe_combine_folded_into_the_next_norm(triton_interpreter, gen):
     """routed [T, k, H] float32 per route, summed in route order, plus the shared experts and the
     residual: the combine's sum and the reference norm of it."""
-    from engine.kernels.rmsnorm import moe_rmsnorm
+    from pegainfer.engine.kernels.rmsnorm import moe_rmsnorm
     t, k, h = 5, 4, 48
     routed = torch.randn(t, k, h, generator=gen)
     shared = torch.randn(t, h, generator=gen)

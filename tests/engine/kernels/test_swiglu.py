@@ -14,7 +14,7 @@ T, I = 5, 40
 
 
 def test_swiglu_is_silu_times_up(triton_interpreter, gen):
-    from engine.kernels.swiglu import swiglu
+    from pegainfer.engine.kernels.swiglu import swiglu
     gu = torch.randn(T, 2 * I, generator=gen)
     assert torch.allclose(swiglu(gu), F.silu(gu[:, :I]) * gu[:, I:], atol=1e-6)
     gb = gu.bfloat16()
@@ -23,7 +23,7 @@ def test_swiglu_is_silu_times_up(triton_interpreter, gen):
 
 
 def test_gpu_swiglu_rounds_as_the_torch_ops(triton_gpu):
-    from engine.kernels.swiglu import swiglu
+    from pegainfer.engine.kernels.swiglu import swiglu
     g = torch.Generator(device="cuda").manual_seed(0)
     for rows, inter in ((1, 1408), (64, 10944)):
         gu = torch.randn(rows, 2 * inter, device="cuda", generator=g).bfloat16()

@@ -11,7 +11,7 @@ pytest.importorskip("triton", reason="triton is a GPU-side dependency; CI instal
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from engine.kernels.ticket import last_to_finish, tickets  # noqa: E402
+from pegainfer.engine.kernels.ticket import last_to_finish, tickets  # noqa: E402
 
 
 @triton.jit
