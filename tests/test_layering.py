@@ -132,6 +132,7 @@ def test_the_checker_reports_each_layer_rule(tmp_path):
                           "from pegainfer.engine.sampler import Draw\nimport pegainfer.lifecycle.s\nimport pegainfer.telemetry.hub\n"),
         "engine/engine.py": "from pegainfer.lifecycle import s\n",
         "engine/bare.py": "import engine.contract\ndef f():\n    from ep import registry\n",
+        "ep/registry.py": "",
     })
     problems = _problems(root)
     expected = {

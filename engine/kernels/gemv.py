@@ -11,7 +11,7 @@ row took 5.4 µs against cuBLAS's 6.8 in the step's timeline, but the norm that 
 grew by 0.5 µs and the step's span did not move (2,283 -> 2,289 µs); at 4 rows it took 13.5 µs
 (the float32 accumulator spills). As the shared experts' down projection at one row (SwiGLU folded
 into its input, the partials added in the MoE combine's norm) the step got 185 µs slower (row 23).
-tools/gemv_bench.py keeps the comparison runnable."""
+tools/dev/gemv_bench.py keeps the comparison runnable."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,4 +1,4 @@
-"""The switches of the decode step's A/Bs (tools/gpu_probe.py): each flag sets one field of the
+"""The switches of the decode step's A/Bs (tools/dev/gpu_probe.py): each flag sets one field of the
 engine's KernelConfig (engine/kernels/config.py), which the tool hands to the engine it builds
 (EngineSpec.kernels), so one GPU call can time a change against its absence. Nothing else changes.
 

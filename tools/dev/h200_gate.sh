@@ -5,7 +5,7 @@
 # and daemon logs go to $OUT. Usage: bash tools/dev/h200_gate.sh
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=$PWD:/tmp/site || exit 1
+  && export PYTHONPATH=$(bash tools/dev/devpath.sh /tmp/pegainfer-dev):$PWD:/tmp/site || exit 1
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; git log -1 --format=%H 2>/dev/null

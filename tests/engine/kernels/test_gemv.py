@@ -1,4 +1,4 @@
-"""engine/kernels/gemv.py: the split-K partial sums (measured by tools/gemv_bench.py, not in the decode
+"""engine/kernels/gemv.py: the split-K partial sums (measured by tools/dev/gemv_bench.py, not in the decode
 step) add up, in order, to the product: in Triton's CPU interpreter, and at the lite o_proj shape on
 a GPU."""
 from __future__ import annotations
