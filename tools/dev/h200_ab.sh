@@ -6,7 +6,7 @@
 #   of 256 requests first, then 1,024 measured), each server `--random-preset lite --device cuda`.
 # BEFORE (the old layout, top-level packages) runs from its own folder; this checkout runs as the
 # `pegainfer` package through tools/dev/devpath.sh. Reports go to $OUT as {direct,serving}-{before,after}.json.
-# Usage: bash tools/dev/h200_ab.sh .ab/before [extra bench_direct args]
+# Usage: [DIRECT_ORDER="before after"] [SERVING_ORDER="before after"] bash tools/dev/h200_ab.sh .ab/before [extra bench_direct args]
 set -uo pipefail
 BEFORE=$(cd "$1" && pwd); shift
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -16,15 +16,17 @@ export PYTHONUNBUFFERED=1
 DEV=$(bash tools/dev/devpath.sh /tmp/pegainfer-dev)
 pypath() { [ "$1" = before ] && echo "$BEFORE:/tmp/site" || echo "$DEV:/tmp/site"; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-for name in before after; do
+for name in ${DIRECT_ORDER-before after}; do
   tree=$([ $name = before ] && echo "$BEFORE" || echo "$HERE")
   echo "== bench_direct $name"
   (cd "$tree" && PYTHONPATH=$(pypath $name) timeout 200 python3 tools/bench_direct.py --preset lite \
      --batches 1,64 --prompt-len 86 --new-tokens 64 "$@" --out "$OUT/direct-$name.json" 2>&1 | grep -E "TPOT|batch|error|Error" | tail -8)
 done
-for name in before after; do
+i=0
+for name in ${SERVING_ORDER-before after}; do  # e.g. SERVING_ORDER="after before after": the first server runs colder
+  i=$((i + 1))
   tree=$([ $name = before ] && echo "$BEFORE" || echo "$HERE")
-  echo "== serving $name"
+  echo "== serving $name ($i)"
   cd "$tree"
   mod=$([ $name = before ] && echo daemon.cli || echo pegainfer.daemon.cli)
   PYTHONPATH=$(pypath $name) python3 -m $mod serve --random-preset lite --device cuda --port 8000 \
@@ -36,7 +38,7 @@ for name in before after; do
   PYTHONPATH=$(pypath $name) timeout 150 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 \
      --trace-file /tmp/trace-$name.jsonl --trace-wait 30 --profile short --prompt-words 90 --max-tokens 200 \
      --concurrency 256 --num-requests 1024 --claim "one H200, random Lite weights (bf16), local backend, greedy; A/B $name" \
-     --out "$OUT/serving-$name.json" 2>&1 | grep -E "^\| 256|error" | tail -3
+     --out "$OUT/serving-$i-$name.json" 2>&1 | grep -E "256 \||error" | tail -3
   kill -TERM $pid; wait $pid; echo "server exit $?"
   cd "$HERE"
 done
