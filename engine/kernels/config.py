@@ -87,6 +87,12 @@ class KernelConfig:
     # fused MLP. They run where the device allows (CUDA, bfloat16, Triton importable): on_device
     # clears this flag elsewhere, so a config the model holds says what runs.
     triton: bool = True
+    # Batch invariance (issue 26): every reduction on the served path sums in an order that does
+    # not depend on the step's rows (how many, which requests, how prompts were packed or chunked),
+    # so a request's output is the same alone or in any crowd. The default; off (the serve and
+    # generate flag --no-batch-invariant, bench tools' A/B) lets the library and the one-row kernels
+    # choose by row count.
+    batch_invariant: bool = True
     # The stream priority a graph is captured at (lower is higher; the shared experts' side stream
     # has 0): the router and routed experts are scheduled ahead of the shared experts beside them
     # (row 22: batch-1 graph 2,282 -> 2,224 µs).
