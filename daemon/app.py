@@ -64,6 +64,7 @@ def build_app(rt: Runtime) -> Starlette:
             "max_body_bytes": rt.settings.max_body_bytes,
             "backend": rt.settings.backend if engine is None else engine.backend_name,
             "maturity": _maturity(rt),
+            "batch_invariant": rt.settings.batch_invariant if engine is None else engine.batch_invariant,
         }]})
 
     async def health(http: HTTPRequest) -> Response:
@@ -76,7 +77,8 @@ def build_app(rt: Runtime) -> Starlette:
         ok = rt.ready()
         body = {"status": "ready" if ok else "not_ready", "phase": rt.phase.value,
                 "backend": rt.engine.backend_name if rt.engine else rt.settings.backend,
-                "maturity": _maturity(rt), "ep_size": rt.settings.ep_size}
+                "maturity": _maturity(rt), "ep_size": rt.settings.ep_size,
+                "batch_invariant": rt.engine.batch_invariant if rt.engine else rt.settings.batch_invariant}
         if rt.scheduler is not None:
             body["scheduler"] = rt.scheduler.snapshot()
         engine = rt.bridge.snapshot if rt.bridge is not None else None  # as the GPU thread last published it

@@ -28,6 +28,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: float32 on CPU, bfloat16 on CUDA")
     p.add_argument("--backend", default="local", help="EP backend: local, host-staged, nccl (default local)")
     p.add_argument("--ep-size", type=int, default=1, help="expert-parallel ranks (default 1)")
+    p.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
+                   help="the output never depends on the batch around it (default on)")
 
 
 def build_parser() -> argparse.ArgumentParser:

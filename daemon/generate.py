@@ -11,6 +11,7 @@ from pegainfer.daemon.errors import CliError
 from pegainfer.engine.contract import ParamError, check
 from pegainfer.engine.engine import Engine, EngineSpec, build_engine, default_model_dir
 from pegainfer.engine.generate import generate
+from pegainfer.engine.kernels.config import KernelConfig
 from pegainfer.engine.tokenizer import Tokenizer
 from pegainfer.ep.preflight import preflight
 
@@ -45,7 +46,8 @@ def run_generate(args: argparse.Namespace) -> int:
     if prompt_ids is None:
         prompt_ids = tok.encode(args.prompt)
     spec = EngineSpec(model_dir=model_dir, device=args.device, dtype=args.dtype, backend=args.backend,
-                      ep_size=args.ep_size, num_slots=1)
+                      ep_size=args.ep_size, num_slots=1,
+                      kernels=KernelConfig(batch_invariant=args.batch_invariant))
     engine = build_engine(spec)
     try:
         _check_limits(prompt_ids, args.max_tokens, engine)
@@ -56,7 +58,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.json:
         print(orjson.dumps({"token_ids": out.token_ids, "text": text, "finish_reason": out.finish_reason,
                             "prompt_tokens": len(prompt_ids), "backend": engine.backend_name,
-                            "maturity": engine.maturity}).decode())
+                            "maturity": engine.maturity, "batch_invariant": engine.batch_invariant}).decode())
     else:
         print(text)
     return 0

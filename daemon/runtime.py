@@ -24,6 +24,7 @@ from pegainfer.daemon.settings import Settings
 from pegainfer.daemon.tokenize_pool import TokenizePool
 from pegainfer.engine.engine import Engine, EngineSpec, build_engine, default_model_dir, log_event
 from pegainfer.engine.generate import generate
+from pegainfer.engine.kernels.config import KernelConfig
 from pegainfer.engine.loop import GpuThread
 from pegainfer.engine.contract import Shutdown
 from pegainfer.engine.tokenizer import Tokenizer
@@ -116,7 +117,8 @@ class Runtime:
                           num_slots=s.max_active, rank_timeout_s=s.rank_timeout,
                           rank_join_timeout_s=s.rank_join_timeout, ep_master_addr=s.ep_master_addr,
                           ep_master_port=s.ep_master_port if s.ep_master_addr else None,
-                          ep_chunk_bytes=s.ep_chunk_bytes, max_prefill_tokens=s.max_prefill_tokens)
+                          ep_chunk_bytes=s.ep_chunk_bytes, max_prefill_tokens=s.max_prefill_tokens,
+                          kernels=KernelConfig(batch_invariant=s.batch_invariant))
 
     def _build(self) -> tuple[Engine, Tokenizer]:
         """Runs in a worker thread: load weights, start ranks, one warm-up step."""
@@ -154,12 +156,14 @@ class Runtime:
         self.bridge.connect(self.gpu, self.scheduler)
         tune_for_serving()
         self.gpu.start()
-        self.telemetry.set_engine(engine.backend_name, engine.maturity, self.model_name)
+        self.telemetry.set_engine(engine.backend_name, engine.maturity, self.model_name,
+                                  batch_invariant=engine.batch_invariant)
         self.scheduler.set_ready(True)
         if self.phase is Phase.LOADING:
             self.move(Phase.READY)
         log_event("serving", host=s.host, port=s.port, model=self.model_name, backend=engine.backend_name,
-                  maturity=engine.maturity, max_active=engine.cache.num_slots, max_pending=s.max_pending,
+                  maturity=engine.maturity, batch_invariant=engine.batch_invariant,
+                  max_active=engine.cache.num_slots, max_pending=s.max_pending,
                   max_model_len=engine.max_model_len, async_scheduling=s.async_scheduling)
         self._notify(ready=True)
 

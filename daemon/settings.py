@@ -41,6 +41,10 @@ class Settings:
     async_scheduling: bool = _f(True, "launch decode step N+1 before reading step N's tokens (vLLM's "
                                       "--async-scheduling, SGLang's overlap scheduler); --no-async-scheduling "
                                       "reads each step first")
+    batch_invariant: bool = _f(True, "a request's output never depends on the batch around it (every reduction "
+                                     "in a fixed order; vLLM's VLLM_BATCH_INVARIANT, SGLang's "
+                                     "--enable-deterministic-inference, here the default); "
+                                     "--no-batch-invariant lets kernels be chosen by row count")
     max_model_len: int | None = _f(None, "context limit in tokens (default: min(model limit, 4096))")
     max_tokens_default: int = _f(16, "max_tokens when a request gives none")
     drain_timeout: float = _f(30.0, "seconds in-flight requests get to finish on SIGTERM")

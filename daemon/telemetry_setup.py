@@ -15,6 +15,8 @@ def telemetry_for(settings: Settings) -> Telemetry:
         return build_telemetry(trace_file=settings.trace_file, trace_file_max_bytes=settings.trace_file_max_mb << 20,
                                trace_file_backups=settings.trace_file_backups, otlp_endpoint=settings.otlp_endpoint,
                                debug_traces=settings.debug_traces, step_trace_every=settings.step_trace_every,
-                               dumps=orjson.dumps)
+                               dumps=orjson.dumps,
+                               resource_attributes={"pegainfer.backend": settings.backend,
+                                                    "pegainfer.batch_invariant": settings.batch_invariant})
     except TraceFileError as e:
         raise SettingsError(str(e)) from None

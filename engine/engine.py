@@ -89,6 +89,11 @@ class Engine:
     def maturity(self) -> str:
         return self.backend.maturity
 
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether a request's output is independent of the batch around it (KernelConfig.batch_invariant)."""
+        return self.model.kernels.batch_invariant
+
     def close(self) -> None:
         self.backend.close()
 
@@ -136,11 +141,13 @@ def build_engine(spec: EngineSpec) -> Engine:
         graphs = DecodeGraphs(model, cache, slots, cache.scratch_slot)
         prefill_graphs = PrefillGraphs(model, cache, graphs.pool, max_tokens=spec.max_prefill_tokens)
     log_event("decode_path", cuda_graphs=graphs is not None, triton_kernels=kernels.triton,
+              batch_invariant=kernels.batch_invariant,
               attention=("mla_absorbed_triton" if model.layers[0].attn.fused_decode else "mla_absorbed")
               if graphs else "mla_expand",
               experts=backend.caps.expert_kernel, shared_experts_stream=model.side_stream is not None,
               **(one_launch_sizes(kernels, backend.caps.fused_alignment) if kernels.triton else {}))
-    log_event("engine_ready", backend=entry.name, maturity=entry.maturity, ep_size=spec.ep_size,
+    log_event("engine_ready", backend=entry.name, maturity=entry.maturity, batch_invariant=kernels.batch_invariant,
+              ep_size=spec.ep_size,
               max_model_len=max_len, kv_slots=slots, kv_bytes=cache.data.numel() * cache.data.element_size(),
               startup_s=round(time.perf_counter() - t0, 4))
     return Engine(spec, cfg, model, cache, backend, graphs, prefill_graphs)

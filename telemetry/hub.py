@@ -49,9 +49,10 @@ class Telemetry:
             if self.errors <= LOGGED_ERRORS:
                 log.exception("telemetry: %s failed (error %d)", where, self.errors)
 
-    def set_engine(self, backend: str, maturity: str, model: str) -> None:
+    def set_engine(self, backend: str, maturity: str, model: str, *, batch_invariant: bool | None = None) -> None:
         self.engine.backend, self.engine.maturity, self.engine.model = backend, maturity, model
-        self.metrics.set_engine(backend, maturity, model)
+        self.engine.batch_invariant = batch_invariant
+        self.metrics.set_engine(backend, maturity, model, batch_invariant=batch_invariant)
 
     # ---- LifecycleObserver ------------------------------------------------------------------------
     def on_transition(self, request: ObservedRequest, old: RequestState, new: RequestState) -> None:

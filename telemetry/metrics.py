@@ -78,16 +78,17 @@ class Metrics:
         self.telemetry_errors = Counter(P + "telemetry_errors", "Exceptions inside telemetry (logged and swallowed)",
                                         registry=r)
         self.engine_deaths = Counter(P + "engine_deaths", "Times the GPU thread or an expert rank died", registry=r)
-        self.backend_info = Gauge(P + "backend_info", "The serving backend (value 1)", ["backend", "maturity", "model"],
-                                  registry=r)
+        self.backend_info = Gauge(P + "backend_info", "The serving backend (value 1)",
+                                  ["backend", "maturity", "model", "batch_invariant"], registry=r)
         self._dropped = _DroppedSpans()
         r.register(self._dropped)
         self._last_token_ns: dict[str, int] = {}  # request id -> end of the last step that gave it a token
         self._ended: set[str] = set()
 
-    def set_engine(self, backend: str, maturity: str, model: str) -> None:
+    def set_engine(self, backend: str, maturity: str, model: str, *, batch_invariant: bool | None = None) -> None:
         self.backend_info.clear()
-        self.backend_info.labels(backend, maturity, model).set(1)
+        flag = "unknown" if batch_invariant is None else str(batch_invariant).lower()
+        self.backend_info.labels(backend, maturity, model, flag).set(1)
 
     def on_transition(self, request: ObservedRequest, old: RequestState, new: RequestState) -> None:
         r = request

@@ -28,7 +28,8 @@ def otlp_traces_url(endpoint: str) -> str:
 
 def build_telemetry(*, trace_file: str | None = None, trace_file_max_bytes: int = MAX_BYTES,
                     trace_file_backups: int = BACKUPS, otlp_endpoint: str | None = None, debug_traces: bool = False,
-                    step_trace_every: int = 1, dumps: otlp_json.Dumps = otlp_json.stdlib_dumps) -> Telemetry:
+                    step_trace_every: int = 1, dumps: otlp_json.Dumps = otlp_json.stdlib_dumps,
+                    resource_attributes: dict[str, str | bool | int] | None = None) -> Telemetry:
     exporters: dict[str, SpanExporter] = {}
     if trace_file:
         try:
@@ -40,4 +41,5 @@ def build_telemetry(*, trace_file: str | None = None, trace_file_max_bytes: int 
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         exporters["otlp"] = OTLPSpanExporter(endpoint=otlp_traces_url(otlp_endpoint), timeout=OTLP_TIMEOUT_S)
     recent = RecentSpans() if debug_traces else None
-    return Telemetry(Tracing(exporters, recent=recent), step_trace_every=step_trace_every)
+    return Telemetry(Tracing(exporters, recent=recent, resource_attributes=resource_attributes),
+                     step_trace_every=step_trace_every)

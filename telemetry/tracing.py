@@ -27,11 +27,15 @@ MAX_LINKS = 1024  # an engine step links every request in its batch
 
 class Tracing:
     def __init__(self, exporters: Mapping[str, SpanExporter] | None = None, *, recent: RecentSpans | None = None,
-                 processors: list[SpanProcessor] | None = None) -> None:
+                 processors: list[SpanProcessor] | None = None,
+                 resource_attributes: Mapping[str, str | bool | int] | None = None) -> None:
         """`exporters` by name ("file", "otlp"), each behind its own gated batch processor;
-        `processors` are added as they are (tests use a SimpleSpanProcessor with an in-memory exporter)."""
+        `processors` are added as they are (tests use a SimpleSpanProcessor with an in-memory exporter);
+        `resource_attributes`: what every span of this process shares beside the service's identity
+        (the daemon's: the EP backend and pegainfer.batch_invariant)."""
         resource = Resource.create({"service.name": SCOPE, "service.version": VERSION,
-                                    "service.instance.id": f"{socket.gethostname()}:{os.getpid()}"})
+                                    "service.instance.id": f"{socket.gethostname()}:{os.getpid()}",
+                                    **(resource_attributes or {})})
         # ALWAYS_ON, not parent-based: every request gets its record, even under an unsampled caller
         self.provider = TracerProvider(resource=resource, sampler=ALWAYS_ON,
                                        span_limits=SpanLimits(max_links=MAX_LINKS), shutdown_on_exit=True)

@@ -156,6 +156,7 @@ def run_ours(a: argparse.Namespace, cases: list[dict], refs: list[list[int]]) ->
             forced += ours_forced(engine, c["prompts"], refs[start:start + n])
             start += n
         info = {"backend": engine.backend_name, "maturity": engine.maturity,
+                "batch_invariant": engine.batch_invariant,
                 "cuda_graphs": engine.runner.graphs is not None,
                 "triton_kernels": engine.model.kernels.triton}
         return free, forced, info

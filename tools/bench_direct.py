@@ -109,7 +109,8 @@ def run_engine_side(a: argparse.Namespace, spec: EngineSpec) -> tuple[dict, obje
                   f"{row['decode_tok_s']:.1f} tok/s", file=sys.stderr)
         info = {"model": a.model or f"random preset {a.preset} (seed {a.seed})", "device": a.device,
                 "dtype": str(spec.torch_dtype()).removeprefix("torch."), "backend": engine.backend_name,
-                "maturity": engine.maturity, "ep_size": a.ep_size, "max_model_len": engine.max_model_len,
+                "maturity": engine.maturity, "batch_invariant": engine.batch_invariant, "ep_size": a.ep_size,
+                "max_model_len": engine.max_model_len,
                 "norm_topk_prob": bool(cfg.norm_topk_prob)}
         return info, cfg, rows
     finally:
@@ -162,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         "engine": engine_info,
         "backend": engine_info["backend"],
         "maturity": engine_info["maturity"],
+        "batch_invariant": engine_info["batch_invariant"],
         "workload": {"prompt_len": a.prompt_len, "new_tokens": a.new_tokens, "warmup": a.warmup, "iters": a.iters,
                      "batches": a.batch_sizes, "prompt_seed": a.seed,
                      "prompts": "the same in every row" if a.same_prompt else "one per row", "greedy": True, "ignore_eos": True,

@@ -70,7 +70,8 @@ def server_info(a: argparse.Namespace) -> dict:
         raise ServerError(f"model {a.model!r} is not served (have: {', '.join(str(m.get('id')) for m in models)})")
     gpu = next((entry[k] for k in ("gpu", "gpu_name", "device_name") if entry.get(k)), None)
     return {"base_url": a.base_url, "model": entry["id"], "backend": entry.get("backend"),
-            "maturity": entry.get("maturity"), "gpu": gpu, "models_entry": entry}
+            "maturity": entry.get("maturity"), "batch_invariant": entry.get("batch_invariant"), "gpu": gpu,
+            "models_entry": entry}
 
 
 def run_sweep(a: argparse.Namespace, model: str, max_tokens: int) -> tuple[dict, list[dict]]:

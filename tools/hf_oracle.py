@@ -201,6 +201,7 @@ def run_gate(model_dir: Path, *, engine_dir: Path | None = None, cases_path: Pat
         "text_hash": _hash_json(all_text),
         "backend": engine.backend_name,
         "maturity": engine.maturity,
+        "batch_invariant": engine.batch_invariant,
         "ep_size": ep_size,
         "device": device,
         "dtype": dtype,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pegainfer.engine.kernels.linear import linear
 from pegainfer.engine.kv_cache import MLACache
 from pegainfer.engine.model.inputs import DecodeInputs
 from pegainfer.engine.model.model import DeepseekV2
@@ -35,7 +36,7 @@ def decode_step(model: DeepseekV2, inp: DecodeInputs, cache: MLACache, out: torc
             with phase("lm_head"):
                 return head_argmax.head_argmax(h, model.lm_head, model.argmax_ticket, k.head, out=out)
     with phase("lm_head"):
-        logits = F.linear(h, model.lm_head)  # [B, V]
+        logits = linear(h, model.lm_head, k)  # [B, V]
     with phase("sampling"):
         if k.triton and rows <= k.argmax_rows:  # one launch (engine/kernels/argmax.py) where its tickets reach
             from pegainfer.engine.kernels import argmax
@@ -48,7 +49,7 @@ def decode_logits(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torc
     """[B, V] logits of every row's new token."""
     h = decode_hidden(model, inp, cache)
     with phase("lm_head"):
-        return F.linear(h, model.lm_head)  # [B, V]
+        return linear(h, model.lm_head, model.kernels)  # [B, V]
 
 
 def decode_hidden(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torch.Tensor:

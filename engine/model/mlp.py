@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from pegainfer.engine.kernels.config import KernelConfig
+from pegainfer.engine.kernels.linear import linear
 
 
 class MLP:
@@ -19,7 +20,8 @@ class MLP:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H], as the reference computes it (prompts, the torch decode step)."""
-        return F.linear(F.silu(F.linear(x, self.gate)) * F.linear(x, self.up), self.down)
+        k = self.kernels
+        return linear(F.silu(linear(x, self.gate, k)) * linear(x, self.up, k), self.down, k)
 
     def decode(self, x: torch.Tensor) -> torch.Tensor:
         """The decode step's form. With the Triton kernels: one projection for gate and up and one
@@ -34,5 +36,5 @@ class MLP:
             act = moe_experts.dense_swiglu(x, self.gate_up, self._dense_rows(x.shape[0], x.device), k.dense)
         else:
             from pegainfer.engine.kernels.swiglu import swiglu
-            act = swiglu(F.linear(x, self.gate_up))
-        return F.linear(act, self.down)
+            act = swiglu(linear(x, self.gate_up, k))
+        return linear(act, self.down, k)

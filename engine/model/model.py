@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from pegainfer.engine.batch import Batch
 from pegainfer.engine.config import ModelConfig
 from pegainfer.engine.kernels.config import KernelConfig
+from pegainfer.engine.kernels.linear import linear
 from pegainfer.engine.kv_cache import MLACache
 from pegainfer.engine.model.attention import MLAttention
 from pegainfer.engine.model.mlp import MLP
@@ -109,4 +110,4 @@ class DeepseekV2:
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: [R, H] -> [R, V]."""
         with phase("lm_head"):
-            return F.linear(rms_norm(x, self.norm, self.cfg.rms_norm_eps), self.lm_head)
+            return linear(rms_norm(x, self.norm, self.cfg.rms_norm_eps), self.lm_head, self.kernels)

@@ -24,7 +24,14 @@ def test_json_output_contract(tiny_model_dir):
     out = json.loads(p.stdout)
     assert set(out) >= {"token_ids", "text", "finish_reason", "backend", "maturity"}
     assert len(out["token_ids"]) == 8 and out["finish_reason"] == "length"
-    assert (out["backend"], out["maturity"]) == ("local", "production")
+    assert (out["backend"], out["maturity"], out["batch_invariant"]) == ("local", "production", True)
+
+
+def test_the_batch_invariance_opt_out_is_reported(tiny_model_dir):
+    p = run("--model", str(tiny_model_dir), "--prompt-ids", "5,6,7", "--max-tokens", "3", "--ignore-eos", "--json",
+            "--no-batch-invariant")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["batch_invariant"] is False
 
 
 def test_prompt_ids_and_embedded_default_model(tiny_model_dir):

@@ -42,7 +42,7 @@ def test_models_health_ready(daemon):
     models = httpx.get(daemon.url + "/v1/models").json()
     [m] = models["data"]
     assert m["id"] == "tiny" and m["max_model_len"] == 256
-    assert (m["backend"], m["maturity"]) == ("local", "production")
+    assert (m["backend"], m["maturity"], m["batch_invariant"]) == ("local", "production", True)
     assert httpx.get(daemon.url + "/health").json()["status"] == "ok"
     ready = httpx.get(daemon.url + "/ready").json()
     assert ready["status"] == "ready" and ready["kv_slots_total"] == 2

@@ -51,5 +51,6 @@ def test_backend_info_and_dropped_spans(daemon_run: DaemonRun):
     assert len(info) == 1
     labels = dict(info[0])
     assert labels["backend"] == "local" and labels["maturity"] == "production" and labels["model"].startswith("tiny")
+    assert labels["batch_invariant"] == "true"
     assert value(after, "pegainfer:dropped_spans_total", exporter="file") == 0
     assert value(after, "pegainfer:telemetry_errors_total") == 0 and "telemetry:" not in daemon_run.log

@@ -71,6 +71,7 @@ def test_root_span_attributes(daemon_run, spans):
     assert a["gen_ai.request.max_tokens"] == 8 and a["gen_ai.request.stream"] is False
     assert a["gen_ai.usage.output_tokens"] == 8 and a["gen_ai.response.finish_reasons"] == ["length"]
     assert a["pegainfer.backend"] == "local" and a["pegainfer.backend_maturity"] == "production"
+    assert a["pegainfer.batch_invariant"] is True
     for key in ("pegainfer.ttft_s", "pegainfer.queue_s", "pegainfer.prefill_s", "pegainfer.decode_s"):
         assert 0 <= a[key] < 30, key
     assert a["pegainfer.ttft_s"] == pytest.approx(a["pegainfer.queue_s"] + a["pegainfer.prefill_s"], abs=0.05)
@@ -180,3 +181,5 @@ def test_debug_traces_serves_the_same_otlp_json(daemon_run):
     assert lines and sum(check_line(x) for x in lines) > 10
     names = {s["name"] for x in lines for rs in x["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]}
     assert {"queue", "prefill", "decode", "engine_step decode"} <= names
+    resources = [{a["key"]: a["value"] for a in rs["resource"]["attributes"]} for x in lines for rs in x["resourceSpans"]]
+    assert all(r["pegainfer.batch_invariant"] == {"boolValue": True} for r in resources)

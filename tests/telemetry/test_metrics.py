@@ -45,7 +45,7 @@ def test_inter_token_latency_from_consecutive_steps_of_a_request():
 def test_scrape_time_gauges_dropped_spans_and_backend_info():
     m = Metrics()
     m.set_engine("nccl", "experimental", "lite")
-    m.set_engine("local", "production", "tiny")
+    m.set_engine("local", "production", "tiny", batch_invariant=True)
     m.on_front_rejection()
     engine = EngineSnapshot(steps=9, decode_batch_max=2, running=3, waiting=0, overlapped_steps=0, async_scheduling=True,
                             kv_slots_free=5, kv_slots_total=8)  # as the GPU thread publishes it
@@ -53,7 +53,8 @@ def test_scrape_time_gauges_dropped_spans_and_backend_info():
     assert value(text, "pegainfer:kv_slots_used") == 3 and value(text, "pegainfer:kv_slots_total") == 8
     assert value(text, "pegainfer:dropped_spans_total", exporter="file") == 3
     assert value(text, "pegainfer:requests_terminal_total", terminal_reason="rejected") == 1
-    assert value(text, "pegainfer:backend_info", backend="local", maturity="production", model="tiny") == 1
+    assert value(text, "pegainfer:backend_info", backend="local", maturity="production", model="tiny",
+                 batch_invariant="true") == 1
     assert 'backend="nccl"' not in text
 
 

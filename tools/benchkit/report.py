@@ -43,7 +43,7 @@ def serving_markdown(r: dict) -> str:
     lines = _header(r, f"Serving benchmark: `{w['profile']}` profile against {s['model']}")
     lines += [
         f"- Server: {s['base_url']}, model `{s['model']}`, backend `{s.get('backend') or 'unknown'}` "
-        f"(maturity `{s.get('maturity') or 'unknown'}`)",
+        f"(maturity `{s.get('maturity') or 'unknown'}`), batch_invariant `{s.get('batch_invariant')}`",
         f"- Server GPU (as the server reports it): {s.get('gpu') or 'not reported'}",
         f"- Client host: {c['cpu']} ({c['cpu_count']} CPUs); GPUs on the client host: "
         f"{', '.join(c.get('gpus') or []) or 'none seen'}",
@@ -101,7 +101,8 @@ def direct_markdown(r: dict) -> str:
     e, st = r["engine"], r["stack"]
     lines = _header(r, f"Direct benchmark: {e['model']} on {e['device']} ({e['dtype']})")
     lines += [
-        f"- Backend: `{e['backend']}` (maturity `{e['maturity']}`), ep_size {e['ep_size']}",
+        f"- Backend: `{e['backend']}` (maturity `{e['maturity']}`), ep_size {e['ep_size']}, "
+        f"batch_invariant `{e.get('batch_invariant')}`",
         f"- Hardware: GPU {st.get('gpu') or 'none'}; host {r['host']['cpu']} ({r['host']['cpu_count']} CPUs)",
         f"- Versions: torch {st['torch']} (CUDA {st.get('cuda') or '-'}), transformers {st.get('transformers') or '-'}",
         f"- Workload: prompt {r['workload']['prompt_len']} tokens "

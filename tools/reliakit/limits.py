@@ -22,6 +22,7 @@ class Limits:
     max_pending: int
     max_model_len: int
     max_body_bytes: int | None = None  # None: the server does not say
+    batch_invariant: bool | None = None  # None: the server does not say
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -35,6 +36,7 @@ async def read_limits(http: httpx.AsyncClient) -> Limits:
         return Limits(model=models.get("id"), backend=models.get("backend"), maturity=models.get("maturity"),
                       ep_size=int(ready.get("ep_size") or 1), max_active=int(sched["max_active"]),
                       max_pending=int(sched["max_pending"]), max_model_len=int(models["max_model_len"]),
-                      max_body_bytes=int(models["max_body_bytes"]) if models.get("max_body_bytes") else None)
+                      max_body_bytes=int(models["max_body_bytes"]) if models.get("max_body_bytes") else None,
+                      batch_invariant=models.get("batch_invariant"))
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
         raise ServerUnusable(f"cannot read the server's model and limits: {type(e).__name__}: {e}") from None

@@ -48,7 +48,7 @@ DEFS = {
         "expected": _ref("expectation"), "server": {"anyOf": [{"type": NULL}, _ref("server_span")]}}),
     "limits": _obj({"model": _n(STR), "backend": _n(STR), "maturity": _n(STR), "ep_size": {"type": INT},
                     "max_active": {"type": INT}, "max_pending": {"type": INT}, "max_model_len": {"type": INT},
-                    "max_body_bytes": _n(INT)}),
+                    "max_body_bytes": _n(INT), "batch_invariant": {"type": [BOOL, NULL]}}),
     "hash_group": _obj({"requests": {"type": INT, "minimum": 1}, "text_sha256": {"type": ARR, "items": {"type": STR}},
                         "output_hash": {"type": ARR, "items": {"type": STR}}}),
     "scenario": _obj({
