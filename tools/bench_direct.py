@@ -24,6 +24,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from pegainfer.engine.engine import EngineSpec, build_engine  # noqa: E402
+from pegainfer.engine.kernels.config import KernelConfig  # noqa: E402
 from pegainfer.engine.presets import PRESETS  # noqa: E402
 from pegainfer.ep.preflight import REFUSALS, preflight  # noqa: E402
 from tools.benchkit import hardware, hf_side, report  # noqa: E402
@@ -54,6 +55,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--attribution", action="store_true", help="profile decode steps per pegainfer:: phase")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                    help="overlapped decode, as the daemon's default (off: each step between synchronizes)")
+    p.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
+                   help="the daemon's default (off: kernels chosen by row count, the A/B's other side)")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
     try:
@@ -144,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = EngineSpec(model_dir=a.model, random_preset=a.preset, seed=a.seed, device=a.device, dtype=a.dtype,
                       backend=a.backend, ep_size=a.ep_size, max_model_len=a.prompt_len + a.new_tokens,
-                      num_slots=max(a.batch_sizes))
+                      num_slots=max(a.batch_sizes), kernels=KernelConfig(batch_invariant=a.batch_invariant))
     engine_info, cfg, rows = run_engine_side(a, spec)
     hf_setup = None
     if a.compare_hf:

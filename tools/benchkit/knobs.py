@@ -3,6 +3,7 @@ engine's KernelConfig (engine/kernels/config.py), which the tool hands to the en
 (EngineSpec.kernels), so one GPU call can time a change against its absence. Nothing else changes.
 
     flag                  KernelConfig field           values
+    --batch-invariant     batch_invariant              1: every reduction in a fixed order (default); 0: off
     --capture-priority    capture_priority             stream priority (0: the side stream's)
     --argmax-launches     argmax_rows                  1: one launch (default); 4: the torch form (0 rows)
     --head-argmax-rows    head_argmax_rows             1: LM head + argmax in one launch; 0: apart
@@ -47,7 +48,8 @@ def _as_is(v: int, default):
 
 # flag -> (the KernelConfig field, dotted through nested tilings; its value from the flag's and the
 # field's default)
-KNOBS = {"capture_priority": ("capture_priority", _as_is),
+KNOBS = {"batch_invariant": ("batch_invariant", lambda v, default: v == 1),
+         "capture_priority": ("capture_priority", _as_is),
          "argmax_launches": ("argmax_rows", lambda v, default: 0 if v == 4 else default),
          "head_argmax_rows": ("head_argmax_rows", _as_is),
          "head_n": ("head.block_n", _as_is),
@@ -76,7 +78,7 @@ KNOBS = {"capture_priority": ("capture_priority", _as_is),
          "dense_n": ("dense.up_n", _as_is),
          "dense_k": ("dense.block_k", _as_is),
          "dense_warps": ("dense.num_warps", _as_is)}
-CHOICES = {"argmax_launches": [1, 4], "head_argmax_rows": [0, 1], "norm_proj_rows": [0, 1],
+CHOICES = {"batch_invariant": [0, 1], "argmax_launches": [1, 4], "head_argmax_rows": [0, 1], "norm_proj_rows": [0, 1],
            "router_launches": [1, 2], "embed_in_norm": [0, 1]}
 
 
