@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Issue 26 on the H200, in two device calls (the `device` tool's `run`, carrying .whl/):
+#   bash tools/dev/h200_invariance.sh tests    GPU tests (kernels, engine, batch invariance up to 256
+#                                              rows) and bench_direct batch 1 and 256, batch-invariant
+#                                              against --no-batch-invariant in the same call;
+#   bash tools/dev/h200_invariance.sh serving  bench_serving short profile at c=256 against
+#                                              `pegainfer serve --random-preset lite --device cuda`
+#                                              with and without --no-batch-invariant (alternating,
+#                                              the first server runs colder), then the reliability gate:
+#                                              --url against the GPU daemon (lite, --max-active 32), and
+#                                              --spawn on the GPU with host-staged ep 2 (tiny model).
+# Everything it writes goes to $OUT.
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=$(bash tools/dev/devpath.sh /tmp/pegainfer-dev):$PWD:/tmp/site || exit 1
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+what=${1:-tests}
+if [ "$what" = tests ]; then
+  echo "== GPU tests"
+  timeout ${TEST_S:-260} python3 -m pytest -q -p no:cacheprovider tests/engine/kernels tests/engine/test_gpu_*.py \
+    tests/ep/test_gpu.py -rf 2>&1 | tail -40 | tee "$OUT/gpu-tests.txt"
+  for mode in batch-invariant no-batch-invariant; do
+    echo "== bench_direct --$mode"
+    timeout 150 python3 tools/bench_direct.py --preset lite --batches 1,256 --prompt-len 86 --new-tokens 64 --$mode \
+      --out "$OUT/direct-$mode.json" 2>&1 | grep -E "TPOT|rror" | tail -4
+  done
+  exit 0
+fi
+serve() {  # $1 name, then serve flags
+  local name=$1; shift
+  python3 -m pegainfer.daemon.cli serve --random-preset lite --device cuda --port 8000 \
+    --trace-file "/tmp/trace-$name.jsonl" "$@" > "$OUT/serve-$name.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 240); do curl -sf http://127.0.0.1:8000/ready >/dev/null && break; sleep 0.5; done
+}
+i=0
+for mode in ${SERVING_ORDER-batch-invariant no-batch-invariant batch-invariant no-batch-invariant}; do
+  i=$((i + 1)); echo "== serving $i --$mode"
+  serve "$i-$mode" --$mode
+  timeout 100 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 --profile short --prompt-words 90 \
+    --max-tokens 200 --concurrency 256 --num-requests 256 --out "/tmp/warm-$i.json" >/dev/null 2>&1
+  timeout 120 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 --trace-file "/tmp/trace-$i-$mode.jsonl" \
+    --trace-wait 20 --profile short --prompt-words 90 --max-tokens 200 --concurrency 256 --num-requests 1024 \
+    --claim "one H200, random Lite weights (bf16), local backend, greedy; --$mode" \
+    --out "$OUT/serving-$i-$mode.json" >/dev/null 2>&1; echo "bench exit $?"
+  kill -TERM $pid; wait $pid
+done
+echo "== reliability --url, GPU daemon (lite, --max-active 32)"
+serve rel --max-active 32
+timeout ${REL_URL_S:-200} python3 tools/reliability.py --url http://127.0.0.1:8000 --trace-file /tmp/trace-rel.jsonl \
+  --out "$OUT/reliability-url-lite-cuda.json" 2>&1 | tail -20
+kill -TERM $pid; wait $pid
+echo "== reliability --spawn, host-staged ep 2, cuda (tiny)"
+timeout ${REL_SPAWN_S:-200} python3 tools/reliability.py --spawn --device cuda --backend host-staged --ep-size 2 \
+  --work-dir /tmp/rh --out "$OUT/reliability-hs2-cuda.json" 2>&1 | tail -20
+echo "== tracebacks in daemon logs:"; grep -l Traceback "$OUT"/serve-*.log /tmp/rh/*.log 2>/dev/null || echo none
