@@ -5,7 +5,8 @@ for the Triton kernels, in one frozen object. Built at start-up (engine/engine.p
 resolved against the device by `on_device`) or from a bench tool's flags (tools/benchkit/knobs.py,
 with dataclasses.replace), then passed down to the model, the attention, the MoE layer, the expert
 kernels and the graphs. Nothing changes it at run time; the kernel modules read no tunable of their
-own. The defaults are the values measured on the H200 (docs/perf-notes.md rows cited below).
+own. The defaults are the values measured on the H200 (docs/perf-notes.md rows cited below), but for
+LinearTiling's, not yet measured.
 
 Torch- and Triton-free, so a CPU-only install (and ep/) can import it."""
 from __future__ import annotations
@@ -45,6 +46,32 @@ class RowTiling:
     block_j: int
     block_k: int
     num_warps: int = 4
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LinearTiling:
+    """The batch-invariant linear's Triton launch (engine/kernels/linear.py). What fixes an output
+    element's order of sums, the same at every row count: rows in blocks of block_m through tl.dot
+    (16: mma.sync tiles; a block of 64 would let Triton pick wgmma), K walked in order in block_k
+    steps, summed in float32 per k_chunk (a multiple of block_k) and the chunks' sums added in
+    order. What is chosen per call from the shape and changes no bits: the column block, a power of
+    two from block_n_max down to block_n_min, and whether the chunks run in one program each (float32
+    parts added by a second launch) or one program walks them all; the choice aims at `programs`
+    programs (~2 per SM of an H200), so a one-row call still reads its weight from every SM.
+
+    Defaults not yet measured on the H200 (tools/dev/linear_bench.py --sweep times candidates)."""
+    block_m: int = 16
+    block_k: int = 64
+    k_chunk: int = 256
+    block_n_min: int = 32
+    block_n_max: int = 128
+    programs: int = 264
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        if self.k_chunk % self.block_k or self.block_n_max < self.block_n_min:
+            raise ValueError(f"LinearTiling: k_chunk must be a multiple of block_k, block_n_max >= block_n_min: {self}")
 
 
 @functools.cache
@@ -118,6 +145,8 @@ class KernelConfig:
     # SiLU * up in one launch (row 32: -45 µs a step at one row, +80 µs at eight); 4 stages (row 38)
     dense_rows: int = 1
     dense: Tiling = Tiling(block_m=16, up_n=32, num_stages=4)
+    # The batch-invariant linear's Triton kernel (engine/kernels/linear.py), on CUDA when batch_invariant
+    linear: LinearTiling = LinearTiling()
 
     def on_device(self, cuda: bool, bf16: bool, triton_imports: bool) -> KernelConfig:
         """This configuration with `triton` cleared where the Triton kernels cannot run."""

@@ -7,18 +7,37 @@ reaches a choice:
 - `blocked` (any device, torch): the rows are padded to whole blocks of ROWS and run as one batched
   GEMM of identical [ROWS, K] x [K, N] problems, so every row meets the same algorithm whatever M
   is (checked by tests/engine/kernels/test_linear.py on the CPU's BLAS, float32 and bfloat16);
-- the Triton kernel (CUDA, KernelConfig.triton): a fixed K order for every row count (see below,
-  where it is defined).
+- `triton_linear` (CUDA, KernelConfig.triton): every element is summed in one order fixed by K and
+  the LinearTiling (engine/kernels/config.py) alone. tl.dot on blocks of block_m rows (rows never
+  mix: a row's sums are the same in any block) walks K in order in block_k steps into a float32
+  sum per k_chunk; the chunks' sums are added in order to a float32 total, rounded once to x's
+  dtype. Per call, from the shape only, `plan` picks the column block (no element's order depends
+  on it) and where the chunks run: all in one program (the total kept in registers), or one
+  program each, writing float32 parts [chunks, M, N] that `_sum_kernel` adds in chunk order. Both
+  make the same additions in the same order (0 + c0 + c1 + ...), so a one-row decode step can
+  spread its weight read over every SM (split) while a prompt's many rows keep one launch and no
+  parts (whole), and the two give the same bits. No atomics, no host synchronisation: CUDA-graph
+  capturable.
 
-`linear` picks by the KernelConfig: not batch_invariant -> F.linear (the library's fastest)."""
+`linear` picks by the KernelConfig: not batch_invariant -> F.linear (the library's fastest); on
+CUDA with the Triton kernels -> triton_linear; else `blocked`."""
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import torch.nn.functional as F
 
-from pegainfer.engine.kernels.config import KernelConfig
+from pegainfer.engine.kernels.config import KernelConfig, LinearTiling
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # a CPU-only install where Triton is no dependency: the torch form only
+    triton = tl = None
 
 ROWS = 16  # rows per block of the torch form
+SUM_BLOCK = 1024  # elements per program of the parts' sum
 
 
 def blocked(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -32,10 +51,132 @@ def blocked(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return out.view(n_blocks * ROWS, w.shape[0])[:m]
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+    """How one call runs; none of it changes an element's bits (module docstring)."""
+    block_n: int
+    chunks: int  # K chunks of tiling.k_chunk: cdiv(K, k_chunk), fixed by K
+    split: bool  # one program per chunk, float32 parts summed by _sum_kernel; else one program walks all
+
+    def programs(self, m: int, n: int, tiling: LinearTiling) -> int:
+        return _cdiv(m, tiling.block_m) * _cdiv(n, self.block_n) * (self.chunks if self.split else 1)
+
+
+def plan(m: int, n: int, k: int, tiling: LinearTiling) -> Plan:
+    """The widest column block that gives `tiling.programs` programs with the chunks in one program
+    each; failing that, the chunks split over programs (with the widest column block that reaches
+    the target, or the narrowest)."""
+    widths = []
+    bn = tiling.block_n_max
+    while bn >= tiling.block_n_min:
+        widths.append(bn)
+        bn //= 2
+    m_blocks, chunks = _cdiv(m, tiling.block_m), _cdiv(k, tiling.k_chunk)
+    for bn in widths:
+        if m_blocks * _cdiv(n, bn) >= tiling.programs:
+            return Plan(bn, chunks, False)
+    if chunks == 1:
+        return Plan(widths[-1], 1, False)
+    for bn in widths:
+        if m_blocks * _cdiv(n, bn) * chunks >= tiling.programs:
+            return Plan(bn, chunks, True)
+    return Plan(widths[-1], chunks, True)
+
+
+if triton is not None:
+    @triton.jit
+    def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, K, M_BLOCKS, K_BLOCKS,
+                       CHUNK_BLOCKS: tl.constexpr, PARTIAL: tl.constexpr, PRECISION: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        # program (i, c): row block i % M_BLOCKS (fastest, so the programs running together share a
+        # weight tile in L2), column block i // M_BLOCKS; PARTIAL: K chunk c only, its float32 sum
+        # to part [c, M, N]; else every chunk, the total rounded to out's dtype.
+        pid = tl.program_id(0)
+        rm = (pid % M_BLOCKS) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = (pid // M_BLOCKS) * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_ok, n_ok = rm < M, rn < N
+        if PARTIAL:
+            kb_lo = tl.program_id(1) * CHUNK_BLOCKS
+            kb_hi = tl.minimum(kb_lo + CHUNK_BLOCKS, K_BLOCKS)
+        else:
+            kb_lo = 0
+            kb_hi = K_BLOCKS
+        x_rows = x_ptr + rm[:, None].to(tl.int64) * K  # [BM, 1]
+        w_cols = w_ptr + rn[None, :].to(tl.int64) * K  # [1, BN]
+        total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for kb in range(kb_lo, kb_hi):
+            ks = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+            k_ok = ks < K
+            a = tl.load(x_rows + ks[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)  # [BM, BK]
+            b = tl.load(w_cols + ks[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)  # [BK, BN]
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            # a chunk ends: its sum joins the total (a select, not a branch: one flat loop pipelines)
+            end = ((kb + 1) % CHUNK_BLOCKS == 0) | (kb == K_BLOCKS - 1)
+            total = tl.where(end, total + acc, total)
+            acc = tl.where(end, 0.0, acc)
+        ok = m_ok[:, None] & n_ok[None, :]
+        if PARTIAL:
+            part = out_ptr + tl.program_id(1).to(tl.int64) * M * N
+            tl.store(part + rm[:, None].to(tl.int64) * N + rn[None, :], total, mask=ok)
+        else:
+            tl.store(out_ptr + rm[:, None].to(tl.int64) * N + rn[None, :], total.to(out_ptr.dtype.element_ty),
+                     mask=ok)
+
+    @triton.jit
+    def _sum_kernel(part_ptr, out_ptr, MN, CHUNKS, BLOCK: tl.constexpr):
+        # out.flat[i] = (0 + part[0].flat[i] + part[1].flat[i] + ...) in chunk order, rounded to out's
+        # dtype: the additions the whole-K program makes in registers
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < MN
+        src = part_ptr + offs
+        total = tl.zeros([BLOCK], tl.float32)
+        for _ in range(0, CHUNKS):
+            total = total + tl.load(src, mask=ok, other=0.0)
+            src += MN
+        tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def triton_linear(x: torch.Tensor, w: torch.Tensor, tiling: LinearTiling) -> torch.Tensor:
+    """x: [M, K], w: [N, K] contiguous, both bfloat16 or both float32 (float32 summed exactly:
+    tl.dot's "ieee" precision) -> [M, N] in x's dtype, each row's bits independent of M and of the
+    other rows. CUDA tensors (CPU ones in Triton's interpreter)."""
+    if triton is None:
+        raise RuntimeError("triton_linear needs Triton (not installed)")
+    m, k = x.shape
+    n = w.shape[0]
+    if w.shape[1] != k or w.dtype != x.dtype or x.dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"triton_linear takes x [M, K] and w [N, K] of one dtype, bfloat16 or float32: "
+                         f"x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype}")
+    if not w.is_contiguous():
+        raise ValueError("triton_linear: w must be contiguous (a copy per call would read it twice)")
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)  # [M, N]
+    if m == 0 or n == 0:
+        return out
+    x = x.contiguous()
+    p = plan(m, n, k, tiling)
+    m_blocks = _cdiv(m, tiling.block_m)
+    dst = torch.empty(p.chunks, m, n, dtype=torch.float32, device=x.device) if p.split else out  # [chunks, M, N]
+    _linear_kernel[(m_blocks * _cdiv(n, p.block_n), p.chunks if p.split else 1)](
+        x, w, dst, m, n, k, m_blocks, _cdiv(k, tiling.block_k),
+        CHUNK_BLOCKS=tiling.k_chunk // tiling.block_k, PARTIAL=p.split,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # tf32: the default, unused for bf16
+        BLOCK_M=tiling.block_m, BLOCK_N=p.block_n, BLOCK_K=tiling.block_k,
+        num_warps=tiling.num_warps, num_stages=tiling.num_stages)
+    if p.split:
+        _sum_kernel[(_cdiv(m * n, SUM_BLOCK),)](dst, out, m * n, p.chunks, BLOCK=SUM_BLOCK)
+    return out
+
+
 def linear(x: torch.Tensor, w: torch.Tensor, kernels: KernelConfig) -> torch.Tensor:
     """x: [..., K] -> [..., N]; batch-invariant when kernels.batch_invariant."""
     if not kernels.batch_invariant:
         return F.linear(x, w)
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1])
-    return blocked(x2, w).view(*lead, w.shape[0])
+    x2 = x.reshape(-1, x.shape[-1])  # [M, K]
+    y = triton_linear(x2, w, kernels.linear) if x.is_cuda and kernels.triton else blocked(x2, w)
+    return y.view(*lead, w.shape[0])

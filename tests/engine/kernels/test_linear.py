@@ -1,0 +1,194 @@
+"""engine/kernels/linear.py: a row's output is bitwise the same alone and inside batches of any size
+with random neighbours at random positions, and close to F.linear: the torch form on the CPU's BLAS,
+the Triton kernel in Triton's interpreter (both K walks: the chunks in one program and one program
+per chunk, which must agree bitwise) and on a GPU at the lite preset's shapes, captured in a CUDA
+graph too. `linear` dispatches by the KernelConfig."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pegainfer.engine.kernels import linear as L
+from pegainfer.engine.kernels.config import KernelConfig, LinearTiling
+
+CPU_SIZES = (2, 3, 7, 16, 17, 33, 64, 100, 255, 256, 1000)
+# small enough for the interpreter: K 200 is 4 chunks of 64 (the last 8 long, inside a 32-wide K
+# block); at N 96 the programs target puts 1-16 rows on split chunks and 17+ on one program each
+SMALL = LinearTiling(block_k=32, k_chunk=64, block_n_min=16, block_n_max=64, programs=12)
+INTERP_SIZES = (1, 5, 16, 17, 40)
+# the lite preset's projections, (N, K): o_proj, q/kv_a, shared gate_up, LM head, shared down (one
+# expert, two), dense down, dense gate_up
+LITE = ((2048, 2048), (3648, 2048), (2816, 2048), (102400, 2048), (2048, 1408), (2048, 2816), (2048, 10944),
+        (21888, 2048))
+GPU_SIZES = (1, 2, 7, 16, 33, 64, 128, 255, 256, 1024, 4096)
+GPU_SIZES_F32 = (1, 2, 7, 16, 33, 64, 128, 255, 256)  # float32 sums on FMA units: the large sizes take minutes
+
+
+def crowd_mismatches(fn, row: torch.Tensor, sizes, gen: torch.Generator, device: str = "cpu") -> list[int]:
+    """The sizes M at which fn(batch)[p] != fn(row) bitwise, the batch being M random rows with
+    `row` [1, K] at a random position p."""
+    alone = fn(row)[0]
+    bad = []
+    for m in sizes:
+        batch = torch.randn(m, row.shape[1], generator=gen).to(device=device, dtype=row.dtype)  # [M, K]
+        p = int(torch.randint(m, (1,), generator=gen))
+        batch[p] = row[0]
+        if not torch.equal(fn(batch)[p], alone):
+            bad.append(m)
+    return bad
+
+
+def assert_close_to_f_linear(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    ref = F.linear(x.float(), w.float())
+    tol = 1e-2 if x.dtype == torch.bfloat16 else 1e-5  # bf16: the output's own rounding
+    assert y.dtype == x.dtype and y.shape == ref.shape
+    assert (y.float() - ref).abs().max() <= tol * ref.abs().max()
+
+
+# --- the torch form, CPU ---
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_blocked_rows_are_the_same_alone_and_in_any_crowd(gen, dtype):
+    w = (torch.randn(130, 300, generator=gen) * 0.05).to(dtype)
+    row = torch.randn(1, 300, generator=gen).to(dtype)
+    assert crowd_mismatches(lambda x: L.blocked(x, w), row, CPU_SIZES, gen) == []
+    x = torch.randn(37, 300, generator=gen).to(dtype)
+    assert_close_to_f_linear(L.blocked(x, w), x, w)
+
+
+def test_linear_dispatch_on_cpu(gen):
+    w = torch.randn(48, 64, generator=gen)
+    x = torch.randn(2, 3, 64, generator=gen)
+    assert torch.equal(L.linear(x, w, KernelConfig()), L.blocked(x.view(6, 64), w).view(2, 3, 48))
+    off = KernelConfig(batch_invariant=False)
+    assert torch.equal(L.linear(x, w, off), F.linear(x, w))
+
+
+# --- the plan: which walk and column block a call takes (no bits depend on it) ---
+
+def test_plan_spreads_one_row_over_the_gpu_and_keeps_many_rows_whole():
+    t = LinearTiling()
+    one_row = {(n, k): L.plan(1, n, k, t) for n, k in LITE}
+    assert one_row[(102400, 2048)] == L.Plan(128, 8, False)  # the LM head fills the GPU with columns
+    assert one_row[(21888, 2048)] == L.Plan(64, 8, False)
+    for nk in ((2048, 2048), (3648, 2048), (2816, 2048), (2048, 1408), (2048, 2816), (2048, 10944)):
+        assert one_row[nk].split and one_row[nk].programs(1, nk[0], t) >= t.programs, nk
+    assert not L.plan(256, 2048, 2048, t).split and not L.plan(4096, 2048, 10944, t).split
+    assert L.plan(5, 2048, 200, t) == L.Plan(32, 1, False)  # one chunk: nothing to split
+
+
+# --- the Triton kernel in the interpreter ---
+
+triton_only = pytest.mark.skipif(L.triton is None,
+                                 reason="triton is a GPU-side dependency; CI installs it for the interpreter")
+
+
+@triton_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k", [64, 200])
+@pytest.mark.parametrize("n", [48, 96])
+def test_kernel_rows_are_the_same_alone_and_in_any_crowd(triton_interpreter, request, gen, dtype, k, n):
+    if dtype == torch.bfloat16:
+        request.getfixturevalue("bf16_as_gpu")
+    w = (torch.randn(n, k, generator=gen) * 0.05).to(dtype)
+    row = torch.randn(1, k, generator=gen).to(dtype)
+    assert crowd_mismatches(lambda x: L.triton_linear(x, w, SMALL), row, INTERP_SIZES, gen) == []
+    x = torch.randn(23, k, generator=gen).to(dtype)
+    assert_close_to_f_linear(L.triton_linear(x, w, SMALL), x, w)
+
+
+@triton_only
+def test_the_sizes_cross_both_walks():
+    plans = {m: L.plan(m, 96, 200, SMALL) for m in INTERP_SIZES}
+    assert {p.split for p in plans.values()} == {True, False} and plans[1].chunks == 4
+    assert {L.plan(m, 48, 200, SMALL).split for m in INTERP_SIZES} == {True}
+
+
+@triton_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_both_walks_and_any_column_block_give_the_same_bits(triton_interpreter, request, gen, dtype):
+    if dtype == torch.bfloat16:
+        request.getfixturevalue("bf16_as_gpu")
+    w = (torch.randn(96, 200, generator=gen) * 0.05).to(dtype)
+    x = torch.randn(33, 200, generator=gen).to(dtype)
+    whole, split = dataclasses.replace(SMALL, programs=1), dataclasses.replace(SMALL, programs=10**6)
+    assert L.plan(33, 96, 200, whole) == L.Plan(64, 4, False) and L.plan(33, 96, 200, split) == L.Plan(16, 4, True)
+    assert torch.equal(L.triton_linear(x, w, whole), L.triton_linear(x, w, split))
+
+
+@triton_only
+def test_the_crowd_check_catches_an_order_chosen_by_row_count(triton_interpreter, gen):
+    """The invariance check can fail: a kernel whose K chunks were chosen by M (as a library's
+    split-K is) changes a row's bits."""
+    w = torch.randn(96, 200, generator=gen) * 0.05
+    row = torch.randn(1, 200, generator=gen)
+
+    def by_rows(x):
+        return L.triton_linear(x, w, dataclasses.replace(SMALL, k_chunk=64 if x.shape[0] == 1 else 32))
+    assert crowd_mismatches(by_rows, row, (5, 17), gen) == [5, 17]
+
+
+@triton_only
+def test_kernel_edges(triton_interpreter, gen):
+    w = torch.randn(48, 64, generator=gen)
+    assert L.triton_linear(torch.randn(0, 64), w, SMALL).shape == (0, 48)
+    with pytest.raises(ValueError):
+        L.triton_linear(torch.randn(2, 64), w.to(torch.bfloat16), SMALL)  # dtypes differ
+    with pytest.raises(ValueError):
+        L.triton_linear(torch.randn(2, 48), w.t(), SMALL)  # w not contiguous
+    with pytest.raises(ValueError):
+        LinearTiling(block_k=64, k_chunk=96)
+
+
+# --- the GPU ---
+
+def _lite_weights(n: int, k: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    return (torch.randn(n, k, device="cuda", generator=g) * 0.02).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("nk", LITE, ids=[f"n{n}-k{k}" for n, k in LITE])
+def test_gpu_rows_are_the_same_alone_and_in_any_crowd(triton_gpu, dtype, nk):
+    n, k = nk
+    t = KernelConfig().linear
+    g = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator().manual_seed(1)
+    w = _lite_weights(n, k, dtype, g)
+    row = torch.randn(1, k, generator=gen).to(device="cuda", dtype=dtype)
+    sizes = GPU_SIZES if dtype == torch.bfloat16 else GPU_SIZES_F32
+    assert crowd_mismatches(lambda x: L.triton_linear(x, w, t), row, sizes, gen, "cuda") == []
+    x = torch.randn(64, k, device="cuda", generator=g).to(dtype)
+    assert_close_to_f_linear(L.triton_linear(x, w, t), x, w)
+    whole, split = dataclasses.replace(t, programs=1), dataclasses.replace(t, programs=10**9)
+    assert torch.equal(L.triton_linear(x, w, whole), L.triton_linear(x, w, split))  # both walks, two column blocks
+
+
+def test_gpu_linear_dispatches_to_the_kernel(triton_gpu):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = _lite_weights(2048, 2048, torch.bfloat16, g)
+    x = torch.randn(3, 5, 2048, device="cuda", generator=g).to(torch.bfloat16)
+    k = KernelConfig()
+    assert torch.equal(L.linear(x, w, k), L.triton_linear(x.view(15, 2048), w, k.linear).view(3, 5, 2048))
+    torch_form = L.blocked(x.view(15, 2048), w).view(3, 5, 2048)
+    assert torch.equal(L.linear(x, w, dataclasses.replace(k, triton=False)), torch_form)
+    assert torch.equal(L.linear(x, w, dataclasses.replace(k, batch_invariant=False)), F.linear(x, w))
+
+
+@pytest.mark.parametrize("rows", [1, 256])  # o_proj: chunks split over programs at 1 row, one program at 256
+def test_gpu_kernel_replays_in_a_cuda_graph(triton_gpu, rows):
+    from pegainfer.engine.cuda_graphs import capture
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = _lite_weights(2048, 2048, torch.bfloat16, g)
+    k = KernelConfig()
+    assert L.plan(rows, 2048, 2048, k.linear).split == (rows == 1)
+    static = torch.zeros(rows, 2048, device="cuda", dtype=torch.bfloat16)
+    graph, out = capture(lambda: L.linear(static, w, k), None)
+    for _ in range(3):
+        x = torch.randn(rows, 2048, device="cuda", generator=g).to(torch.bfloat16)
+        static.copy_(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, L.triton_linear(x, w, k.linear))
