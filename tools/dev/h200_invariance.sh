@@ -21,6 +21,9 @@ if [ "$what" = tests ]; then
   echo "== GPU tests"
   timeout ${TEST_S:-260} python3 -m pytest -q -p no:cacheprovider tests/engine/kernels tests/engine/test_gpu_*.py \
     tests/ep/test_gpu.py -rf 2>&1 | tail -40 | tee "$OUT/gpu-tests.txt"
+  echo "== linear: row blocks' bits and time (tools/dev/linear_blockm.py), vs cuBLAS (linear_bench.py)"
+  timeout 100 python3 tools/dev/linear_blockm.py --out "$OUT/linear-blockm.json" 2>&1 | tail -10
+  timeout 100 python3 tools/dev/linear_bench.py --out "$OUT/linear-bench.json" 2>&1 | tail -45
   for mode in batch-invariant no-batch-invariant; do
     echo "== bench_direct --$mode"
     timeout 150 python3 tools/bench_direct.py --preset lite --batches 1,256 --prompt-len 86 --new-tokens 64 --$mode \
