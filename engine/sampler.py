@@ -181,7 +181,10 @@ def top_k_top_p(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -
     k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))  # [S]
     keep = rank < k[:, None]  # [S, V]
     ordered = ordered.masked_fill(~keep, 0.0)
-    mass_before = (ordered.cumsum(dim=-1) - ordered) / ordered.sum(dim=-1, keepdim=True)  # [S, V]
+    running = ordered.cumsum(dim=-1)  # [S, V]: one scan per row, the same whatever the other rows
+    # the total as the scan's last entry, not a sum(): a reduction over few rows may split each row
+    # between threads or blocks, an order that depends on how many rows share the call
+    mass_before = (running - ordered) / running[:, -1:]  # [S, V]
     keep &= (mass_before < top_p[:, None]) | (top_p[:, None] >= 1)  # the first token is always kept
     return torch.zeros_like(probs).scatter(-1, order, ordered.masked_fill(~keep, 0.0))
 

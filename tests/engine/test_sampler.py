@@ -222,3 +222,21 @@ def test_a_temperature_below_the_greedy_threshold_is_greedy():
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(3))
     draws = [Draw(r, SamplingParams(temperature=1e-6, top_k=3), r, 0, 0) for r in range(4)]
     assert torch.equal(sample(logits, SamplingBatch.build(draws, 50, "cpu")).tokens, torch.argmax(logits, dim=-1))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
+@pytest.mark.parametrize("rows", [2, 7, 64, 256])
+def test_the_nucleus_of_a_row_is_bitwise_the_same_in_any_batch(rows, device):
+    """top_k_top_p keeps and rescales nothing by a reduction whose order depends on the rows beside
+    it (a sum over few rows may split each row between threads): at DeepSeek's vocabulary, a row's
+    kept probabilities equal bitwise alone and in a batch."""
+    from pegainfer.engine.sampler import top_k_top_p
+    gen = torch.Generator().manual_seed(rows)
+    probs = torch.softmax(torch.randn(rows, 102_400, generator=gen) * 3, dim=-1).to(device)
+    top_k = torch.full((rows,), -1, dtype=torch.int64, device=device)
+    top_p = torch.full((rows,), 0.9, device=device)
+    together = top_k_top_p(probs, top_k, top_p)
+    for r in (0, rows // 2, rows - 1):
+        alone = top_k_top_p(probs[r:r + 1], top_k[r:r + 1], top_p[r:r + 1])
+        assert torch.equal(together[r], alone[0]), r
