@@ -19,7 +19,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 what=${1:-tests}
 if [ "$what" = tests ]; then
   echo "== GPU tests"
-  timeout ${TEST_S:-260} python3 -m pytest -q -p no:cacheprovider tests/engine/kernels tests/engine/test_gpu_*.py \
+  timeout ${TEST_S:-260} python3 -m pytest -q -p no:cacheprovider tests/engine/kernels tests/engine/test_gpu_*.py tests/engine/test_sampler.py \
     tests/ep/test_gpu.py -rf 2>&1 | tail -40 | tee "$OUT/gpu-tests.txt"
   echo "== linear: row blocks' bits and time (tools/dev/linear_blockm.py), vs cuBLAS (linear_bench.py)"
   timeout 100 python3 tools/dev/linear_blockm.py --out "$OUT/linear-blockm.json" 2>&1 | tail -10
