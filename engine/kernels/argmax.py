@@ -1,7 +1,9 @@
 """The greedy choice of the decode step in one launch: torch.argmax over each row of the logits
 (the first of equal maxima; the first NaN if the row has one, as torch does). Program (row, c)
 reduces one column chunk to its max and first index; the last chunk of a row to finish
-(engine/kernels/ticket.py) picks the first chunk holding the row's max.
+(engine/kernels/ticket.py) picks the first chunk holding the row's max. Ties go to the lowest index
+(torch.argmax's rule; -0.0 and +0.0 tie), and a row's pick reads only that row, by exact
+comparisons: the same at every batch size (batch-invariant; tests/engine/kernels/test_argmax.py).
 The torch form (engine/sampler.py argmax_rows) took four launches, ~24 µs of a batch-1 step on the
 H200 (docs/perf-notes.md row 26). Up to how many rows the decode step uses it: KernelConfig.argmax_rows."""
 from __future__ import annotations

@@ -149,5 +149,18 @@ class KernelConfig:
     linear: LinearTiling = LinearTiling()
 
     def on_device(self, cuda: bool, bf16: bool, triton_imports: bool) -> KernelConfig:
-        """This configuration with `triton` cleared where the Triton kernels cannot run."""
-        return dataclasses.replace(self, triton=self.triton and cuda and bf16 and triton_imports)
+        """This configuration as it runs on the device: `triton` cleared where the Triton kernels
+        cannot run and, where batch_invariant, the one-row kernels off (norm_proj_rows,
+        mla_output_rows, dense_rows and head_argmax_rows 0). Each of those sums a row's products in
+        another order than the multi-row ops do (norm_proj and mla_output: whole-row tiles of their
+        own; dense_swiglu: the expert kernel's blocks; head_argmax: float32 sums over BLOCK_K
+        steps), so a request's row alone in a step would get other bits than the same row in a
+        crowd. At 0 every row count takes the same ops (the batch-invariant linear,
+        engine/kernels/linear.py), one reduction order for every row. The router's one launch
+        (router_one_launch) and the greedy argmax (argmax_rows) stay: they give the same bits at
+        every row count (engine/kernels/moe_route.py, argmax.py)."""
+        triton = self.triton and cuda and bf16 and triton_imports
+        if not self.batch_invariant:
+            return dataclasses.replace(self, triton=triton)
+        return dataclasses.replace(self, triton=triton, norm_proj_rows=0, mla_output_rows=0, dense_rows=0,
+                                   head_argmax_rows=0)

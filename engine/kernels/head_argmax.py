@@ -10,7 +10,9 @@ The sums run in another order than cuBLAS's GEMV, so a logit can round to the ne
 value: where two logits tie within that rounding the pick can differ from F.linear's (as any two
 GEMV kernels can); the greedy test on the GPU pins the kernel against the F.linear + argmax path on
 weights without such ties. Its tiling and the rows it takes in the decode step: KernelConfig.head and
-head_argmax_rows (engine/kernels/config.py)."""
+head_argmax_rows (engine/kernels/config.py). For the same reason it is off in batch-invariant mode
+(KernelConfig.on_device sets head_argmax_rows to 0): a row alone would take other logits than the
+same row in a crowd."""
 from __future__ import annotations
 
 import torch

@@ -12,7 +12,16 @@ model dtype, the down projection is rounded to it, then multiplied by the float3
 A row's result does not depend on which other rows share its block (fixed K order), so every
 backend that runs its experts here gets the same bits for the same route. The tiling is the
 caller's, from KernelConfig.experts.tiling_for(the step's total routes) or KernelConfig.dense
-(engine/kernels/config.py)."""
+(engine/kernels/config.py).
+
+Batch invariance: a route's bits depend on neither the rows beside it in its block nor how many
+routes its expert or the step holds. Every tiling ExpertTilings picks keeps block_k = 128, so each
+dot product sums its K blocks in the same order, and on sm_90 all of them lower to one mma
+instruction (mma.sync m16n8k16, bf16 in, float32 accumulate; 16- and 32-row blocks alike, compiled
+offline with Triton 3.9), so the tiling chosen by the step's routes changes the speed, not the bits
+(tests/engine/kernels/test_moe_experts.py pins it on the GPU). ExpertShard (ep/experts.py) runs
+every size here in batch-invariant mode. dense_swiglu is a one-row kernel: in batch-invariant mode
+KernelConfig.on_device turns it off (dense_rows 0)."""
 from __future__ import annotations
 
 import dataclasses

@@ -10,13 +10,22 @@ selected ids). Up to 16 tokens with a ticket (Alignment.ticket: the MoE layer ha
 KernelConfig.router_one_launch) the logits and the selection share one launch: the last logits
 program to finish (the one atomic, a ticket) selects and lists (_route_small_kernel). Same semantics
 as engine/model/router.py `route` followed by the per-token sort of ep/plan.py; replaces about a
-dozen small kernels per layer."""
+dozen small kernels per layer.
+
+Batch invariance (KernelConfig.batch_invariant, fused_route's `kernels`): a token's logits, routes
+and weights are the same bits for any T and either form. Every logits program is the one-launch
+form's shape (one expert, ROW_WARPS warps, the row in _row_block_h steps: the same layout, so the
+same sum order; without invariance, steps above SMALL tokens take 2-expert programs of 512-wide
+blocks), and the selection's two sums (the softmax's, the renormalisation's) are fixed trees over
+the expert lanes (_lane_sum), whatever BLOCK_T and warps the selection runs with. Equal scores go
+to the lowest expert (tl.argmax), as the reference's stable sort does."""
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
+from pegainfer.engine.kernels.config import KernelConfig
 from pegainfer.engine.kernels.moe_experts import COMPACT_MAX_TOKENS, Alignment
 from pegainfer.engine.kernels.ticket import last_to_finish
 
@@ -45,17 +54,35 @@ def _logits_kernel(x_ptr, w_ptr, logits_ptr, H, E, BLOCK_E: tl.constexpr, BLOCK_
 
 
 @triton.jit
+def _lane_sum(x, INVARIANT: tl.constexpr, LOG_E: tl.constexpr):
+    """x [BLOCK_T, E_PAD] -> [BLOCK_T], the sum of each row. INVARIANT: a pairwise tree in lane order
+    (lanes 2i + 2i+1, then those pairs' sums pairwise, ...; E_PAD = 2**LOG_E), elementwise adds
+    whose order no layout changes, so every BLOCK_T and num_warps (each T and each form of the
+    router) gives a token the same bits; tl.sum's order follows the tensor's layout."""
+    if INVARIANT:
+        for _ in tl.static_range(LOG_E):
+            pairs = tl.reshape(x, [x.shape[0], x.shape[1] // 2, 2])
+            even, odd = tl.split(pairs)
+            x = even + odd
+        total = tl.reshape(x, [x.shape[0]])
+    else:
+        total = tl.sum(x, axis=1)
+    return total
+
+
+@triton.jit
 def _choose(logits_ptr, t, T, E, scaling, E_PAD: tl.constexpr, TOP_K: tl.constexpr, N_GROUP: tl.constexpr,
-            TOPK_GROUP: tl.constexpr, NORM: tl.constexpr):
+            TOPK_GROUP: tl.constexpr, NORM: tl.constexpr, INVARIANT: tl.constexpr, LOG_E: tl.constexpr):
     """Tokens t ([BLOCK_T]): softmax, selection, top-k, renormalisation and scaling. Returns
-    (chosen [BLOCK_T, E_PAD] bool, weight [BLOCK_T, E_PAD] float32 where chosen)."""
+    (chosen [BLOCK_T, E_PAD] bool, weight [BLOCK_T, E_PAD] float32 where chosen). Maxima and the
+    argmax are exact in any order; the two sums are _lane_sum's."""
     lane = tl.arange(0, E_PAD)
     live = (t[:, None] < T) & (lane[None, :] < E)  # [BLOCK_T, E_PAD]
     logits = tl.load(logits_ptr + t[:, None] * E + lane[None, :], mask=live, other=float("-inf"),
                      cache_modifier=".cg")  # other programs of the launch may have written them (one-launch form)
     logits = tl.where(live, logits, float("-inf"))
     p = tl.exp(logits - tl.max(logits, axis=1)[:, None])
-    scores = p / tl.sum(p, axis=1)[:, None]  # 0 on padding lanes (NaN on padding rows: never chosen)
+    scores = p / _lane_sum(p, INVARIANT, LOG_E)[:, None]  # 0 on padding lanes (NaN on padding rows: never chosen)
     if N_GROUP > 1:
         # group-limited greedy: keep the experts of the TOPK_GROUP groups with the highest best score
         group = lane // (E // N_GROUP)
@@ -79,7 +106,7 @@ def _choose(logits_ptr, t, T, E, scaling, E_PAD: tl.constexpr, TOP_K: tl.constex
     chosen = chosen & live
     w = tl.where(chosen, scores, 0.0)
     if NORM:
-        w = w / (tl.sum(w, axis=1)[:, None] + 1e-20)
+        w = w / (_lane_sum(w, INVARIANT, LOG_E)[:, None] + 1e-20)
     return chosen, w * scaling
 
 
@@ -106,14 +133,15 @@ def _list_expert(col, route, e, T, order_ptr, starts_ptr, counts_ptr, totals_ptr
 @triton.jit
 def _select_kernel(logits_ptr, weights_ptr, ids_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, totals_ptr,
                    T, E, scaling, BLOCK_T: tl.constexpr, E_PAD: tl.constexpr, TOP_K: tl.constexpr,
-                   N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, NORM: tl.constexpr, ALIGN: tl.constexpr):
+                   N_GROUP: tl.constexpr, TOPK_GROUP: tl.constexpr, NORM: tl.constexpr, ALIGN: tl.constexpr,
+                   INVARIANT: tl.constexpr, LOG_E: tl.constexpr):
     """Without ALIGN, program i selects tokens [i*BLOCK_T, (i+1)*BLOCK_T). With ALIGN (every token
     in one block), program e makes every token's selection (the same arithmetic in each, so the
     same result; program 0 writes it), lists expert e's routes and takes e's slot in the active
     list (experts with routes ascending, then -1)."""
     lane = tl.arange(0, E_PAD)
     t = (0 if ALIGN else tl.program_id(0) * BLOCK_T) + tl.arange(0, BLOCK_T)
-    chosen, w = _choose(logits_ptr, t, T, E, scaling, E_PAD, TOP_K, N_GROUP, TOPK_GROUP, NORM)
+    chosen, w = _choose(logits_ptr, t, T, E, scaling, E_PAD, TOP_K, N_GROUP, TOPK_GROUP, NORM, INVARIANT, LOG_E)
     route = _route_ids(chosen, t, TOP_K)  # [BLOCK_T, E_PAD]
     if (not ALIGN) or tl.program_id(0) == 0:
         tl.store(ids_ptr + route, lane[None, :] + 0 * route, mask=chosen)
@@ -135,7 +163,7 @@ def _select_kernel(logits_ptr, weights_ptr, ids_ptr, order_ptr, starts_ptr, coun
 def _route_small_kernel(x_ptr, w_ptr, logits_ptr, weights_ptr, ids_ptr, order_ptr, starts_ptr, counts_ptr,
                         active_ptr, totals_ptr, ticket_ptr, T, E, H, scaling, BLOCK_T: tl.constexpr,
                         E_PAD: tl.constexpr, BLOCK_H: tl.constexpr, TOP_K: tl.constexpr, N_GROUP: tl.constexpr,
-                        TOPK_GROUP: tl.constexpr, NORM: tl.constexpr):
+                        TOPK_GROUP: tl.constexpr, NORM: tl.constexpr, INVARIANT: tl.constexpr, LOG_E: tl.constexpr):
     """Up to SMALL tokens in one launch: program (t, e) writes token t's logit against expert e, as
     _logits_kernel does; the last program to finish (engine/kernels/ticket.py) makes every token's
     selection and lists every expert's routes, as _select_kernel's programs do between them."""
@@ -145,7 +173,8 @@ def _route_small_kernel(x_ptr, w_ptr, logits_ptr, weights_ptr, ids_ptr, order_pt
     if last_to_finish(ticket_ptr, T * E):
         lane = tl.arange(0, E_PAD)
         t = tl.arange(0, BLOCK_T)
-        chosen, w = _choose(logits_ptr, t, T, E, scaling, E_PAD, TOP_K, N_GROUP, TOPK_GROUP, NORM)
+        chosen, w = _choose(logits_ptr, t, T, E, scaling, E_PAD, TOP_K, N_GROUP, TOPK_GROUP, NORM, INVARIANT,
+                            LOG_E)
         route = _route_ids(chosen, t, TOP_K)  # [BLOCK_T, E_PAD]
         tl.store(ids_ptr + route, lane[None, :] + 0 * route, mask=chosen)
         tl.store(weights_ptr + route, w, mask=chosen)
@@ -182,16 +211,27 @@ def _align_kernel(ids_ptr, order_ptr, starts_ptr, counts_ptr, active_ptr, totals
 
 SMALL = COMPACT_MAX_TOKENS  # up to this many tokens: one expert per logits program, the one-launch selection
 MAX_TOKENS = 1024  # the listing reads every token's ids at once: decode batches, not prompts
+ROW_WARPS = 2  # warps of a one-expert logits program (and of the one-launch router)
+
+
+def _row_block_h(h: int) -> int:
+    """The K block of a one-expert logits program: the whole row up to 2048."""
+    return min(triton.next_power_of_2(h), 2048)
 
 
 def fused_route(hidden: torch.Tensor, gate_weight: torch.Tensor, *, top_k: int, method: str = "greedy",
                 n_group: int | None = None, topk_group: int | None = None, norm_topk_prob: bool = False,
-                scaling: float = 1.0, aligned: Alignment | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                scaling: float = 1.0, aligned: Alignment | None = None,
+                kernels: KernelConfig = KernelConfig()) -> tuple[torch.Tensor, torch.Tensor]:
     """hidden: [T, H] (any float dtype); gate_weight: [E, H] float32. Returns (weights [T, k]
     float32, experts [T, k] int32), each token's routes in ascending expert order. aligned:
     buffers (Alignment.empty(T, k, totals)) to also list the routes by expert for the expert
     kernels (engine/kernels/moe_experts.py), T <= MAX_TOKENS; totals gets each expert's count added.
-    An alignment of up to SMALL tokens that holds a ticket gets the one-launch form."""
+    An alignment of up to SMALL tokens that holds a ticket gets the one-launch form.
+    kernels.batch_invariant: a token's logits, routes and weights are the same bits for every T and
+    either form: every logits program is the one-launch form's (one expert, the row in
+    _row_block_h steps, ROW_WARPS warps; above SMALL tokens the faster shape sums in another order
+    only without it), and the selection's sums are fixed trees (_lane_sum)."""
     t, h = hidden.shape
     e = gate_weight.shape[0]
     if aligned is not None and t > MAX_TOKENS:
@@ -201,6 +241,10 @@ def fused_route(hidden: torch.Tensor, gate_weight: torch.Tensor, *, top_k: int, 
     weights = torch.empty(t, top_k, dtype=torch.float32, device=dev)  # [T, k]
     ids = torch.empty(t, top_k, dtype=torch.int32, device=dev)  # [T, k]
     grouped = method == "group_limited_greedy"
+    e_pad = triton.next_power_of_2(e)
+    choice = dict(E_PAD=e_pad, TOP_K=top_k, N_GROUP=n_group if grouped else 1, TOPK_GROUP=topk_group if grouped else 1,
+                  NORM=bool(norm_topk_prob and top_k > 1), INVARIANT=kernels.batch_invariant,
+                  LOG_E=e_pad.bit_length() - 1)
     al = aligned or Alignment(ids, ids, ids, ids, ids, 0)  # not touched without an alignment to fill
     if aligned is not None and aligned.order.shape[0] != e * t:
         raise ValueError(f"the alignment was made for {aligned.order.shape[0] // e} tokens, not {t}")
@@ -209,12 +253,10 @@ def fused_route(hidden: torch.Tensor, gate_weight: torch.Tensor, *, top_k: int, 
         _route_small_kernel[(t, e)](
             hidden.contiguous(), gate_weight.contiguous(), logits, weights, ids, al.order, al.starts, al.counts,
             al.active, al.totals, aligned.ticket, t, e, h, float(scaling), BLOCK_T=triton.next_power_of_2(t),
-            E_PAD=triton.next_power_of_2(e), BLOCK_H=min(triton.next_power_of_2(h), 2048), TOP_K=top_k,
-            N_GROUP=n_group if grouped else 1, TOPK_GROUP=topk_group if grouped else 1,
-            NORM=bool(norm_topk_prob and top_k > 1), num_warps=2)
+            BLOCK_H=_row_block_h(h), num_warps=ROW_WARPS, **choice)
         return weights, ids
-    if t <= SMALL:  # one expert per program, the row in one load: many programs, one round trip each
-        block_e, block_h, warps = 1, min(triton.next_power_of_2(h), 2048), 2
+    if t <= SMALL or kernels.batch_invariant:  # one expert per program, the row in one load: many programs
+        block_e, block_h, warps = 1, _row_block_h(h), ROW_WARPS
     else:
         block_e, block_h, warps = 2, 512, 4
     _logits_kernel[(t, triton.cdiv(e, block_e))](hidden.contiguous(), gate_weight.contiguous(), logits, h, e,
@@ -222,9 +264,7 @@ def fused_route(hidden: torch.Tensor, gate_weight: torch.Tensor, *, top_k: int, 
     block_t = triton.next_power_of_2(t) if one_launch else min(SMALL, triton.next_power_of_2(t))
     _select_kernel[(e,) if one_launch else (triton.cdiv(t, block_t),)](
         logits, weights, ids, al.order, al.starts, al.counts, al.active, al.totals, t, e, float(scaling),
-        BLOCK_T=block_t, E_PAD=triton.next_power_of_2(e), TOP_K=top_k, N_GROUP=n_group if grouped else 1,
-        TOPK_GROUP=topk_group if grouped else 1, NORM=bool(norm_topk_prob and top_k > 1), ALIGN=one_launch,
-        num_warps=1 if block_t <= 4 else 2)
+        BLOCK_T=block_t, ALIGN=one_launch, num_warps=1 if block_t <= 4 else 2, **choice)
     if aligned is not None and not one_launch:
         _align_kernel[(e,)](ids, al.order, al.starts, al.counts, al.active, al.totals, t,
                             T_PAD=triton.next_power_of_2(t), TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),

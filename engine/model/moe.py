@@ -2,7 +2,9 @@
 backend (which only moves rows to the ranks that own the experts and runs them), the fixed-order
 combine, plus the shared experts. Two forms of one layer: the reference's (`__call__`: prompts and
 the torch decode step) and the decode step's (`decode`: with the Triton kernels, the router kernel
-and the expert outputs per route, combined in the next norm's launch)."""
+and the expert outputs per route, combined in the next norm's launch). Both gates run with the
+layer's KernelConfig: batch-invariant by default (engine/model/router.py, engine/kernels/moe_route.py),
+as are the backend's experts (ep/experts.py) and the combine's fixed route order."""
 from __future__ import annotations
 
 import torch
@@ -102,8 +104,9 @@ class MoE:
             return plan.token_major(self.backend.expert_outputs(self.layer, x, plan))
 
     def _gate(self, router, x: torch.Tensor, **kernel_args) -> tuple[torch.Tensor, torch.Tensor]:
-        """router: engine.model.router.route or its kernel form; the layer's selection settings."""
+        """router: engine.model.router.route or its kernel form; the layer's selection settings and
+        KernelConfig (batch_invariant: a token's routes the same in any step, both forms)."""
         c = self.cfg
         return router(x, self.gate_weight, top_k=c.num_experts_per_tok, method=c.topk_method, n_group=c.n_group,
                       topk_group=c.topk_group, norm_topk_prob=c.norm_topk_prob, scaling=c.routed_scaling_factor,
-                      **kernel_args)
+                      kernels=self.kernels, **kernel_args)

@@ -1,7 +1,8 @@
 """The decode step on CUDA (skipped without a GPU): the tiny model's one-row graphed steps (bf16, CUDA
 graphs, Triton kernels) choose the same greedy tokens with the LM head and the argmax in one launch
-(KernelConfig.head_argmax_rows 1, the default) as with F.linear and the argmax kernel (0). The kernel
-itself: tests/engine/kernels/test_head_argmax.py.
+(KernelConfig.head_argmax_rows 1, the default without batch invariance: the engine turns the one-row
+kernels off in batch-invariant mode) as with F.linear and the argmax kernel (0). The kernel itself:
+tests/engine/kernels/test_head_argmax.py.
 Run on a GPU machine: pytest tests/engine/test_gpu_decode_step.py"""
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def test_one_row_steps_choose_as_the_two_launch_form(tiny_model_dir):
 
     def tokens(rows: int) -> list[list[int]]:
         engine = build_engine(EngineSpec(model_dir=str(tiny_model_dir), device="cuda", dtype="bfloat16", num_slots=1,
-                                         kernels=KernelConfig(head_argmax_rows=rows)))
+                                         kernels=KernelConfig(head_argmax_rows=rows, batch_invariant=False)))
         try:
             assert engine.runner.graphs is not None and engine.model.kernels.triton
             assert engine.model.kernels.head_argmax_rows == rows

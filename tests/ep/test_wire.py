@@ -73,9 +73,10 @@ def test_scratch_grows_and_is_reused() -> None:
 
 
 def test_expert_kernel_follows_the_steps_routes_not_the_calls(monkeypatch) -> None:
-    """Above max_routes routes in the whole step the triton kernel hands over to grouped GEMMs, and
-    below it the tiling is the whole step's: a rank that holds only a few of those routes must make
-    the same choice as one rank holding them all."""
+    """Above max_routes routes in the whole step the triton kernel hands over to grouped GEMMs (not
+    in batch-invariant mode: there every size stays on it), and below it the tiling is the whole
+    step's: a rank that holds only a few of those routes must make the same choice as one rank
+    holding them all."""
     import pytest
     import torch
     pytest.importorskip("triton")
@@ -91,12 +92,15 @@ def test_expert_kernel_follows_the_steps_routes_not_the_calls(monkeypatch) -> No
     shard = ExpertShard(range(2), {0: torch.zeros(2, 4, 3)}, {0: torch.zeros(2, 3, 2)})
     hidden, idx, w = torch.zeros(5, 3), torch.arange(5), torch.ones(5)
     tilings = ExpertTilings()
-    kernel = ExpertKernel("triton", tilings)
     big = tilings.max_routes + 1
-    shard.run_routes(0, hidden, idx, w, [2, 3], kernel)  # the step is these 5 routes
-    shard.run_routes(0, hidden, idx, w, [2, 3], kernel, total_routes=big)  # 5 of a larger step's
-    shard.run_routes(0, hidden, idx, w, [2, 3], kernel, total_routes=tilings.max_routes)
-    shard.run_routes(0, hidden, idx, w, [2, 3], kernel, total_routes=600)
-    assert chosen == [("triton", tilings.tiling_for(5)), ("grouped_mm", None), ("triton", tilings.tiling),
-                      ("triton", tilings.tiling)]
+    for invariant in (False, True):
+        kernel = ExpertKernel("triton", tilings, batch_invariant=invariant)
+        shard.run_routes(0, hidden, idx, w, [2, 3], kernel)  # the step is these 5 routes
+        shard.run_routes(0, hidden, idx, w, [2, 3], kernel, total_routes=big)  # 5 of a larger step's
+        shard.run_routes(0, hidden, idx, w, [2, 3], kernel, total_routes=tilings.max_routes)
+        shard.run_routes(0, hidden, idx, w, [2, 3], kernel, total_routes=600)
+        above = ("triton", tilings.tiling) if invariant else ("grouped_mm", None)
+        assert chosen == [("triton", tilings.tiling_for(5)), above, ("triton", tilings.tiling),
+                          ("triton", tilings.tiling)], invariant
+        chosen.clear()
     assert tilings.tiling_for(5).num_stages == 4 and tilings.tiling_for(5) != tilings.tiling_for(9)

@@ -1,6 +1,7 @@
 """engine/kernels/config.py: the one kernel configuration is frozen and hashable (Triton takes its
 tilings as constexpr arguments), its defaults are the measured values the kernels ran with, and
-on_device clears the Triton switch wherever the kernels cannot run."""
+on_device clears the Triton switch wherever the kernels cannot run and, in batch-invariant mode, the
+one-row kernels' row counts."""
 from __future__ import annotations
 
 import dataclasses
@@ -33,8 +34,26 @@ def test_defaults_are_the_measured_values():
 
 @pytest.mark.parametrize("cuda,bf16,imports", [(c, b, i) for c in (0, 1) for b in (0, 1) for i in (0, 1)])
 def test_on_device_keeps_triton_only_where_it_runs(cuda, bf16, imports):
-    k = KernelConfig(split_programs=8)
+    k = KernelConfig(split_programs=8, batch_invariant=False)
     on = k.on_device(bool(cuda), bool(bf16), bool(imports))
     assert on.triton == bool(cuda and bf16 and imports)
     assert dataclasses.replace(on, triton=True) == k  # nothing else changes
     assert not KernelConfig(triton=False).on_device(True, True, True).triton  # switched off stays off
+
+
+ONE_ROW = ("norm_proj_rows", "mla_output_rows", "dense_rows", "head_argmax_rows")
+
+
+@pytest.mark.parametrize("cuda,bf16,imports", [(c, b, i) for c in (0, 1) for b in (0, 1) for i in (0, 1)])
+def test_batch_invariance_turns_the_one_row_kernels_off(cuda, bf16, imports):
+    """They sum a row in another order than the multi-row ops: a step of one row would give other
+    bits. Only they change: the router's one launch and the argmax give the same bits at every row
+    count and stay."""
+    k = KernelConfig(split_programs=8, norm_proj_rows=4)
+    assert k.batch_invariant  # the default
+    on = k.on_device(bool(cuda), bool(bf16), bool(imports))
+    assert on.triton == bool(cuda and bf16 and imports)
+    assert [getattr(on, f) for f in ONE_ROW] == [0, 0, 0, 0]
+    assert dataclasses.replace(on, triton=True, **{f: getattr(k, f) for f in ONE_ROW}) == k
+    assert on.router_one_launch and on.argmax_rows == k.argmax_rows and on.experts == k.experts
+    assert on.on_device(bool(cuda), bool(bf16), bool(imports)) == on  # resolving twice changes nothing

@@ -3,7 +3,12 @@ ExpertShard.run (the per-expert loop, the reference order) computes, in both for
 in the plan's execution order (what every backend runs, a multi-rank one over rows already gathered)
 and every token's routes as the router kernel listed them (the decode step's form); and a dense
 SwiGLU's gate and up in one launch. Triton's CPU interpreter, float32; on the GPU the dense form at
-lite's shapes against cuBLAS and the SwiGLU launch, and the same bits on every CUDA-graph replay."""
+lite's shapes against cuBLAS and the SwiGLU launch, and the same bits on every CUDA-graph replay.
+
+Batch invariance: a route's weighted output is the same bits alone and inside crowds of 1 to 256
+random tokens (and above ExpertTilings.max_routes, where the fast path hands off to grouped GEMMs),
+in both forms, and under every tiling ExpertTilings picks (Triton's interpreter, bfloat16 as the GPU
+rounds it; on the GPU at lite's shapes)."""
 from __future__ import annotations
 
 import pytest
@@ -13,8 +18,9 @@ import torch.nn.functional as F
 pytest.importorskip("triton", reason="triton is a GPU-side dependency; CI installs it for the interpreter")
 
 from pegainfer.engine.kernels.config import ExpertTilings, KernelConfig, Tiling  # noqa: E402
-from pegainfer.ep.experts import ExpertShard  # noqa: E402
+from pegainfer.ep.experts import ExpertKernel, ExpertShard  # noqa: E402
 from pegainfer.ep.plan import RoutePlan  # noqa: E402
+from tests.engine.kernels.route_crowds import FEW_SIZES, SIZES, crowd, listing, probe_weights, routes_crowd  # noqa: E402
 
 T, H, E, K, I = 5, 48, 16, 4, 40
 TILINGS = ExpertTilings()
@@ -115,3 +121,113 @@ def test_gpu_dense_swiglu_matches_cublas_and_the_swiglu_launch(triton_gpu, inter
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, got)
+
+
+def _bf16_shard(gen: torch.Generator, n: int, h: int, i: int, dev="cpu") -> ExpertShard:
+    w13 = (torch.randn(n, 2 * i, h, generator=gen) * h ** -0.5).to(torch.bfloat16).to(dev)
+    w2 = (torch.randn(n, h, i, generator=gen) * i ** -0.5).to(torch.bfloat16).to(dev)
+    return ExpertShard(range(n), {0: w13}, {0: w2})
+
+
+def _probe_outputs(shard: ExpertShard, rows: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, pos: int,
+                   tilings: ExpertTilings = TILINGS, forms=("plan", "token_major")) -> dict:
+    """The probe's (row pos) k weighted route outputs [k, H] float32 in each form: a shard's routes in
+    the plan's order (every backend, tiling by the step's routes) and token-major over the router's
+    listing (the decode step's, up to 1024 tokens)."""
+    n_exp = len(shard.experts)
+    kernel = ExpertKernel("triton", tilings)
+    out = {}
+    if "plan" in forms:
+        plan = RoutePlan.build(weights, experts, n_exp)
+        out["plan"] = plan.token_major(shard.run_routes(0, rows, plan.token_index, plan.weight, plan.expert_counts,
+                                                        kernel))[pos]
+    if "token_major" in forms and rows.shape[0] <= 1024:
+        out["token_major"] = shard.run_token_major(0, rows, weights, listing(experts, n_exp), kernel)[pos]
+    return out
+
+
+def test_a_routes_output_is_batch_invariant(bf16_as_gpu, gen):
+    """8 experts, 4 routes a token, H and I two K blocks each: the sizes take all three tilings."""
+    h, i, n_exp = 256, 160, 8
+    shard = _bf16_shard(gen, n_exp, h, i)
+    probe = torch.randn(1, h, generator=gen).to(torch.bfloat16)
+    mine = torch.tensor([1, 3, 4, 6])
+    alone = _probe_outputs(shard, probe, mine[None], probe_weights(4)[None], 0)
+    assert torch.equal(alone["plan"], alone["token_major"])
+    for n, size in enumerate(FEW_SIZES):  # the forms in turn (one interpreted program at a time), both at 256
+        rows, pos = crowd(probe, size, gen)
+        experts, weights = routes_crowd(mine, size, n_exp, pos, gen)
+        forms = ("plan", "token_major") if size == FEW_SIZES[-1] else (("plan", "token_major")[n % 2],)
+        for form, got in _probe_outputs(shard, rows, experts, weights, pos, forms=forms).items():
+            assert torch.equal(got, alone["plan"]), (size, form)
+
+
+def _every_tiling(tilings: ExpertTilings) -> list[Tiling]:
+    """Each tiling tiling_for picks, at any step size."""
+    picks = [tilings.tiling_for(n) for n in range(1, 2 * tilings.max_routes)]
+    return list(dict.fromkeys(picks))
+
+
+def test_every_tiling_gives_a_route_the_same_bits(bf16_as_gpu, gen):
+    """block_m 16 or 32, 3 or 4 stages, 32 or 64 gate-up columns: block_k fixes every dot product's
+    order, so the same bits (the GPU variant below is the claim; here numpy's)."""
+    h, i, n_exp = 256, 160, 8
+    shard = _bf16_shard(gen, n_exp, h, i)
+    rows = torch.randn(40, h, generator=gen).to(torch.bfloat16)
+    experts, weights = routes_crowd(torch.tensor([0, 2, 5, 7]), 40, n_exp, 0, gen)
+    tilings = _every_tiling(TILINGS)
+    assert len(tilings) == 3 and {t.block_k for t in tilings} == {128}
+    outs = [_probe_outputs(shard, rows, experts, weights, slice(None), ExpertTilings(t, t, 0, 0, t.num_stages,
+                                                                                     t.up_n)) for t in tilings]
+    for t, out in zip(tilings[1:], outs[1:]):
+        for form in out:
+            assert torch.equal(out[form], outs[0][form]), (t, form)
+
+
+def test_gpu_a_routes_output_is_batch_invariant(triton_gpu):
+    """Lite's experts: a route's bits alone and in crowds of 1 to 256 tokens and above max_routes
+    (400 tokens: 2,400 routes, which the fast path hands to grouped GEMMs), in both forms, and as
+    an EP rank runs its share (rows gathered, the tiling by the whole step's routes)."""
+    g = torch.Generator().manual_seed(0)
+    h, i, n_exp, k = 2048, 1408, 64, 6
+    shard = _bf16_shard(g, n_exp, h, i, "cuda")
+    half = ExpertShard(range(32), {0: shard.w13[0][32:]}, {0: shard.w2[0][32:]})  # a rank owning experts 32..63
+    for mine in (torch.tensor([0, 5, 17, 33, 40, 63]), torch.tensor([2, 3, 4, 5, 6, 7])):
+        probe = torch.randn(1, h, generator=g).to(torch.bfloat16).cuda()
+        mine = mine.cuda()
+        alone = _probe_outputs(shard, probe, mine[None], probe_weights(k)[None].cuda(), 0)
+        assert torch.equal(alone["plan"], alone["token_major"])
+        for size in SIZES + (400, 1024):
+            rows, pos = crowd(probe, size, g)
+            experts, weights = routes_crowd(mine, size, n_exp, pos, g)
+            for form, got in _probe_outputs(shard, rows, experts, weights, pos).items():
+                assert torch.equal(got, alone["plan"]), (size, form)
+            plan = RoutePlan.build(weights, experts, n_exp)
+            counts = plan.expert_counts.tolist()
+            lo, hi = plan.span(range(32, 64), counts)
+            share = half.run_routes(0, rows[plan.token_index[lo:hi]], torch.arange(hi - lo, device="cuda"),
+                                    plan.weight[lo:hi], plan.expert_counts[32:], ExpertKernel("triton"), size * k)
+            slots = plan.perm[lo:hi]  # token-major slot of each of the share's routes
+            for j in range(k):
+                if int(mine[j]) >= 32:
+                    got = share[(slots == pos * k + j).nonzero().item()]
+                    assert torch.equal(got, alone["plan"][j]), (size, "rank share", j)
+
+
+def test_gpu_every_tiling_gives_a_route_the_same_bits(triton_gpu):
+    """The claim the tiling choice rests on (ExpertTilings.tiling_for by the step's routes): on the
+    GPU, 16- and 32-row blocks (one mma instruction shape, m16n8k16, at both), 3 or 4 stages and 32
+    or 64 gate-up columns give every route the same bits, in both forms, at lite's shapes."""
+    g = torch.Generator().manual_seed(1)
+    h, i, n_exp = 2048, 1408, 64
+    shard = _bf16_shard(g, n_exp, h, i, "cuda")
+    tilings = _every_tiling(TILINGS)
+    assert len(tilings) == 3
+    for size in (1, 7, 40, 300):
+        rows = torch.randn(size, h, generator=g).to(torch.bfloat16).cuda()
+        experts, weights = routes_crowd(torch.tensor([0, 9, 18, 27, 36, 45]).cuda(), size, n_exp, 0, g)
+        outs = [_probe_outputs(shard, rows, experts, weights, slice(None),
+                               ExpertTilings(t, t, 0, 0, t.num_stages, t.up_n)) for t in tilings]
+        for t, out in zip(tilings[1:], outs[1:]):
+            for form in out:
+                assert torch.equal(out[form], outs[0][form]), (size, t, form)
