@@ -17,7 +17,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from pegainfer.engine.kernels import triton_available
+from pegainfer.engine.kernels import pointwise, triton_available
 from pegainfer.engine.kernels.config import ExpertTilings
 from pegainfer.engine.kernels.linear import blocked
 from pegainfer.ep.grouped import grouped_linear, grouped_mm_available
@@ -163,7 +163,5 @@ def _swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     a row would depend on how many rows share the call; read through a stride-2 view, every element
     takes the scalar path. (The product is one rounding either way; CUDA computes every element
     alike.)"""
-    n, two_i = gate_up.shape
-    spread = gate_up.new_empty(n, two_i // 2, 2)  # [n, I, 2]
-    spread[..., 0] = gate_up[:, :two_i // 2]
-    return F.silu(spread[..., 0]) * gate_up[:, two_i // 2:]
+    i = gate_up.shape[1] // 2
+    return pointwise.silu(gate_up[:, :i]) * gate_up[:, i:]

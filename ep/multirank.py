@@ -84,7 +84,9 @@ class MultiRankBackend(ExpertBackend):
     def expert_kernel(shard: ExpertShard, device: torch.device, kernels: KernelConfig = KernelConfig()) -> ExpertKernel:
         """The kernel of every rank's experts: the Triton MLP wherever it runs, whatever
         kernels.triton (which selects rank 0's decode kernels); tilings from `kernels` (an expert
-        rank's: the defaults)."""
+        rank's: the defaults). Always the batch-invariant form, on rank 0 too, whatever
+        kernels.batch_invariant: every rank must choose alike, and an expert rank is not told the
+        opt-out (--no-batch-invariant changes rank 0's own layers only)."""
         return shard.kernel_for(device, True, kernels.experts)
 
     # ---- the contract ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from pegainfer.engine.kernels.config import KernelConfig
+from pegainfer.engine.kernels import pointwise
 from pegainfer.engine.kernels.linear import linear
 
 
@@ -21,7 +22,8 @@ class MLP:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H], as the reference computes it (prompts, the torch decode step)."""
         k = self.kernels
-        return linear(F.silu(linear(x, self.gate, k)) * linear(x, self.up, k), self.down, k)
+        silu = pointwise.silu if k.batch_invariant else F.silu
+        return linear(silu(linear(x, self.gate, k)) * linear(x, self.up, k), self.down, k)
 
     def decode(self, x: torch.Tensor) -> torch.Tensor:
         """The decode step's form. With the Triton kernels: one projection for gate and up and one

@@ -28,7 +28,8 @@ class LocalBackend(ExpertBackend):
             raise OwnershipError(f"the local backend runs one rank; --ep-size {ownership.world_size} needs "
                                  f"--backend host-staged or nccl")
         kernels = spec.kernels
-        return cls(shard, shard.kernel_for(torch.device(spec.device), kernels.triton, kernels.experts))
+        return cls(shard, shard.kernel_for(torch.device(spec.device), kernels.triton, kernels.experts,
+                                           batch_invariant=kernels.batch_invariant))
 
     def expert_outputs(self, layer: int, hidden: torch.Tensor, plan: RoutePlan) -> torch.Tensor:
         return self.shard.run_routes(layer, hidden, plan.token_index, plan.weight, plan.expert_counts, self._kernel)
