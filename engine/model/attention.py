@@ -150,13 +150,19 @@ class MLAttention:
 
     def _fused_values(self, x: torch.Tensor | None, inp: DecodeInputs, cache: MLACache,
                       qkv: torch.Tensor | None) -> torch.Tensor:
-        """The Triton decode up to the value heads: absorbed query, split, merge with W_UV -> [B, nh*128]."""
+        """The Triton decode up to the value heads: absorbed query, split, merge with W_UV -> [B, nh*128].
+        Batch-invariant (the fixed plan: splits by each row's own length, one merge shape) unless the
+        KernelConfig turns it off; then the splits and merge are chosen by the batch and the bound."""
         from pegainfer.engine.kernels.mla_decode import auto_split, merge_form, mla_decode
         q_full = self.absorbed_query(x, inp.positions, inp.slots, cache, qkv)  # [B, nh, 576]
         b, k = q_full.shape[0], self.kernels
+        if k.batch_invariant:
+            plan = dict(split_len=k.decode_split_len, merge="fixed", max_splits=k.decode_max_splits)
+        else:
+            plan = dict(split_len=auto_split(b, inp.length, k.split_programs),
+                        merge=merge_form(b, k.row_merge_max_batch))
         return mla_decode(q_full, cache.data[self.layer], inp.slots, inp.ctx_lens, inp.length, self.scale, self.rank,
-                          split_len=auto_split(b, inp.length, k.split_programs),
-                          merge=merge_form(b, k.row_merge_max_batch), w_uv_t=self.w_uv_t)
+                          w_uv_t=self.w_uv_t, **plan)
 
     def absorbed_query(self, x: torch.Tensor | None, positions: torch.Tensor, slots: torch.Tensor,
                        cache: MLACache, qkv: torch.Tensor | None = None) -> torch.Tensor:

@@ -6,7 +6,8 @@ the bytes that layer must read and the bandwidth that implies, and how far the t
 are apart. With --sweep it also times the expert kernels under several tilings.
 
     python tools/dev/kernel_bench.py [--batches 1,8,64,256] [--sweep] [--profile] [--out report.json]
-    python tools/dev/kernel_bench.py --mla [--batches 1,8,64,256]
+    python tools/dev/kernel_bench.py --mla [--batches 1,8,64,256] [--mla-length 256 --mla-ctx 150]
+        [--mla-fixed-split 32 8]
     python tools/dev/kernel_bench.py --norm-proj
 """
 from __future__ import annotations
@@ -74,10 +75,13 @@ def kernel_table(fn, reps: int = 10) -> str:
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=16, max_name_column_width=50)
 
 
-def mla_rows(batches: list[int], length: int = 256, ctx: int = 150) -> list[dict]:
+def mla_rows(batches: list[int], length: int = 256, ctx: int = 150, fixed_split: tuple[int, int] | None = None
+             ) -> list[dict]:
     """MLA decode attention of one layer at lite's shapes (16 heads, latent 512 + 64, value 128):
-    the split kernel and each merge kernel with W_UV applied, µs per layer; at a few rows also the
-    output kernel against the separate kernels it replaces (output_rows)."""
+    the split kernel and each merge kernel with W_UV applied, and the batch-invariant plan (split and
+    fixed merge; fixed_split: its (decode_split_len, decode_max_splits), default the KernelConfig's), µs
+    per layer; at a few rows also the output kernel against the separate kernels it replaces
+    (output_rows)."""
     from pegainfer.engine.kernels.mla_decode import mla_decode
     dev, dt = torch.device("cuda"), torch.bfloat16
     h, rank, rope, v = 16, 512, 64, 128
@@ -98,6 +102,14 @@ def mla_rows(batches: list[int], length: int = 256, ctx: int = 150) -> list[dict
             row[f"{merge}_max_abs_diff"] = float((got - ref).abs().max())
         row["split_only_us"] = round(graph_time_us(
             lambda: mla_decode(q, cache, slots, lens, length, 0.1, rank, split_len=split_len, merge="row")), 1)
+        # the batch-invariant plan (KernelConfig.batch_invariant): splits by each row's length, one merge
+        split, most = fixed_split or (DEFAULT.decode_split_len, DEFAULT.decode_max_splits)
+        fixed = dict(split_len=split, merge="fixed", max_splits=most)
+        row["fixed_split"] = [split, most]
+        row["fixed_us"] = round(graph_time_us(
+            lambda: mla_decode(q, cache, slots, lens, length, 0.1, rank, w_uv_t=w_uv_t, **fixed)), 1)
+        got = mla_decode(q, cache, slots, lens, length, 0.1, rank, w_uv_t=w_uv_t, **fixed).float()
+        row["fixed_max_abs_diff"] = float((got - ref).abs().max())
         if b <= 4:
             row |= output_rows(q, cache, slots, lens, length, w_uv_t)
         print(json.dumps(row), flush=True)
@@ -183,6 +195,10 @@ def main() -> int:
                         "(the few-rows-per-expert shapes: n per kernel, warps, k up to 256)")
     p.add_argument("--profile", action="store_true", help="per-kernel device times of both paths")
     p.add_argument("--mla", action="store_true", help="only MLA decode attention: split and the merge kernels")
+    p.add_argument("--mla-length", type=int, default=256, help="--mla: the static bound (a graph bucket)")
+    p.add_argument("--mla-ctx", type=int, default=150, help="--mla: every row's context")
+    p.add_argument("--mla-fixed-split", type=int, nargs=2, metavar=("SPLIT_LEN", "MAX_SPLITS"),
+                   help="--mla: the batch-invariant plan's split length and most splits (default: KernelConfig's)")
     p.add_argument("--norm-proj", action="store_true", help="only the layer's input: combine, norm and q/kv_a")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
@@ -193,7 +209,8 @@ def main() -> int:
             a.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": [row]}))
         return 0
     if a.mla:
-        rows = mla_rows([int(x) for x in a.batches.split(",")])
+        rows = mla_rows([int(x) for x in a.batches.split(",")], a.mla_length, a.mla_ctx,
+                        tuple(a.mla_fixed_split) if a.mla_fixed_split else None)
         if a.out:
             a.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "mla": rows}))
         return 0

@@ -3,7 +3,10 @@ of the cached latent, and both merge kernels apply W_UV as the direct product do
 attention (MLAttention.decode_absorbed: the prep, split and merge launches, then o_proj), the torch
 path's output for the tiny preset's heads, the q LoRA path, non-power-of-two head dims and bfloat16
 (there judged against float32 arithmetic on the same bf16 values: as accurate as the torch path).
-Triton's CPU interpreter."""
+The fixed plan (KernelConfig.batch_invariant): a row computed alone and inside batches of other
+rows at other lengths, at any row index, under any static bound, gives the same bits, with and
+without W_UV. Triton's CPU interpreter; the GPU variants (lite's shapes, batches up to 256,
+contexts up to 8,192) at the end."""
 from __future__ import annotations
 
 import pytest
@@ -70,3 +73,190 @@ def test_decode_absorbed_matches_the_torch_path(triton_interpreter, request, ove
     rel = mla_cases.rel
     assert rel(o_got, want) < 1.5 * rel(o_ref, want), (rel(o_got, want), rel(o_ref, want))
     assert rel(o_got, o_ref) < 1e-2, rel(o_got, o_ref)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def test_own_split_follows_the_rows_length_alone():
+    from pegainfer.engine.kernels.mla_decode import fixed_splits, own_split
+    assert [own_split(n, 32, 8) for n in (1, 32, 256, 257, 512, 513, 8192)] == [32, 32, 32, 64, 64, 96, 1024]
+    for n in range(1, 3000, 7):
+        split = own_split(n, 32, 8)
+        assert split % 32 == 0 and _cdiv(n, split) <= 8 and (split == 32 or _cdiv(n, split - 32) > 8)
+        assert _cdiv(n, split) <= fixed_splits(n, 32, 8) <= fixed_splits(n + 100, 32, 8) <= 8
+    assert fixed_splits(256, 32, 8) == 8 and fixed_splits(33, 32, 8) == 2 and fixed_splits(8192, 32, 8) == 8
+
+
+def test_the_fixed_merge_takes_max_splits_and_only_it():
+    from pegainfer.engine.kernels.mla_decode import mla_decode
+    with pytest.raises(ValueError, match="max_splits"):
+        mla_decode(torch.zeros(1, H, RANK + ROPE), torch.zeros(1, N, RANK + ROPE), torch.zeros(1, dtype=torch.long),
+                   torch.ones(1, dtype=torch.long), N, 0.3, RANK, split_len=32, merge="fixed")
+    with pytest.raises(ValueError, match="max_splits"):
+        mla_decode(torch.zeros(1, H, RANK + ROPE), torch.zeros(1, N, RANK + ROPE), torch.zeros(1, dtype=torch.long),
+                   torch.ones(1, dtype=torch.long), N, 0.3, RANK, split_len=32, merge="row", max_splits=8)
+
+
+# The fixed plan in the interpreter: 32-key splits, at most 4 a row, so rows past 128 keys grow
+# their splits (300 keys: 4 splits of 96); 48 value columns: two tl.dot blocks, the second half masked
+INV = dict(split_len=32, merge="fixed", max_splits=4)
+INV_SLOTS, INV_N, INV_V, SCALE = 40, 320, 48, 0.3
+
+
+def _inputs_on(device, dtype: torch.dtype, slots: int, n: int, h: int, rank: int, rope: int, v: int,
+               seed: int) -> tuple:
+    """A cache of `slots` x `n` entries, a query per slot [slots, h, rank+rope] and W_UV [h, rank, v]."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    cache = torch.randn(slots, n, rank + rope, generator=g, device=device, dtype=dtype)
+    q = torch.randn(slots, h, rank + rope, generator=g, device=device, dtype=dtype)
+    w_uv = (torch.randn(h, rank, v, generator=g, device=device, dtype=torch.float32) * 0.2).to(dtype)
+    return cache, q, w_uv
+
+
+def _run(cache, q, w_uv, slots: list[int], lens: list[int], length: int, w: bool, plan: dict) -> torch.Tensor:
+    """mla_decode of the rows reading `slots` (each with that slot's query) at lengths `lens`."""
+    from pegainfer.engine.kernels.mla_decode import mla_decode
+    s = torch.tensor(slots, device=cache.device)
+    return mla_decode(q[s], cache, s, torch.tensor(lens, device=cache.device), length, SCALE, w_uv.shape[1],
+                      w_uv_t=w_uv if w else None, **plan)
+
+
+def _same_bits_in_any_batch(cache, q, w_uv, probes: list[tuple[int, int]], sizes: tuple[int, ...], plan: dict,
+                            seed: int) -> None:
+    """Each probe (slot, length) alone, then inside a batch of each size: as many probes as half the
+    batch holds, the rest random neighbours (other slots, random lengths up to the cache's), every row
+    at a random index, under a random static bound: the probes' rows bitwise equal, with and without
+    W_UV."""
+    g = torch.Generator().manual_seed(seed)
+    n_max, first_free = cache.shape[1], 1 + max(slot for slot, _ in probes)
+
+    def rand(lo: int, hi: int, k: int = 1) -> list[int]:  # k draws from [lo, hi]
+        return torch.randint(lo, hi + 1, (k,), generator=g).tolist()
+
+    for w in (False, True):
+        alone = {slot: _run(cache, q, w_uv, [slot], [n], rand(n, min(n_max, n + 64))[0], w, plan)[0]
+                 for slot, n in probes}
+        for size in sizes:
+            chosen = [probes[i] for i in torch.randperm(len(probes), generator=g)[:max(1, min(len(probes), size // 2))]]
+            k = size - len(chosen)
+            slots = [slot for slot, _ in chosen] + (rand(first_free, cache.shape[0] - 1, k) if k else [])
+            lens = [n for _, n in chosen] + (rand(1, n_max, k) if k else [])
+            order = torch.randperm(size, generator=g).tolist()
+            slots, lens = [slots[i] for i in order], [lens[i] for i in order]
+            got = _run(cache, q, w_uv, slots, lens, rand(max(lens), n_max)[0], w, plan)
+            for slot, n in chosen:
+                at = slots.index(slot)
+                diff = (got[at].float() - alone[slot].float()).abs().max()
+                assert torch.equal(got[at], alone[slot]), (w, size, n, at, diff)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_fixed_plan_gives_a_row_the_same_bits_in_any_batch(triton_interpreter, request, dtype):
+    if dtype == torch.bfloat16:
+        request.getfixturevalue("bf16_as_gpu")
+    cache, q, w_uv = _inputs_on("cpu", dtype, INV_SLOTS, INV_N, H, RANK, ROPE, INV_V, 7)
+    # one key, one split exactly, one key over it, a short row, the most 32-key splits, and rows whose
+    # splits have grown (129: 4 x 64; 300: 4 x 96)
+    probes = [(0, 1), (1, 32), (2, 33), (3, 77), (4, 128), (5, 129), (6, 300)]
+    _same_bits_in_any_batch(cache, q, w_uv, probes, (2, 5, 17, 33), INV, 7)
+
+
+def _reference(cache, q, w_uv, slot: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 attention of `slot`'s query over its first n entries: o_lat [H, rank], and the value
+    heads of o_lat rounded to the cache's dtype [H*V] (the kernels apply W_UV to the rounded o_lat)."""
+    rank = w_uv.shape[1]
+    kv = cache[slot, :n].double()
+    o_lat = ((q[slot].double() @ kv.T) * SCALE).softmax(-1) @ kv[:, :rank]  # [H, rank]
+    rounded = o_lat.to(cache.dtype).double()
+    return o_lat, torch.einsum("hr,hrv->hv", rounded, w_uv.double()).reshape(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_fixed_plan_is_the_attention_over_each_rows_length(triton_interpreter, request, dtype):
+    if dtype == torch.bfloat16:
+        request.getfixturevalue("bf16_as_gpu")
+    cache, q, w_uv = _inputs_on("cpu", dtype, INV_SLOTS, INV_N, H, RANK, ROPE, INV_V, 8)
+    slots, lens = [3, 9, 0, 21, 30], [1, 40, 128, 200, 320]
+    o_lat = _run(cache, q, w_uv, slots, lens, 320, False, INV).double()  # [B, H, RANK]
+    vals = _run(cache, q, w_uv, slots, lens, 320, True, INV).double()  # [B, H*V]
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for b, (slot, n) in enumerate(zip(slots, lens)):
+        want, want_v = _reference(cache, q, w_uv, slot, n)
+        assert torch.allclose(o_lat[b], want, atol=tol, rtol=tol), (b, (o_lat[b] - want).abs().max())
+        assert torch.allclose(vals[b], want_v, atol=tol, rtol=tol), (b, (vals[b] - want_v).abs().max())
+
+
+def test_fixed_merge_lanes_change_no_bits(triton_interpreter, monkeypatch):
+    from pegainfer.engine.kernels import mla_decode as md
+    cache, q, w_uv = _inputs_on("cpu", torch.float32, INV_SLOTS, INV_N, H, RANK, ROPE, INV_V, 9)
+    slots, lens = list(range(1, 18)), list(range(5, 320, 19))
+    assert _cdiv(md.FIXED_PROGRAMS, 2 * H) >= 2  # two tiles: a program per value block
+    spread = _run(cache, q, w_uv, slots, lens, 320, True, INV)
+    monkeypatch.setattr(md, "FIXED_PROGRAMS", 1)  # one program takes both value blocks
+    assert torch.equal(_run(cache, q, w_uv, slots, lens, 320, True, INV), spread)
+
+
+def test_decode_values_follow_the_batch_invariant_switch(triton_interpreter, monkeypatch):
+    from pegainfer.engine.kernels import mla_decode as md
+    from pegainfer.engine.kernels.config import KernelConfig
+    overrides, dtype, positions, seed = mla_cases.CASES[0]
+    c = mla_cases.case(overrides, dtype, positions, seed)
+    plans = []
+    real = md.mla_decode
+    monkeypatch.setattr(md, "mla_decode", lambda *a, **kw: plans.append(kw) or real(*a, **kw))
+    outs = []
+    for inv in (True, False):
+        _, attn = mla_cases.attention(overrides, dtype, KernelConfig(batch_invariant=inv))
+        outs.append(attn.decode_absorbed(c.x, c.inp, mla_cases.copy(c.cache)))
+    b, k = c.x.shape[0], KernelConfig()
+    assert {key: plans[0][key] for key in ("split_len", "merge", "max_splits")} == dict(
+        split_len=k.decode_split_len, merge="fixed", max_splits=k.decode_max_splits)
+    assert plans[1]["merge"] == md.merge_form(b, k.row_merge_max_batch) and "max_splits" not in plans[1]
+    assert plans[1]["split_len"] == md.auto_split(b, c.inp.length, k.split_programs)
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)  # two orders of one sum
+
+
+# GPU: lite's shapes (16 heads, latent 512 + RoPE 64, value heads 128), bfloat16, the KernelConfig's
+# fixed plan, contexts up to 8,192 (257 slots: 2.4 GB of cache)
+LITE = dict(h=16, rank=512, rope=64, v=128)
+GPU_SLOTS, GPU_N = 257, 8192
+
+
+def _lite_plan() -> dict:
+    from pegainfer.engine.kernels.config import KernelConfig
+    k = KernelConfig()
+    return dict(split_len=k.decode_split_len, merge="fixed", max_splits=k.decode_max_splits)
+
+
+def test_gpu_fixed_plan_gives_a_row_the_same_bits_in_any_batch(triton_gpu):
+    cache, q, w_uv = _inputs_on(triton_gpu, torch.bfloat16, GPU_SLOTS, GPU_N, **LITE, seed=0)
+    # around the split boundaries (32 keys; 256 = 8 splits, the most before they grow) and long rows
+    probes = [(0, 1), (1, 31), (2, 32), (3, 33), (4, 150), (5, 256), (6, 257), (7, 1000), (8, 4097), (9, 8192)]
+    _same_bits_in_any_batch(cache, q, w_uv, probes, (1, 2, 7, 33, 64, 128, 255, 256), _lite_plan(), 0)
+
+
+def test_gpu_fixed_plan_is_as_accurate_as_the_auto_plan_and_replays_the_same_bits(triton_gpu):
+    from pegainfer.engine.cuda_graphs import capture
+    from pegainfer.engine.kernels.config import KernelConfig
+    from pegainfer.engine.kernels.mla_decode import auto_split, merge_form
+    k = KernelConfig()
+    cache, q, w_uv = _inputs_on(triton_gpu, torch.bfloat16, GPU_SLOTS, GPU_N, **LITE, seed=1)
+    g = torch.Generator().manual_seed(1)
+    for b in (1, 7, 64, 256):
+        slots = torch.randperm(GPU_SLOTS, generator=g)[:b].tolist()
+        lens = torch.randint(1, GPU_N + 1, (b,), generator=g).tolist()
+        length = GPU_N
+        auto = dict(split_len=auto_split(b, length, k.split_programs), merge=merge_form(b, k.row_merge_max_batch))
+        fixed = _run(cache, q, w_uv, slots, lens, length, True, _lite_plan())  # [B, H*V]
+        other = _run(cache, q, w_uv, slots, lens, length, True, auto)
+        for r in range(0, b, max(1, b // 8)):  # eight rows against float64
+            _, want = _reference(cache, q, w_uv, slots[r], lens[r])
+            err = float((fixed[r].double() - want).norm() / want.norm())
+            err_auto = float((other[r].double() - want).norm() / want.norm())
+            assert err < 1e-2 and err <= 1.5 * err_auto + 1e-3, (b, r, err, err_auto)
+        graph, out = capture(lambda: _run(cache, q, w_uv, slots, lens, length, True, _lite_plan()), None)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, fixed), b
