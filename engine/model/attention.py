@@ -28,11 +28,29 @@ from pegainfer.engine.model.norm import add_norm
 from pegainfer.engine.model.rope import Rope
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    # the q/kv LoRA norms use the reference's default eps (1e-6), not rms_norm_eps
+def _rms(x: torch.Tensor, weight: torch.Tensor, kernels: KernelConfig, eps: float = 1e-6) -> torch.Tensor:
+    """The q/kv LoRA norms, with the reference's default eps (1e-6), not rms_norm_eps. Batch-invariant:
+    each row's sum of squares is a pairwise sum of elementwise adds, in an order fixed by the width (a
+    library reduction picks its split by the row count: on CUDA a lone row's 512 values are summed by
+    512 threads, a crowd's by 32)."""
     dtype = x.dtype
     h = x.float()
-    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+    if kernels.batch_invariant:
+        var = _pairwise_sum(h * h) / h.shape[-1]  # [..., 1]
+    else:
+        var = h.pow(2).mean(-1, keepdim=True)
+    return weight * (h * torch.rsqrt(var + eps)).to(dtype)
+
+
+def _pairwise_sum(h: torch.Tensor) -> torch.Tensor:
+    """[..., K] -> [..., 1]: zeros to a power of two, then halves added until one value is left."""
+    k = h.shape[-1]
+    if k & (k - 1):
+        h = F.pad(h, (0, (1 << k.bit_length()) - k))
+    while h.shape[-1] > 1:
+        half = h.shape[-1] // 2
+        h = h[..., :half] + h[..., half:]
+    return h
 
 
 # The Triton decode kernels hold every head of a row in one program: up to 64 heads fit the H200's
@@ -86,10 +104,10 @@ class MLAttention:
         if self.q_proj is not None:
             q = linear(x, self.q_proj, k)
         else:
-            q = linear(_rms(linear(x, self.q_a, k), self.q_a_norm), self.q_b, k)
+            q = linear(_rms(linear(x, self.q_a, k), self.q_a_norm, k), self.q_b, k)
         q_nope, q_pe = q.view(t, self.nh, self.nope + self.rope_dim).split([self.nope, self.rope_dim], dim=-1)
         latent, k_pe = linear(x, self.kv_a, k).split([self.rank, self.rope_dim], dim=-1)  # [T, 512], [T, 64]
-        kv = torch.cat([_rms(latent, self.kv_a_norm), self.rope.apply(k_pe, positions)], dim=-1)  # [T, 576]
+        kv = torch.cat([_rms(latent, self.kv_a_norm, k), self.rope.apply(k_pe, positions)], dim=-1)  # [T, 576]
         cache.write(self.layer, slots, positions, kv)
         return q_nope, self.rope.apply(q_pe, positions), kv
 
@@ -217,7 +235,7 @@ class MLAttention:
             qkv = linear(x, self.q_kv_a, self.kernels) if qkv is None else qkv  # [B, nq + 576]
             q, kv = qkv.split([self.q_kv_a.shape[0] - width, width], dim=-1)  # [B, nq], [B, 576]
             if self.q_b is not None:
-                q = linear(_rms(q, self.q_a_norm), self.q_b, self.kernels)  # [B, nh*192]
+                q = linear(_rms(q, self.q_a_norm, self.kernels), self.q_b, self.kernels)  # [B, nh*192]
             return mla_prep(q, kv, self.kv_a_norm, self.w_uk, self.rope.table, positions, slots,
                             cache.data[self.layer])
         q_nope, q_pe, _ = self._project(x, positions, slots, cache)

@@ -20,6 +20,7 @@ Inputs are float32 or bfloat16 (widened exactly to float32); the output is round
 dtype, as the reference's attention rounds its output."""
 from __future__ import annotations
 
+import bisect
 import dataclasses
 
 import torch
@@ -74,7 +75,7 @@ def _group(qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, qidx: torch.Ten
     acc = torch.zeros(g, nh, QB, vd1, device=dev)  # [.., :V] the weighted values, [.., V] the denominator
     cols = torch.arange(KB, device=dev)
     for j in range(counts[0]):
-        c = sum(1 for x in counts if x > j)  # the blocks that see key block j
+        c = bisect.bisect_left(counts, -j, key=lambda x: -x)  # the blocks that see key block j (a prefix)
         kidx = (kbase[:c, None] + j * KB + cols).clamp_(max=n - 1).view(-1)  # [c * KB]
         kj = kf[kidx].view(c, KB, nh, d).permute(0, 2, 3, 1).reshape(c * nh, d, KB)  # [c * nh, D, KB]
         s = torch.bmm(qb[:c].view(c * nh, QB, d), kj).view(c, nh, QB, KB) * scale
@@ -94,15 +95,13 @@ def _group(qf: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, qidx: torch.Ten
 def _blocks(segments: list[Segment], t: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The query blocks of every segment (on the host): the query row of each block slot (t: a zero
     row), each slot's position, the block's key bank base and how many key blocks it reads."""
-    qidx, qpos, kbase, nblocks = [], [], [], []
-    rows = torch.arange(QB)
-    for s in segments:
-        first, last = s.pos0 // QB, (s.pos0 + s.length - 1) // QB
-        pos = torch.arange(first, last + 1)[:, None] * QB + rows  # [nb, QB]
-        real = (pos >= s.pos0) & (pos < s.pos0 + s.length)
-        qidx.append(torch.where(real, s.q_start + pos - s.pos0, t))
-        qpos.append(pos)
-        kbase.append(torch.full((last - first + 1,), s.kbase))
-        top = torch.minimum(pos[:, -1], torch.tensor(s.pos0 + s.length - 1))  # the last real position
-        nblocks.append(top // KB + 1)
-    return torch.cat(qidx), torch.cat(qpos), torch.cat(kbase), torch.cat(nblocks)
+    q_start, length, pos0, kbase = torch.tensor([[s.q_start, s.length, s.pos0, s.kbase] for s in segments]).T
+    first, end = pos0 // QB, pos0 + length  # [S]: each segment's first block, its position bound
+    nb = (end - 1) // QB - first + 1  # [S] blocks per segment
+    seg = torch.repeat_interleave(torch.arange(len(segments)), nb)  # [NB] each block's segment
+    block = first[seg] + torch.arange(seg.shape[0]) - (torch.cumsum(nb, 0) - nb)[seg]  # [NB] block number
+    pos = block[:, None] * QB + torch.arange(QB)  # [NB, QB]
+    real = (pos >= pos0[seg, None]) & (pos < end[seg, None])
+    qidx = torch.where(real, q_start[seg, None] + pos - pos0[seg, None], t)
+    top = torch.minimum(pos[:, -1], end[seg] - 1)  # the block's last real position
+    return qidx, pos, kbase[seg], top // KB + 1
