@@ -170,7 +170,10 @@ class MLAttention:
         new tokens themselves, each token seeing its own prompt causally. one_prompt: the pack holds
         one prompt from index 0, so plain causal attention is exact. Otherwise the Triton kernel
         (fused_prefill) or SDPA with `mask` [1, 1, T, T] (built once per step by the caller).
-        x: [T, H]; positions, slots: [T]. Graph-safe (no host synchronisation)."""
+        Batch-invariant: neither; the attention of the reference path (`_invariant`), the pack its own
+        key bank, so a prompt's first chunk here and its later chunks there agree bit for bit.
+        x: [T, H]; positions, slots: [T]. Graph-safe (no host synchronisation) but for the invariant
+        torch form, which reads the prompts' bounds on the host."""
         q_nope, q_pe, kv = self._project(x, positions, slots, cache)
         q = torch.cat([q_nope, q_pe], dim=-1)  # [T, nh, 192]
         if self.invariant:  # the pack is its own key bank; the torch form reads the prompts on the host
