@@ -2,7 +2,8 @@
 use into the decode graphs' memory pool. A step's prompts are packed back to back; the tail of the
 bucket is padding on the scratch KV slot, each padding token a prompt of its own (position 0). Like the decode
 graphs, a bucket has a greedy-token graph and, captured only once a step samples, a logits graph
-writing into a buffer all logits graphs share."""
+writing into a buffer all logits graphs share. With KernelConfig.batch_invariant the graphs hold the
+Triton `prompt_attention` only; without the Triton kernels such steps run eagerly (fits)."""
 from __future__ import annotations
 
 import numpy as np
@@ -41,6 +42,11 @@ class PrefillGraphs:
         self.logits_out: torch.Tensor | None = None  # [max_rows, V], allocated with the first logits graph
 
     def fits(self, rows: list[RowInput]) -> bool:
+        """Whether a graph runs these prompts: fresh ones, few enough, within the largest bucket, and an
+        attention that a graph can hold (the batch-invariant torch form reads the prompts on the host)."""
+        attn = self.model.layers[0].attn
+        if attn.invariant and not attn.fused_prefill:
+            return False
         return (len(rows) <= self.max_rows and all(r.start_pos == 0 for r in rows)
                 and sum(len(r.token_ids) for r in rows) <= self.buckets[-1])
 

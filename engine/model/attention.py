@@ -3,7 +3,15 @@ plus shared RoPE key written to the cache, and keys/values expanded from the cac
 forms of one computation: the reference over any rows (`__call__`), packed fresh prompts
 (`prefill_packed`) and the absorbed decode over the latent cache (`decode_absorbed`, `decode_norm`);
 whether the Triton kernels run inside them, and their launch shapes, come from the KernelConfig the
-layer is built with."""
+layer is built with.
+
+Batch invariance (KernelConfig.batch_invariant, issue 26): every projection is
+engine/kernels/linear.py `linear`, and the reference and the packed prompts compute one attention,
+whose reduction order is fixed by each query's position in its own prompt: the Triton
+`prompt_attention` with the Triton kernels, else engine/model/blocked_attention.py. Both read the
+keys expanded from the prompt's latent (the pack's own for fresh prompts, the cache's for later
+chunks and decode rows), so a token's bits are the same alone, packed, chunked or beside any rows.
+Off: the library's SDPA and F.linear, as before."""
 from __future__ import annotations
 
 import torch
@@ -12,17 +20,37 @@ import torch.nn.functional as F
 from pegainfer.engine.batch import Batch
 from pegainfer.engine.config import ModelConfig
 from pegainfer.engine.kernels.config import KernelConfig
+from pegainfer.engine.kernels.linear import linear
 from pegainfer.engine.kv_cache import MLACache
+from pegainfer.engine.model import blocked_attention
 from pegainfer.engine.model.inputs import DecodeInputs
 from pegainfer.engine.model.norm import add_norm
 from pegainfer.engine.model.rope import Rope
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    # the q/kv LoRA norms use the reference's default eps (1e-6), not rms_norm_eps
+def _rms(x: torch.Tensor, weight: torch.Tensor, kernels: KernelConfig, eps: float = 1e-6) -> torch.Tensor:
+    """The q/kv LoRA norms, with the reference's default eps (1e-6), not rms_norm_eps. Batch-invariant:
+    each row's sum of squares is a pairwise sum of elementwise adds, in an order fixed by the width (a
+    library reduction picks its split by the row count: on CUDA a lone row's 512 values are summed by
+    512 threads, a crowd's by 32)."""
     dtype = x.dtype
     h = x.float()
-    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+    if kernels.batch_invariant:
+        var = _pairwise_sum(h * h) / h.shape[-1]  # [..., 1]
+    else:
+        var = h.pow(2).mean(-1, keepdim=True)
+    return weight * (h * torch.rsqrt(var + eps)).to(dtype)
+
+
+def _pairwise_sum(h: torch.Tensor) -> torch.Tensor:
+    """[..., K] -> [..., 1]: zeros to a power of two, then halves added until one value is left."""
+    k = h.shape[-1]
+    if k & (k - 1):
+        h = F.pad(h, (0, (1 << k.bit_length()) - k))
+    while h.shape[-1] > 1:
+        half = h.shape[-1] // 2
+        h = h[..., :half] + h[..., half:]
+    return h
 
 
 # The Triton decode kernels hold every head of a row in one program: up to 64 heads fit the H200's
@@ -42,6 +70,7 @@ class MLAttention:
         self.kernels = kernels
         self.fused_decode = kernels.triton and self.nh <= FUSED_MAX_HEADS  # the Triton MLA decode kernels
         self.fused_prefill = kernels.triton  # the Triton packed-prompt attention kernel
+        self.invariant = kernels.batch_invariant
         self.out_count = None  # the output kernel's tickets (engine/kernels/mla_output.py), with fused_decode
         if cfg.q_lora_rank is None:
             q_in = w.pop(f"{a}.q_proj.weight")  # [nh*192, H]
@@ -71,26 +100,49 @@ class MLAttention:
                  cache: MLACache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, and the new tokens' latent + roped key written to the cache.
         x: [T, H] -> q_nope [T, nh, 128], q_pe [T, nh, 64] (roped), kv [T, 576]."""
-        t = x.shape[0]
+        t, k = x.shape[0], self.kernels
         if self.q_proj is not None:
-            q = F.linear(x, self.q_proj)
+            q = linear(x, self.q_proj, k)
         else:
-            q = F.linear(_rms(F.linear(x, self.q_a), self.q_a_norm), self.q_b)
+            q = linear(_rms(linear(x, self.q_a, k), self.q_a_norm, k), self.q_b, k)
         q_nope, q_pe = q.view(t, self.nh, self.nope + self.rope_dim).split([self.nope, self.rope_dim], dim=-1)
-        latent, k_pe = F.linear(x, self.kv_a).split([self.rank, self.rope_dim], dim=-1)  # [T, 512], [T, 64]
-        kv = torch.cat([_rms(latent, self.kv_a_norm), self.rope.apply(k_pe, positions)], dim=-1)  # [T, 576]
+        latent, k_pe = linear(x, self.kv_a, k).split([self.rank, self.rope_dim], dim=-1)  # [T, 512], [T, 64]
+        kv = torch.cat([_rms(latent, self.kv_a_norm, k), self.rope.apply(k_pe, positions)], dim=-1)  # [T, 576]
         cache.write(self.layer, slots, positions, kv)
         return q_nope, self.rope.apply(q_pe, positions), kv
 
     def _out(self, o: torch.Tensor) -> torch.Tensor:
         """o: [T, nh, 128] or [T, nh*128] -> [T, H]."""
-        return F.linear(o.reshape(o.shape[0], self.nh * self.v_dim), self.o_proj)
+        return linear(o.reshape(o.shape[0], self.nh * self.v_dim), self.o_proj, self.kernels)
+
+    def _expand(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Keys and values from latents: kv [N, 576] -> k_nope [N, nh, 128], k_pe [N, 64], v [N, nh, 128]."""
+        latent, k_pe = kv.split([self.rank, self.rope_dim], dim=-1)  # [N, 512], [N, 64]
+        kvb = linear(latent, self.kv_b, self.kernels).view(kv.shape[0], self.nh, self.nope + self.v_dim)
+        k_nope, v = kvb.split([self.nope, self.v_dim], dim=-1)  # [N, nh, 128] each, views
+        return k_nope, k_pe, v
+
+    def _invariant(self, q: torch.Tensor, bank: torch.Tensor, positions: torch.Tensor, bases: torch.Tensor,
+                   segments) -> torch.Tensor:
+        """The batch-invariant attention: q [T, nh, 192], each query at `positions` [T] of its prompt,
+        whose latents start at row `bases` [T] of `bank` [N, 576] -> [T, nh, 128]. segments: the same
+        as a list of blocked_attention.Segment, or a callable making it (the torch form reads them on
+        the host; the Triton form never calls it)."""
+        k_nope, k_pe, v = self._expand(bank)
+        if self.fused_prefill:
+            from pegainfer.engine.kernels.prefill_attention import prompt_attention
+            return prompt_attention(q, k_nope, k_pe, v, positions=positions, bases=bases, scale=self.scale)
+        n = bank.shape[0]
+        k = torch.cat([k_nope, k_pe[:, None, :].expand(n, self.nh, self.rope_dim)], dim=-1)  # [N, nh, 192]
+        return blocked_attention.attention(q, k, v, segments() if callable(segments) else segments, self.scale)
 
     def __call__(self, x: torch.Tensor, batch: Batch, cache: MLACache) -> torch.Tensor:
         """The reference computation: keys and values expanded from the cached latent, any mix of
         prompt rows and one-token rows."""
         q_nope, q_pe, _ = self._project(x, batch.positions, batch.token_slots, cache)
         q = torch.cat([q_nope, q_pe], dim=-1)  # [T, nh, 192]
+        if self.invariant:
+            return self._out(self._reference_invariant(q, batch, cache))
         out = torch.empty(x.shape[0], self.nh, self.v_dim, dtype=x.dtype, device=x.device)  # [T, nh, 128]
         if batch.decode_rows:
             self._decode(q, batch, cache, out)
@@ -101,19 +153,36 @@ class MLAttention:
                                         mask=_causal_mask(n, ctx, x.device))[0]
         return self._out(out)
 
+    def _reference_invariant(self, q: torch.Tensor, batch: Batch, cache: MLACache) -> torch.Tensor:
+        """Every row, prompt chunk or decode token, over its own cached latents: q [T, nh, 192] -> [T, nh, 128]."""
+        bank = torch.cat([cache.read(self.layer, r.slot, n) for r, n in zip(batch.rows, batch.context_lens)])  # [N, 576]
+        offsets, segments, base = [], [], 0
+        for r, start, ctx in zip(batch.rows, batch.starts, batch.context_lens):
+            offsets += [base] * len(r.token_ids)
+            segments.append(blocked_attention.Segment(start, len(r.token_ids), r.start_pos, base))
+            base += ctx
+        bases = torch.tensor(offsets, dtype=torch.int64, device=q.device)  # [T]
+        return self._invariant(q, bank, batch.positions, bases, segments)
+
     def prefill_packed(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | None,
                        cache: MLACache, one_prompt: bool = False) -> torch.Tensor:
         """Fresh prompts packed into one sequence (no earlier cache): keys and values come from the
         new tokens themselves, each token seeing its own prompt causally. one_prompt: the pack holds
         one prompt from index 0, so plain causal attention is exact. Otherwise the Triton kernel
         (fused_prefill) or SDPA with `mask` [1, 1, T, T] (built once per step by the caller).
-        x: [T, H]; positions, slots: [T]. Graph-safe (no host synchronisation)."""
+        Batch-invariant: neither; the attention of the reference path (`_invariant`), the pack its own
+        key bank, so a prompt's first chunk here and its later chunks there agree bit for bit.
+        x: [T, H]; positions, slots: [T]. Graph-safe (no host synchronisation) but for the invariant
+        torch form, which reads the prompts' bounds on the host."""
         q_nope, q_pe, kv = self._project(x, positions, slots, cache)
         q = torch.cat([q_nope, q_pe], dim=-1)  # [T, nh, 192]
+        if self.invariant:  # the pack is its own key bank; the torch form reads the prompts on the host
+            bases = torch.arange(x.shape[0], device=x.device) - positions  # [T] each prompt's first token
+            return self._out(self._invariant(q, kv, positions, bases, lambda: _packed_segments(positions)))
         if self.fused_prefill and not one_prompt:
             from pegainfer.engine.kernels.prefill_attention import packed_causal_attention
             latent, k_pe = kv.split([self.rank, self.rope_dim], dim=-1)  # [T, 512], [T, 64]
-            k_nope, v = F.linear(latent, self.kv_b).view(x.shape[0], self.nh, self.nope + self.v_dim).split(
+            k_nope, v = linear(latent, self.kv_b, self.kernels).view(x.shape[0], self.nh, self.nope + self.v_dim).split(
                 [self.nope, self.v_dim], dim=-1)  # [T, nh, 128] each, views
             return self._out(packed_causal_attention(q, k_nope, k_pe, v, positions, self.scale))
         return self._out(self._attend(q.unsqueeze(0), kv.unsqueeze(0), mask=mask, causal=one_prompt)[0])
@@ -124,7 +193,7 @@ class MLAttention:
         x: [B, H]; inp: the rows' positions, slots, cached lengths [B] and the static bound `length`.
         Fused (Triton, CUDA): the q/kv_a GEMV, prep, split, merge with W_UV and o_proj launches."""
         if self.fused_decode:
-            return F.linear(self._fused_values(x, inp, cache, qkv), self.o_proj)
+            return linear(self._fused_values(x, inp, cache, qkv), self.o_proj, self.kernels)
         length = inp.length
         q_full = self.absorbed_query(x, inp.positions, inp.slots, cache, qkv)  # [B, nh, 576]
         kv = cache.read_rows(self.layer, inp.slots, length)  # [B, L, 576]
@@ -172,10 +241,10 @@ class MLAttention:
         if self.fused_decode:
             from pegainfer.engine.kernels.mla_prep import mla_prep
             width = self.kv_a.shape[0]
-            qkv = F.linear(x, self.q_kv_a) if qkv is None else qkv  # [B, nq + 576]
+            qkv = linear(x, self.q_kv_a, self.kernels) if qkv is None else qkv  # [B, nq + 576]
             q, kv = qkv.split([self.q_kv_a.shape[0] - width, width], dim=-1)  # [B, nq], [B, 576]
             if self.q_b is not None:
-                q = F.linear(_rms(q, self.q_a_norm), self.q_b)  # [B, nh*192]
+                q = linear(_rms(q, self.q_a_norm, self.kernels), self.q_b, self.kernels)  # [B, nh*192]
             return mla_prep(q, kv, self.kv_a_norm, self.w_uk, self.rope.table, positions, slots,
                             cache.data[self.layer])
         q_nope, q_pe, _ = self._project(x, positions, slots, cache)
@@ -198,7 +267,7 @@ class MLAttention:
         Expands keys and values from the latent (the reference's computation) -> [B, S, nh, 128]."""
         b, length = kv.shape[0], kv.shape[1]
         latent, k_pe = kv.split([self.rank, self.rope_dim], dim=-1)
-        kvb = F.linear(latent, self.kv_b).view(b, length, self.nh, self.nope + self.v_dim)  # [B, L, nh, 256]
+        kvb = linear(latent, self.kv_b, self.kernels).view(b, length, self.nh, self.nope + self.v_dim)  # [B, L, nh, 256]
         k_nope, v = kvb.split([self.nope, self.v_dim], dim=-1)
         k = torch.cat([k_nope, k_pe[:, :, None, :].expand(b, length, self.nh, self.rope_dim)], dim=-1)  # [B, L, nh, 192]
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
@@ -210,3 +279,10 @@ def _causal_mask(n: int, ctx: int, device: torch.device) -> torch.Tensor:
     """[1, 1, n, ctx] bool: query i (at position ctx - n + i) sees keys at positions <= its own."""
     qpos = torch.arange(ctx - n, ctx, device=device)[:, None]
     return (torch.arange(ctx, device=device)[None, :] <= qpos)[None, None]
+
+
+def _packed_segments(positions: torch.Tensor) -> list[blocked_attention.Segment]:
+    """The prompts of a pack (each from position 0, back to back), read on the host."""
+    pos = positions.tolist()
+    starts = [i for i, p in enumerate(pos) if p == 0] + [len(pos)]
+    return [blocked_attention.Segment(a, b - a, 0, a) for a, b in zip(starts, starts[1:])]

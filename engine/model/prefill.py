@@ -3,7 +3,10 @@ into one sequence, attention kept inside each prompt, MoE without host synchroni
 greedy choice for each prompt's last token on the device (or, for steps that sample, the logits of
 each prompt's last token). One function for the phase; inside it attention is the Triton
 packed-prompt kernel with the model's KernelConfig `triton` (CUDA), else SDPA under a mask built on
-the device, or plain causal attention for a pack of one prompt."""
+the device, or plain causal attention for a pack of one prompt. With KernelConfig.batch_invariant
+every pack takes the batch-invariant attention (MLAttention.prefill_packed): the Triton
+`prompt_attention`, graph-safe, or the blocked torch form, which reads the pack's prompts on the host
+(so the prefill graphs leave it to the eager path: PrefillGraphs.fits)."""
 from __future__ import annotations
 
 import torch
@@ -30,7 +33,8 @@ def prefill_logits(model: DeepseekV2, inp: PrefillInputs, cache: MLACache, one_p
     0, padding after it), so plain causal attention is exact and no T x T mask is built; nor is it
     where the Triton packed-prompt kernel runs."""
     mask = None
-    if not one_prompt and not model.layers[0].attn.fused_prefill:
+    attn = model.layers[0].attn
+    if not (one_prompt or attn.fused_prefill or attn.invariant):  # the batch-invariant forms need no mask
         same_row = inp.row_ids[:, None] == inp.row_ids[None, :]  # [T, T]
         causal = inp.positions[None, :] <= inp.positions[:, None]  # [T, T] key position <= query position
         mask = (same_row & causal)[None, None]  # [1, 1, T, T]
