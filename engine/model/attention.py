@@ -24,7 +24,7 @@ from pegainfer.engine.kernels.linear import linear
 from pegainfer.engine.kv_cache import MLACache
 from pegainfer.engine.model import blocked_attention
 from pegainfer.engine.model.inputs import DecodeInputs
-from pegainfer.engine.model.norm import add_norm
+from pegainfer.engine.model.norm import add_norm, pairwise_sum
 from pegainfer.engine.model.rope import Rope
 
 
@@ -36,21 +36,10 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, kernels: KernelConfig, eps: floa
     dtype = x.dtype
     h = x.float()
     if kernels.batch_invariant:
-        var = _pairwise_sum(h * h) / h.shape[-1]  # [..., 1]
+        var = pairwise_sum(h * h) / h.shape[-1]  # [..., 1]
     else:
         var = h.pow(2).mean(-1, keepdim=True)
     return weight * (h * torch.rsqrt(var + eps)).to(dtype)
-
-
-def _pairwise_sum(h: torch.Tensor) -> torch.Tensor:
-    """[..., K] -> [..., 1]: zeros to a power of two, then halves added until one value is left."""
-    k = h.shape[-1]
-    if k & (k - 1):
-        h = F.pad(h, (0, (1 << k.bit_length()) - k))
-    while h.shape[-1] > 1:
-        half = h.shape[-1] // 2
-        h = h[..., :half] + h[..., half:]
-    return h
 
 
 # The Triton decode kernels hold every head of a row in one program: up to 64 heads fit the H200's
@@ -212,7 +201,7 @@ class MLAttention:
         q_kv_a projection, already made (engine/kernels/norm_proj.py; x is then not read)."""
         k = self.kernels
         if not (self.fused_decode and residual.shape[0] <= k.mla_output_rows):
-            return add_norm(self.decode_absorbed(x, inp, cache, qkv), norm_weight, residual, eps, k.triton)
+            return add_norm(self.decode_absorbed(x, inp, cache, qkv), norm_weight, residual, eps, k.triton, k)
         from pegainfer.engine.kernels import mla_output
         v = self._fused_values(x, inp, cache, qkv)
         return mla_output.proj_norm(v, self.o_proj, residual, norm_weight, eps, self.out_count, k.mla_output)

@@ -72,9 +72,9 @@ def decode_hidden(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torc
                 from pegainfer.engine.kernels.norm_proj import norm_proj
                 qkv, x = norm_proj(delta, x, layer.input_norm, eps, layer.attn.q_kv_a, k.norm_proj)
             else:
-                h, x = add_norm(delta, layer.input_norm, x, eps, k.triton)
+                h, x = add_norm(delta, layer.input_norm, x, eps, k.triton, k)
             h, x = layer.attn.decode_norm(h, x, layer.post_attn_norm, eps, inp, cache, qkv=qkv)
         delta = layer.mlp_decode(h, model.side_stream)
     with phase("lm_head"):
-        h, _ = add_norm(delta, model.norm, x, eps, k.triton)
+        h, _ = add_norm(delta, model.norm, x, eps, k.triton, k)
     return h

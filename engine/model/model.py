@@ -30,6 +30,7 @@ class DecoderLayer:
     def __init__(self, cfg: ModelConfig, layer: int, w: dict[str, torch.Tensor], model: DeepseekV2):
         p = f"model.layers.{layer}"
         k = model.kernels
+        self.kernels = k
         self.eps = cfg.rms_norm_eps
         self.input_norm = w.pop(f"{p}.input_layernorm.weight")
         self.post_attn_norm = w.pop(f"{p}.post_attention_layernorm.weight")
@@ -47,11 +48,11 @@ class DecoderLayer:
         """x: [T, H] -> [T, H]: attention (whichever form `attend` computes, on the normed input),
         then the dense MLP or the MoE, each added to the residual stream."""
         with phase("attention"):
-            x = x + attend(rms_norm(x, self.input_norm, self.eps))
+            x = x + attend(rms_norm(x, self.input_norm, self.eps, self.kernels))
         if isinstance(self.mlp, MoE):
-            return x + self.mlp(rms_norm(x, self.post_attn_norm, self.eps))
+            return x + self.mlp(rms_norm(x, self.post_attn_norm, self.eps, self.kernels))
         with phase("dense_mlp"):
-            return x + self.mlp(rms_norm(x, self.post_attn_norm, self.eps))
+            return x + self.mlp(rms_norm(x, self.post_attn_norm, self.eps, self.kernels))
 
     def mlp_decode(self, h: torch.Tensor, side: torch.cuda.Stream | None):
         """The decode step's MLP on the normed input h [B, H]: what the next norm adds (a tensor, or a
@@ -110,4 +111,4 @@ class DeepseekV2:
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: [R, H] -> [R, V]."""
         with phase("lm_head"):
-            return linear(rms_norm(x, self.norm, self.cfg.rms_norm_eps), self.lm_head, self.kernels)
+            return linear(rms_norm(x, self.norm, self.cfg.rms_norm_eps, self.kernels), self.lm_head, self.kernels)

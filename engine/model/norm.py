@@ -4,17 +4,44 @@ Triton kernels."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+
+from pegainfer.engine.kernels.config import KernelConfig
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """As the reference: normalise in float32, cast back, then scale."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, kernels: KernelConfig | None = None) -> torch.Tensor:
+    """As the reference: normalise in float32, cast back, then scale. With kernels.batch_invariant
+    each row's sum of squares is summed in an order fixed by the width: the Triton row kernel on
+    CUDA (one program per row), elsewhere a pairwise sum of elementwise adds (a library reduction
+    picks its split by the row count: on CUDA a lone row's values are summed by 512 threads, a
+    crowd's by 32)."""
+    if kernels is not None and kernels.batch_invariant:
+        if x.is_cuda and kernels.triton:
+            from pegainfer.engine.kernels.rmsnorm import rmsnorm
+            return rmsnorm(x, weight, eps)[0]
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(pairwise_sum(h * h) / h.shape[-1] + eps)
+        return weight * h.to(dtype)
     dtype = x.dtype
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(dtype)
 
 
-def add_norm(delta, weight: torch.Tensor, x: torch.Tensor, eps: float, fused: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def pairwise_sum(h: torch.Tensor) -> torch.Tensor:
+    """[..., K] -> [..., 1]: zeros to a power of two, then halves added until one value is left."""
+    k = h.shape[-1]
+    if k & (k - 1):
+        h = F.pad(h, (0, (1 << k.bit_length()) - k))
+    while h.shape[-1] > 1:
+        half = h.shape[-1] // 2
+        h = h[..., :half] + h[..., half:]
+    return h
+
+
+def add_norm(delta, weight: torch.Tensor, x: torch.Tensor, eps: float, fused: bool,
+             kernels: KernelConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual stream's next value and its RMSNorm: x [T, H] plus delta (None, a [T, H] tensor,
     or, fused only, a MoE layer's (routed [T, k, H] float32, shared [T, H]) added in route order) ->
     (norm(x + delta) * weight, x + delta). fused: one Triton launch (engine/kernels/rmsnorm.py);
@@ -28,4 +55,4 @@ def add_norm(delta, weight: torch.Tensor, x: torch.Tensor, eps: float, fused: bo
         return rmsnorm(delta, weight, eps, residual=x)
     if delta is not None:
         x = x + delta
-    return rms_norm(x, weight, eps), x
+    return rms_norm(x, weight, eps, kernels), x

@@ -58,7 +58,7 @@ def serve(engine, admits: list[Admit], *, overlap: bool = True, max_prefill_toke
                     gpu.submit(a)
         assert not ev.failed, ev.failed
         for p in ev.prompt_logprobs:
-            seen.prompt[p.request_id] = p.entries
+            seen.prompt.setdefault(p.request_id, []).extend(p.entries)  # one event per prompt chunk
         for t in ev.tokens:
             seen.tokens.setdefault(t.request_id, []).append(t.token_id)
             seen.logprobs.setdefault(t.request_id, []).append((t.logprob, t.top_logprobs))
