@@ -12,6 +12,9 @@ class RowInput:
     slot: int  # KV cache slot of the request
     token_ids: list[int]  # new tokens this step (a prompt, a prompt chunk, or one decode token)
     start_pos: int  # position of token_ids[0]; tokens [0, start_pos) are already cached
+    # a prompt chunk (even of one token): computed as a prompt, never by the decode step, whose
+    # absorbed attention sums in another order (a prompt's bits must not depend on its chunking)
+    prompt: bool = False
 
 
 @dataclasses.dataclass(slots=True)

@@ -137,12 +137,9 @@ class Batcher:
                 ids = s.prompt_ids[start:start + budget]
                 budget -= len(ids)
                 decoding = False
-                if len(ids) == 1 and start > 0:
-                    n_decode += 1
-                else:
-                    prefill += len(ids)
+                prefill += len(ids)
             r = len(rows)
-            rows.append(RowInput(s.slot, ids, start))
+            rows.append(RowInput(s.slot, ids, start, prompt=start < plen))
             seqs.append(s)
             s.cached = end = start + len(ids)
             if end > ends:

@@ -195,16 +195,26 @@ class ModelRunner:
         """Eager, with the hidden states of every new token kept: the [R, V] logits of each row's
         last token, and for the rows in `wants` their chunk's prompt log-probs, the LM head applied
         a slice of positions at a time (engine.sampler.prompt_logprobs), never to the whole chunk.
-        Returns (logits, row -> entries, failed row -> why)."""
+        Returns (logits, row -> entries, failed row -> why). Decode rows beside them run in the
+        decode graph as in any other step (a row's bits must not depend on what its neighbours ask)."""
         self._eager_last = None
-        batch = Batch.build(rows, self.device)
+        decode, eager = _split(rows) if self.graphs is not None else ([], list(range(len(rows))))
+        at = {r: j for j, r in enumerate(eager)}  # row -> its index among the eager rows
+        batch = Batch.build([rows[r] for r in eager], self.device)
         hidden = self.model.hidden(batch, self.cache)  # [T, H]
         with torch.inference_mode():
-            logits = self.model.head(hidden[batch.last_index]).float()  # [R, V]
-            vocab = logits.shape[-1]
+            first = self.model.head(hidden[batch.last_index]).float()  # [E, V]
+            vocab = first.shape[-1]
+            if decode:
+                logits = torch.empty(len(rows), vocab, dtype=torch.float32, device=first.device)  # [R, V]
+                logits[torch.tensor(eager, device=first.device)] = first
+                logits[torch.tensor(decode, device=first.device)] = self.graphs.run(
+                    [rows[i] for i in decode], logits=True).float()
+            else:
+                logits = first
 
             def entries(r: int) -> list:
-                start, want = batch.starts[r], wants[r]
+                start, want = batch.starts[at[r]], wants[r]
                 got = prompt_logprobs(lambda a, b: self.model.head(hidden[start + a:start + b]).float(),
                                       want.targets, want.n, vocab)
                 return [None, *got] if want.first else got
@@ -214,10 +224,11 @@ class ModelRunner:
 
 
 def _split(rows: list[RowInput]) -> tuple[list[int], list[int]]:
-    """Indices of the one-token decode rows (a graph serves them) and of the prompt rows."""
+    """Indices of the one-token decode rows (a graph serves them) and of the prompt rows (a prompt
+    chunk of one token included)."""
     decode, prompt = [], []
     for i, r in enumerate(rows):
-        (decode if len(r.token_ids) == 1 and r.start_pos > 0 else prompt).append(i)
+        (decode if len(r.token_ids) == 1 and r.start_pos > 0 and not r.prompt else prompt).append(i)
     return decode, prompt
 
 
