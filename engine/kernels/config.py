@@ -59,8 +59,16 @@ class LinearTiling:
     parts added by a second launch) or one program walks them all; the choice aims at `programs`
     programs (~2 per SM of an H200), so a one-row call still reads its weight from every SM.
 
-    Defaults not yet measured on the H200 (tools/dev/linear_bench.py --sweep times candidates)."""
+    From wide_rows rows on, the rows go in blocks of wide_block_m (with wide_num_warps): on the H200
+    blocks of 16, 32, 64 and 128 rows gave every lite shape bitwise the same outputs at 1, 256 and
+    8,192 rows (tools/dev/linear_blockm.py, 2026-12-04), and 64-row blocks took 0.45-0.5x the time of
+    16-row ones at 8,192 rows (o_proj 189 against 388 µs; cuBLAS 110).
+
+    The other defaults are not tuned (tools/dev/linear_bench.py --sweep times candidates)."""
     block_m: int = 16
+    wide_rows: int = 64
+    wide_block_m: int = 64
+    wide_num_warps: int = 8
     block_k: int = 64
     k_chunk: int = 256
     block_n_min: int = 32

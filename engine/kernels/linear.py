@@ -24,6 +24,7 @@ CUDA with the Triton kernels -> triton_linear; else `blocked`."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -47,8 +48,25 @@ def blocked(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if pad:
         x = torch.cat([x, x.new_zeros(pad, k)])
     n_blocks = x.shape[0] // ROWS
-    out = torch.bmm(x.view(n_blocks, ROWS, k), w.t().unsqueeze(0).expand(n_blocks, -1, -1))  # [n, ROWS, N]
+    xb, wb = x.view(n_blocks, ROWS, k), w.t().unsqueeze(0).expand(n_blocks, -1, -1)
+    if x.is_cuda:
+        out = torch.bmm(xb, wb)  # [n, ROWS, N]
+    else:
+        # one thread: a CPU BLAS given fewer problems than threads may split one problem's K between
+        # them (seen with 16 threads on the H200's host), an order that follows the row count
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            out = torch.bmm(xb, wb)  # [n, ROWS, N]
+        finally:
+            torch.set_num_threads(threads)
     return out.view(n_blocks * ROWS, w.shape[0])[:m]
+
+
+@functools.cache
+def _wide(tiling: LinearTiling) -> LinearTiling:
+    """The tiling of calls of wide_rows rows or more: wider row blocks (the same bits, LinearTiling)."""
+    return dataclasses.replace(tiling, block_m=tiling.wide_block_m, num_warps=tiling.wide_num_warps)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -158,6 +176,8 @@ def triton_linear(x: torch.Tensor, w: torch.Tensor, tiling: LinearTiling) -> tor
     if m == 0 or n == 0:
         return out
     x = x.contiguous()
+    if m >= tiling.wide_rows:
+        tiling = _wide(tiling)
     p = plan(m, n, k, tiling)
     m_blocks = _cdiv(m, tiling.block_m)
     dst = torch.empty(p.chunks, m, n, dtype=torch.float32, device=x.device) if p.split else out  # [chunks, M, N]
