@@ -66,7 +66,7 @@ class LinearTiling:
 
     The other defaults are not tuned (tools/dev/linear_bench.py --sweep times candidates)."""
     block_m: int = 16
-    wide_rows: int = 64
+    wide_rows: int = 256
     wide_block_m: int = 64
     wide_num_warps: int = 8
     block_k: int = 64

@@ -29,7 +29,7 @@ def test_defaults_are_the_measured_values():
     assert k.norm_proj == RowTiling(16, 2048, 4) and k.mla_output == RowTiling(8, 512, 4)
     assert k.dense == Tiling(block_m=16, block_k=128, up_n=32, down_n=64, num_warps=4, num_stages=4)
     assert k.experts == ExpertTilings(Tiling(), Tiling(block_m=16), 512, 8, 4, 32, 2048)
-    assert k.linear == LinearTiling(16, 64, 64, 8, 64, 256, 32, 128, 264, 4, 3)  # wide rows: linear_blockm.py on the H200
+    assert k.linear == LinearTiling(16, 256, 64, 8, 64, 256, 32, 128, 264, 4, 3)  # wide rows: linear_blockm.py on the H200
 
 
 @pytest.mark.parametrize("cuda,bf16,imports", [(c, b, i) for c in (0, 1) for b in (0, 1) for i in (0, 1)])
