@@ -64,7 +64,7 @@ def build_app(rt: Runtime) -> Starlette:
             "max_body_bytes": rt.settings.max_body_bytes,
             "backend": rt.settings.backend if engine is None else engine.backend_name,
             "maturity": _maturity(rt),
-            "batch_invariant": rt.settings.batch_invariant if engine is None else engine.batch_invariant,
+            "batch_invariant": _batch_invariant(rt),
         }]})
 
     async def health(http: HTTPRequest) -> Response:
@@ -78,7 +78,7 @@ def build_app(rt: Runtime) -> Starlette:
         body = {"status": "ready" if ok else "not_ready", "phase": rt.phase.value,
                 "backend": rt.engine.backend_name if rt.engine else rt.settings.backend,
                 "maturity": _maturity(rt), "ep_size": rt.settings.ep_size,
-                "batch_invariant": rt.engine.batch_invariant if rt.engine else rt.settings.batch_invariant}
+                "batch_invariant": _batch_invariant(rt)}
         if rt.scheduler is not None:
             body["scheduler"] = rt.scheduler.snapshot()
         engine = rt.bridge.snapshot if rt.bridge is not None else None  # as the GPU thread last published it
@@ -188,6 +188,11 @@ def _public_error(rt: Runtime) -> str | None:
         return LOAD_FAILED_MESSAGE
     died = rt.bridge.died if rt.bridge else None
     return engine_failure(died) if died else None
+
+
+def _batch_invariant(rt: Runtime) -> bool:
+    """The engine's, once built; until then what the settings ask for."""
+    return rt.engine.batch_invariant if rt.engine is not None else rt.settings.batch_invariant
 
 
 def _maturity(rt: Runtime) -> str:

@@ -167,11 +167,17 @@ class ModelRunner:
             first = pg.run(prompt_rows, logits=True).float()  # a copy: later replays cannot touch it
         else:
             first = self._eager_logits(prompt_rows)
+        return self._with_decode_logits(rows, prompt, first, decode)
+
+    def _with_decode_logits(self, rows: list[RowInput], eager: list[int], first: torch.Tensor,
+                            decode: list[int]) -> torch.Tensor:
+        """[R, V]: the rows `eager` from `first` [E, V], the rows `decode` from the decode graph."""
+        if not decode:
+            return first
         out = torch.empty(len(rows), first.shape[-1], dtype=torch.float32, device=first.device)  # [R, V]
-        out[torch.tensor(prompt, device=first.device)] = first
-        if decode:
-            out[torch.tensor(decode, device=first.device)] = self.graphs.run([rows[i] for i in decode],
-                                                                             logits=True).float()
+        out[torch.tensor(eager, device=first.device)] = first
+        out[torch.tensor(decode, device=first.device)] = self.graphs.run([rows[i] for i in decode],
+                                                                         logits=True).float()
         return out
 
     def _fork(self, fork: Fork) -> None:
@@ -205,13 +211,7 @@ class ModelRunner:
         with torch.inference_mode():
             first = self.model.head(hidden[batch.last_index]).float()  # [E, V]
             vocab = first.shape[-1]
-            if decode:
-                logits = torch.empty(len(rows), vocab, dtype=torch.float32, device=first.device)  # [R, V]
-                logits[torch.tensor(eager, device=first.device)] = first
-                logits[torch.tensor(decode, device=first.device)] = self.graphs.run(
-                    [rows[i] for i in decode], logits=True).float()
-            else:
-                logits = first
+            logits = self._with_decode_logits(rows, eager, first, decode)  # [R, V]
 
             def entries(r: int) -> list:
                 start, want = batch.starts[at[r]], wants[r]

@@ -24,7 +24,7 @@ from pegainfer.engine.kernels.linear import linear
 from pegainfer.engine.kv_cache import MLACache
 from pegainfer.engine.model import blocked_attention
 from pegainfer.engine.model.inputs import DecodeInputs
-from pegainfer.engine.model.norm import add_norm, pairwise_sum
+from pegainfer.engine.model.norm import add_norm, torch_rms_norm
 from pegainfer.engine.model.rope import Rope
 
 
@@ -33,13 +33,7 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, kernels: KernelConfig, eps: floa
     each row's sum of squares is a pairwise sum of elementwise adds, in an order fixed by the width (a
     library reduction picks its split by the row count: on CUDA a lone row's 512 values are summed by
     512 threads, a crowd's by 32)."""
-    dtype = x.dtype
-    h = x.float()
-    if kernels.batch_invariant:
-        var = pairwise_sum(h * h) / h.shape[-1]  # [..., 1]
-    else:
-        var = h.pow(2).mean(-1, keepdim=True)
-    return weight * (h * torch.rsqrt(var + eps)).to(dtype)
+    return torch_rms_norm(x, weight, eps, kernels.batch_invariant)
 
 
 # The Triton decode kernels hold every head of a row in one program: up to 64 heads fit the H200's

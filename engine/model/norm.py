@@ -15,18 +15,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, kernels: KernelC
     CUDA (one program per row), elsewhere a pairwise sum of elementwise adds (a library reduction
     picks its split by the row count: on CUDA a lone row's values are summed by 512 threads, a
     crowd's by 32)."""
-    if kernels is not None and kernels.batch_invariant:
-        if x.is_cuda and kernels.triton:
-            from pegainfer.engine.kernels.rmsnorm import rmsnorm
-            return rmsnorm(x, weight, eps)[0]
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(pairwise_sum(h * h) / h.shape[-1] + eps)
-        return weight * h.to(dtype)
+    invariant = kernels is not None and kernels.batch_invariant
+    if invariant and x.is_cuda and kernels.triton:
+        from pegainfer.engine.kernels.rmsnorm import rmsnorm
+        return rmsnorm(x, weight, eps)[0]
+    return torch_rms_norm(x, weight, eps, invariant)
+
+
+def torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, invariant: bool) -> torch.Tensor:
+    """The reference's ops; invariant: the sum of squares as pairwise_sum, in an order fixed by the
+    width, not the library's mean."""
     dtype = x.dtype
     h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
+    var = pairwise_sum(h * h) / h.shape[-1] if invariant else h.pow(2).mean(-1, keepdim=True)  # [..., 1]
+    return weight * (h * torch.rsqrt(var + eps)).to(dtype)
 
 
 def pairwise_sum(h: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ for name in ${SERVING_ORDER-before after}; do  # e.g. SERVING_ORDER="after befor
   cd "$tree"
   mod=$([ $name = before ] && echo daemon.cli || echo pegainfer.daemon.cli)
   PYTHONPATH=$(pypath $name) python3 -m $mod serve --random-preset lite --device cuda --port 8000 \
-     --trace-file /tmp/trace-$name.jsonl > "/tmp/serve-$name.log" 2>&1 &
+     --trace-file /tmp/trace-$name.jsonl > "$OUT/serve-$i-$name.log" 2>&1 &
   pid=$!
   for _ in $(seq 240); do curl -sf http://127.0.0.1:8000/ready >/dev/null && break; sleep 0.5; done
   PYTHONPATH=$(pypath $name) timeout 120 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 \
@@ -42,3 +42,4 @@ for name in ${SERVING_ORDER-before after}; do  # e.g. SERVING_ORDER="after befor
   kill -TERM $pid; wait $pid; echo "server exit $?"
   cd "$HERE"
 done
+echo "== tracebacks in server logs:"; grep -l Traceback "$OUT"/serve-*.log 2>/dev/null || echo none
