@@ -67,6 +67,7 @@ def test_spawn_local_every_applicable_scenario(tmp_path, tiny_model_dir):
     assert {"expert_rank_failure", "idle_rank_death", "idle_rank_stall"} <= set(doc["summary"]["skipped"])
     assert_common(doc)
     assert all(d["ended_by"] in ("runner_sigterm", "scenario") for d in doc["daemons"])
+    assert {"name": "no_tracebacks", "status": "pass"}.items() <= _check(doc, "no_tracebacks").items()
 
 
 def test_spawn_host_staged_ep2_with_drain_and_a_killed_expert_rank(tmp_path, tiny_model_dir):
@@ -86,6 +87,11 @@ def test_spawn_host_staged_ep2_with_drain_and_a_killed_expert_rank(tmp_path, tin
     death, stall = by_name(doc)["idle_rank_death"]["facts"], by_name(doc)["idle_rank_stall"]["facts"]
     assert death["ready_503_after_s"] < 1.0 and death["exit_code"] == 1
     assert stall["ready_503_after_s"] <= stall["rank_timeout_s"] + 0.5 and stall["exit_code"] == 1
+    assert _check(doc, "no_tracebacks")["status"] == "pass"  # a killed rank and a stalled one leave no traceback
+
+
+def _check(doc: dict, name: str) -> dict:
+    return next(c for c in doc["checks"] if c["name"] == name)
 
 
 def test_url_mode_joins_the_given_trace_file_and_skips_what_ends_the_server(tmp_path, tiny_model_dir):

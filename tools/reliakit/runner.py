@@ -18,6 +18,7 @@ from tools.reliakit.check import PASS, Check, skipped, verdict
 from tools.reliakit.daemon import DaemonError, SpawnedDaemon
 from tools.reliakit.daemon_pool import DaemonPool
 from tools.reliakit.limits import ServerUnusable, read_limits
+from tools.reliakit.log_checks import no_tracebacks
 from tools.reliakit.ready_probe import ReadyProbe, wait_idle
 from tools.reliakit.result import SKIPPED, ScenarioRun
 from tools.reliakit.run_record import RunRecord
@@ -159,6 +160,7 @@ class Runner:
             rec.trace_files = [str(p) for p in self.pool.trace_files]
             spans = server_spans.read(self.pool.trace_files)
             rec.run_checks.append(_daemon_exits(self.pool.daemons))
+            rec.run_checks.append(no_tracebacks([d.log_path for d in self.pool.daemons]))
         elif self.cfg.trace_file is not None:
             rec.trace_files = [str(self.cfg.trace_file)]
             ids = {x.trace_id for x in rec.observations() if x.sent}
