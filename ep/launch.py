@@ -85,12 +85,14 @@ def _spawn(spec: EPSpec, plan: LaunchPlan, device_of: Callable[[int], torch.devi
         raise ValueError("spawning expert ranks needs the engine's expert loader (EPSpec.loader)")
     ctx = mp.get_context("spawn")
     level = logging.getLogger("pegainfer").getEffectiveLevel()
+    # the ranks share rank 0's stderr: they write their lines as rank 0's root handler does
+    formatter = next((h.formatter for h in logging.getLogger().handlers if h.formatter is not None), None)
     procs = {}
     for r in range(1, plan.world_size):
         ws = WorkerSpec(rank=r, world_size=plan.world_size, master_addr=plan.addr, master_port=plan.port,
                         backend=plan.backend, loader=spec.loader, source=spec.source, device=str(device_of(r)),
                         dtype=spec.dtype, num_threads=torch.get_num_threads(), join_timeout_s=plan.join_timeout_s,
-                        log_level=level)
+                        log_level=level, log_formatter=formatter)
         p = ctx.Process(target=spawned_main, args=(ws,), name=f"pegainfer-expert-rank-{r}", daemon=True)
         p.start()
         procs[r] = p
