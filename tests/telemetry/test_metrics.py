@@ -225,3 +225,13 @@ def test_telemetry_uses_only_public_prometheus_api():
     for path in sorted((ROOT / "telemetry").glob("*.py")):
         for n, line in enumerate(path.read_text().splitlines(), 1):
             assert not private.search(line), f"{path.name}:{n}: {line.strip()}"
+
+
+def test_docs_list_exactly_the_families_rendered():
+    m = Metrics()
+    m.set_engine("local", "production", "tiny", max_model_len=4096)
+    text = render(m, scheduler_for(m), EngineSnapshot(1, 1, 0, 0, 0, True, 4, 4), {"file": 0})
+    rendered = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    rendered = {name for name in rendered if not name.endswith("_created")}
+    documented = set(re.findall(r"`(pegainfer:\w+)`", (ROOT / "docs" / "metrics.md").read_text()))
+    assert documented == rendered, (sorted(documented - rendered), sorted(rendered - documented))
