@@ -12,11 +12,13 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, request_response
 
 from pegainfer.daemon import access
+from pegainfer.daemon.access_log import AccessLog
 from pegainfer.daemon.completions import create_completion, error_response
 from pegainfer.daemon.debug_traces import traces_route
 from pegainfer.daemon.protocol import APIError, bad_request
@@ -41,7 +43,7 @@ def build_app(rt: Runtime) -> Starlette:
     async def completions(http: HTTPRequest) -> Response:
         e = access.check_key(http.headers, rt.settings.api_key) or content_type_error(http.headers)
         if e is not None:
-            rt.telemetry.on_front_rejection(e.status, e.message, http.headers)
+            rt.telemetry.on_front_rejection(e.status, e.message, http.headers, e.code)
             return error_response(e)
         return await create_completion(http, rt, owner=access.identity(http.headers, rt.settings.api_key))
 
@@ -81,6 +83,9 @@ def build_app(rt: Runtime) -> Starlette:
                 "batch_invariant": _batch_invariant(rt)}
         if rt.scheduler is not None:
             body["scheduler"] = rt.scheduler.snapshot()
+        # the same counts as pegainfer:requests_rejected_total{stage}: "front" before the scheduler
+        # (auth, media type, body, validation), "scheduler" by it (its snapshot's "rejected")
+        body["rejected"] = rt.telemetry.rejections()
         engine = rt.bridge.snapshot if rt.bridge is not None else None  # as the GPU thread last published it
         if engine is not None:
             body["kv_slots_free"] = engine.kv_slots_free
@@ -112,7 +117,9 @@ def build_app(rt: Runtime) -> Starlette:
                     "demand%s; never in production", "" if rt.settings.api_key else ", and no API key guards them")
         debug += debug_routes(rt)
     routes += [Route(r.path, guarded(r.endpoint), methods=r.methods) for r in debug]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _server_error})
+    middleware = [Middleware(AccessLog)] if rt.settings.access_log else []  # one JSON line per request
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _server_error},
+                    middleware=middleware)
     app.router.redirect_slashes = False  # "/v1/completions/" is a JSON 404, not a plain-text 307
     return app
 

@@ -16,6 +16,7 @@ from pegainfer.ep.launch import EPStartError
 from pegainfer.ep.nccl_runtime import NcclRuntimeError
 from pegainfer.ep.ownership import OwnershipError
 from pegainfer.ep.registry import TestOnlyBackend, UnknownBackend
+from pegainfer.telemetry.logs import configure_logging
 
 # Errors whose message is the whole story for a user: no traceback.
 USER_ERRORS = (SettingsError, EPStartError, NcclRuntimeError, ConfigError, WeightsError, RequestError, OwnershipError,
@@ -69,9 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command != "install-service":  # it prints its own lines (and tests run it in-process)
+        configure_logging(logging.INFO)  # every log line JSON (serve sets its --log-level later)
     try:
         if args.command == "generate":
             from pegainfer.daemon.generate import run_generate

@@ -93,7 +93,7 @@ async def create_completion(http: HTTPRequest, rt: Runtime, owner: str | None = 
         if req.prompt is not None and (too_long := _prompt_too_long(rt, req)) is not None:
             raise too_long
     except APIError as e:
-        rt.telemetry.on_front_rejection(e.status, e.message, http.headers)
+        rt.telemetry.on_front_rejection(e.status, e.message, http.headers, e.code)
         return error_response(e)
 
     ids = req.prompt_ids if req.prompt_ids is not None else await rt.tokenize.encode(rt.tokenizer, req.prompt)
@@ -102,7 +102,7 @@ async def create_completion(http: HTTPRequest, rt: Runtime, owner: str | None = 
     rt.telemetry.on_request_start(rid, req, http.headers)
     problem = _context_problem(rt, ids, req)
     if problem is not None:
-        rt.scheduler.reject(request, problem.message)
+        rt.scheduler.reject(request, problem.message, problem.code)
         return error_response(problem, rid)
     try:
         rt.scheduler.submit(request)

@@ -88,6 +88,7 @@ class Runtime:
         self.model_dir = settings.model or (None if settings.random_preset else str(default_model_dir()))
         self.model_name = settings.served_model_name or (
             Path(self.model_dir).name if self.model_dir else f"random-{settings.random_preset}")
+        telemetry.set_model_name(self.model_name)  # the model_name label of every metric series
         self.tokenizer: Tokenizer | None = None
         self.tokenize = TokenizePool(settings.tokenizer_workers)
         self.engine: Engine | None = None
@@ -157,7 +158,7 @@ class Runtime:
         tune_for_serving()
         self.gpu.start()
         self.telemetry.set_engine(engine.backend_name, engine.maturity, self.model_name,
-                                  batch_invariant=engine.batch_invariant)
+                                  batch_invariant=engine.batch_invariant, max_model_len=engine.max_model_len)
         self.scheduler.set_ready(True)
         if self.phase is Phase.LOADING:
             self.move(Phase.READY)

@@ -9,8 +9,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
+import sys
 from types import FrameType
+from typing import NoReturn
 
 import uvicorn
 
@@ -20,6 +23,7 @@ from pegainfer.daemon.http_protocol import protocol_factory
 from pegainfer.daemon.notify import Notifier
 from pegainfer.daemon.runtime import Runtime
 from pegainfer.daemon.settings import resolve
+from pegainfer.daemon.stats_log import log_stats
 from pegainfer.daemon.telemetry_setup import telemetry_for
 from pegainfer.engine.startup_log import log_event
 from pegainfer.ep.preflight import preflight
@@ -63,20 +67,26 @@ async def serve_runtime(runtime: Runtime) -> int:
     process's exit code. tools/dev/bench_host_path.py runs it in-process to read its threads' clocks."""
     settings, notifier = runtime.settings, runtime.notifier
     http = protocol_factory(ConnectionGuard(apply_budget(settings)), settings.http_header_timeout)
+    # log_config=None: uvicorn's loggers keep no handlers of their own and reach the root's JSON lines
+    # (telemetry/logs.py); its access log stays off (--access-log is daemon/access_log.py's)
     config = uvicorn.Config(build_app(runtime), host=settings.host, port=settings.port, loop="none",
-                            log_level=settings.log_level, access_log=False, timeout_graceful_shutdown=5,
-                            lifespan="off", http=http, ws="none")  # no WebSocket routes: upgrades stay HTTP
+                            log_level=settings.log_level, access_log=False, log_config=None,
+                            timeout_graceful_shutdown=5, lifespan="off", http=http,
+                            ws="none")  # no WebSocket routes: upgrades stay HTTP
     server = DrainingServer(config, runtime)
     runtime.on_exit = server.stop
     loop = asyncio.get_running_loop()
     starter = loop.create_task(runtime.start(loop))
     watchdog = loop.create_task(notifier.watchdog(runtime)) if notifier else None
+    stats = loop.create_task(log_stats(runtime))  # the periodic stats line (daemon/stats_log.py)
     await server.serve()
-    for task in (starter, watchdog):
+    for task in (starter, watchdog, stats):
         if task is not None and not task.done():
             task.cancel()
     if runtime.engine is not None:
         runtime.close()
+    else:
+        runtime.telemetry.shutdown()  # flushed here: run_serve ends the process without teardown
     runtime.tokenize.shutdown()
     code = runtime.final_exit_code()
     if code != runtime.exit_code:  # responses cut off after the drain: the server stopped under them
@@ -85,7 +95,7 @@ async def serve_runtime(runtime: Runtime) -> int:
     return code
 
 
-def run_serve(args: argparse.Namespace) -> int:
+def run_serve(args: argparse.Namespace) -> NoReturn:
     settings = resolve(args)
     # Refuse what cannot start (nccl without a GPU per rank, a test-only transport) before the port
     # is bound or anything loads: one line on stderr (daemon.cli), exit status 1.
@@ -98,4 +108,14 @@ def run_serve(args: argparse.Namespace) -> int:
         runner = asyncio.run
     code = runner(_serve(settings))
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    return code
+    _exit_without_teardown(code)
+
+
+def _exit_without_teardown(code: int) -> NoReturn:
+    """End the process once serving is over, everything stopped and every log and trace flushed,
+    without the interpreter's teardown: it would add only native extensions' reports (triton's
+    nanobind "leaked instances" lines), plain text at the end of a JSON-lines log."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

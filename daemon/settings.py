@@ -74,6 +74,11 @@ class Settings:
     debug_hooks: bool = _f(False, "enable /debug/stall and /debug/fail/{id} (fault-injection test hooks)")
     debug_load_delay: float = _f(0.0, "test hook: seconds to wait before loading (exercises the loading 503)")
     log_level: str = _f("info", "log level")
+    # ---- logs (issue 31): JSON lines; docs/metrics.md ----
+    access_log: bool = _f(False, "log one JSON line per HTTP request (method, path, status, duration, request id) "
+                                 "on the pegainfer.access logger")
+    log_stats_interval: float = _f(10.0, "seconds between stats log lines while serving (prompt and generation "
+                                         "tokens/s, running, waiting, KV use; one a minute when idle); 0: none")
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -163,3 +168,10 @@ def _validate(s: Settings) -> None:
         raise SettingsError(f"port must be 1..65535, got {s.port}")
     if s.dtype not in (None, "float32", "bfloat16"):
         raise SettingsError(f"dtype must be float32 or bfloat16, got {s.dtype!r}")
+    _validate_logs(s)
+
+
+def _validate_logs(s: Settings) -> None:
+    if not 0 <= s.log_stats_interval < float("inf"):
+        raise SettingsError(f"log_stats_interval must be 0 (off) or a positive, finite number of seconds, "
+                            f"got {s.log_stats_interval}")

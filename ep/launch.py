@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import pickle
+import sys
 from collections.abc import Callable
 
 import torch
@@ -80,17 +82,32 @@ class EPStartError(RuntimeError):
     """Rank 0 refused the group the expert ranks formed (the message says what to change)."""
 
 
+def _stderr_formatter() -> logging.Formatter | None:
+    """The formatter of rank 0's root handler on stderr (the daemon's JSON lines): the ranks it
+    spawns share that stderr and write their lines the same way. None when there is none, or when
+    it cannot travel to a spawned process."""
+    for handler in logging.getLogger().handlers:
+        if getattr(handler, "stream", None) is sys.stderr and handler.formatter is not None:
+            try:
+                pickle.dumps(handler.formatter)
+            except Exception:  # noqa: BLE001 - any formatter that does not pickle stays behind
+                return None
+            return handler.formatter
+    return None
+
+
 def _spawn(spec: EPSpec, plan: LaunchPlan, device_of: Callable[[int], torch.device]) -> dict:
     if spec.loader is None:
         raise ValueError("spawning expert ranks needs the engine's expert loader (EPSpec.loader)")
     ctx = mp.get_context("spawn")
     level = logging.getLogger("pegainfer").getEffectiveLevel()
+    formatter = _stderr_formatter()
     procs = {}
     for r in range(1, plan.world_size):
         ws = WorkerSpec(rank=r, world_size=plan.world_size, master_addr=plan.addr, master_port=plan.port,
                         backend=plan.backend, loader=spec.loader, source=spec.source, device=str(device_of(r)),
                         dtype=spec.dtype, num_threads=torch.get_num_threads(), join_timeout_s=plan.join_timeout_s,
-                        log_level=level)
+                        log_level=level, log_formatter=formatter)
         p = ctx.Process(target=spawned_main, args=(ws,), name=f"pegainfer-expert-rank-{r}", daemon=True)
         p.start()
         procs[r] = p

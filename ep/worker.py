@@ -49,6 +49,7 @@ class WorkerSpec:
     num_threads: int | None = None  # CPU GEMM threads; rank 0 passes its own so the bits match
     join_timeout_s: float = 300.0
     log_level: int | None = None  # set by rank 0 for the ranks it spawns (they inherit its stderr)
+    log_formatter: logging.Formatter | None = None  # rank 0's (JSON lines), for the same reason
 
 
 def run_expert_worker(rank: int, world_size: int, master_addr: str, master_port: int, *, loader: ExpertLoader,
@@ -67,6 +68,8 @@ def spawned_main(spec: WorkerSpec) -> None:
     """torch.multiprocessing entry point for the ranks rank 0 starts on its own host."""
     if spec.log_level is not None:
         logging.basicConfig(level=spec.log_level, stream=sys.stderr, format="%(message)s")
+        if spec.log_formatter is not None:
+            logging.getLogger().handlers[0].setFormatter(spec.log_formatter)
     end_process(serve(spec))
 
 

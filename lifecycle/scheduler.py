@@ -95,11 +95,12 @@ class Scheduler:
         self._idle.clear()
         self._admit_pending()
 
-    def reject(self, request: Request, message: str) -> None:
-        """Refuse a RECEIVED request the daemon found invalid (bad input, over the context)."""
+    def reject(self, request: Request, message: str, code: str | None = None) -> None:
+        """Refuse a RECEIVED request the daemon found invalid (bad input, over the context); `code`
+        is the error's stable code (context_length_exceeded...), recorded on the request."""
         if request.received_at is None:
             request.received_at = self._clock()
-        self._end(request, RequestState.REJECTED, error=message)
+        self._end(request, RequestState.REJECTED, error=message, code=code)
 
     def cancel(self, request_id: str, message: str = "cancelled", code: str | None = None) -> bool:
         """The server or an API call ends a request: CANCELLED, `code` its cause. False if not live."""

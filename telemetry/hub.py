@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pegainfer.engine.contract import EngineSnapshot, RequestState, StepRecord
 from pegainfer.telemetry.clock import EpochClock
 from pegainfer.telemetry.engine_info import EngineInfo
-from pegainfer.telemetry.metrics import Metrics
+from pegainfer.telemetry.metrics import UNKNOWN_MODEL, Metrics
 from pegainfer.telemetry.observed import AnnouncedRequest, ObservedRequest
 from pegainfer.telemetry.request_spans import RequestSpans
 from pegainfer.telemetry.step_spans import StepSpans
@@ -29,12 +29,13 @@ LOGGED_ERRORS = 10  # tracebacks logged before the rest are only counted
 
 class Telemetry:
     def __init__(self, tracing: Tracing | None = None, *, step_trace_every: int = 1,
-                 clock: EpochClock | None = None) -> None:
-        """`tracing` defaults to a pipeline with no exporter (spans are made, then dropped)."""
+                 clock: EpochClock | None = None, model_name: str = UNKNOWN_MODEL) -> None:
+        """`tracing` defaults to a pipeline with no exporter (spans are made, then dropped);
+        `model_name` is the served name every metric series carries (set_model_name changes it)."""
         self.tracing = tracing if tracing is not None else Tracing()
         self.engine = EngineInfo()
         self.clock = clock if clock is not None else EpochClock()
-        self.metrics = Metrics()
+        self.metrics = Metrics(model_name)
         self.requests = RequestSpans(self.tracing, self.clock, self.engine)
         self.steps = StepSpans(self.tracing, self.engine, step_trace_every)
         self.errors = 0
@@ -49,10 +50,16 @@ class Telemetry:
             if self.errors <= LOGGED_ERRORS:
                 log.exception("telemetry: %s failed (error %d)", where, self.errors)
 
-    def set_engine(self, backend: str, maturity: str, model: str, *, batch_invariant: bool | None = None) -> None:
+    def set_model_name(self, name: str) -> None:
+        """The served model name: the `model_name` label of every metric series (vLLM's)."""
+        self.metrics.model_name = name
+
+    def set_engine(self, backend: str, maturity: str, model: str, *, batch_invariant: bool | None = None,
+                   max_model_len: int | None = None) -> None:
         self.engine.backend, self.engine.maturity, self.engine.model = backend, maturity, model
         self.engine.batch_invariant = batch_invariant
-        self.metrics.set_engine(backend, maturity, model, batch_invariant=batch_invariant)
+        self.metrics.set_engine(backend, maturity, model, batch_invariant=batch_invariant,
+                                max_model_len=max_model_len)
 
     # ---- LifecycleObserver ------------------------------------------------------------------------
     def on_transition(self, request: ObservedRequest, old: RequestState, new: RequestState) -> None:
@@ -75,12 +82,23 @@ class Telemetry:
             self.metrics.on_engine_died()
 
     # ---- the HTTP side ----------------------------------------------------------------------------
-    def on_front_rejection(self, status: int, message: str, headers) -> None:
-        """A request refused before it reached the scheduler (bad JSON, auth, validation)."""
+    def on_front_rejection(self, status: int, message: str, headers, code: str | None = None) -> None:
+        """A request refused before it reached the scheduler (bad JSON, auth, validation); `code` is
+        its error code (None: a plain 400, counted as invalid_request)."""
         with self._guard("on_front_rejection"):
             self.requests.front_rejection(status, message, self.tracing.extract(headers))
         with self._guard("on_front_rejection metrics"):
-            self.metrics.on_front_rejection()
+            self.metrics.on_front_rejection(code)
+
+    def rejections(self) -> dict[str, int]:
+        """Rejected requests by stage ("front", "scheduler"): the same counts as
+        pegainfer:requests_rejected_total{stage}, for /ready."""
+        return self.metrics.rejections()
+
+    def token_totals(self) -> tuple[int, int]:
+        """(prompt tokens prefilled, tokens generated) so far: the counters /metrics renders."""
+        m = self.metrics
+        return m.prompt_tokens.total(), m.generation_tokens.total()
 
     def on_request_start(self, request_id: str, parsed: AnnouncedRequest, headers) -> None:
         """The parsed OpenAI request and the HTTP headers (for an incoming traceparent), before the

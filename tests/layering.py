@@ -23,7 +23,7 @@ SIZED = (*PACKAGES, "tools")  # no file over MAX_LINES lines here
 MAX_LINES = 400
 MAX_POSITIONAL = 8  # positional parameters of a function, a method's self or cls not counted
 CONTRACT = "engine.contract"
-TELEMETRY_MAY_USE = ("opentelemetry", "prometheus_client")
+TELEMETRY_MAY_USE = ("opentelemetry", "prometheus_client", "pythonjsonlogger")  # spans, metrics, log lines
 EP_MAY_USE = ("engine.kernels", CONTRACT)
 # What the daemon wires together from engine/ besides the contract: the builder and its spec and
 # errors, the GPU thread, the tokenizer, offline generation, the structured log, capacity defaults,
@@ -149,7 +149,8 @@ def layer_problem(imp: Import) -> str | None:
     if _under(s, "telemetry"):
         if _stdlib(t) or _under(t, "telemetry", CONTRACT, *TELEMETRY_MAY_USE):
             return None
-        return "telemetry/ imports beyond the standard library, OpenTelemetry, prometheus-client and the contract"
+        return ("telemetry/ imports beyond the standard library, OpenTelemetry, prometheus-client, python-json-logger "
+                "and the contract")
     if _under(s, "engine", "ep") and _under(t, "daemon", "lifecycle", "telemetry"):
         return f"{s.split('.')[0]}/ imports {t.split('.')[0]}/"
     if _under(s, "ep") and _under(t, "engine") and not _under(t, *EP_MAY_USE):

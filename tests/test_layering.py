@@ -1,8 +1,8 @@
 """The layers of DESIGN.md, pinned over every import of daemon/, engine/, ep/, lifecycle/ and
 telemetry/ (function-level and TYPE_CHECKING ones included; tests/layering.py reads them with ast):
 no import cycle between modules; lifecycle/ is the standard library and engine/contract only;
-telemetry/ adds only OpenTelemetry and prometheus-client; engine/ and ep/ never import daemon/,
-lifecycle/ or telemetry/; ep/ takes only engine/kernels/ and the contract from engine/; the contract
+telemetry/ adds only OpenTelemetry, prometheus-client and python-json-logger; engine/ and ep/ never
+import daemon/, lifecycle/ or telemetry/; ep/ takes only engine/kernels/ and the contract from engine/; the contract
 is stdlib-only; daemon/ takes from engine/ only the contract and the pieces it wires. And the house
 limits: no file over 400 lines (the packages and tools/), no function over 8 positional parameters,
 a docstring and postponed annotations in every module. A second set of tests feeds the checker a

@@ -31,9 +31,10 @@ ID = re.compile(r"^cmpl-[0-9a-f]{32}$")
 @pytest.fixture(scope="module")
 def daemon(tiny_model_dir):
     with DaemonProcess("--model", str(tiny_model_dir), "--served-model-name", "tiny", "--api-key", KEY,
-                       "--debug-hooks", "--debug-traces", "--max-active", "2") as d:
+                       "--debug-hooks", "--debug-traces", "--max-active", "2", "--access-log") as d:
         yield d
     assert "Traceback" not in d.log(), d.log()[-3000:]
+    assert KEY not in d.log() and '"logger":"pegainfer.access"' in d.log()  # the access log never has the key
 
 
 def assert_error(r: httpx.Response, status: int, code: str | None = None, param: str | None = None) -> dict:
@@ -206,3 +207,24 @@ def test_a_bad_stall_never_reaches_the_gpu_thread(seconds):
     with pytest.raises(ValueError):
         Stall(seconds)
     assert Stall(0.5).seconds == 0.5
+
+
+# ---- rejections: /ready and /metrics count the same ones --------------------------------------------------
+def test_ready_and_metrics_agree_on_rejections_after_a_mix(daemon):
+    """The issue's case: /ready said 2 rejected (the scheduler's) while /metrics said 16 (front ones
+    too). Both now give front (401, 415, bad JSON...) and scheduler (over the context) counts."""
+    from tests.telemetry.prom import total, value
+    assert_error(completion(daemon, headers={}), 401)
+    assert_error(httpx.post(daemon.url + "/v1/completions", content=b"{}", headers={**AUTH, "Content-Type": "text/xml"}),
+                 415)
+    assert_error(httpx.post(daemon.url + "/v1/completions", content=b'{"prompt": ', headers=AUTH), 400)
+    assert_error(completion(daemon, max_tokens=1_000_000), 400, "context_length_exceeded")
+    ready = httpx.get(daemon.url + "/ready").json()
+    metrics = httpx.get(daemon.url + "/metrics").text
+    front, scheduler = ready["rejected"]["front"], ready["rejected"]["scheduler"]
+    assert front >= 3 and scheduler >= 1 and ready["scheduler"]["rejected"] == scheduler
+    assert total(metrics, "pegainfer:requests_rejected_total", stage="front") == front
+    assert total(metrics, "pegainfer:requests_rejected_total", stage="scheduler") == scheduler
+    assert value(metrics, "pegainfer:requests_terminal_total", terminal_reason="rejected") == front + scheduler
+    for code in ("invalid_api_key", "unsupported_media_type", "invalid_request"):
+        assert value(metrics, "pegainfer:requests_rejected_total", stage="front", code=code) >= 1, code

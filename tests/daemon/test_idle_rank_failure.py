@@ -59,6 +59,10 @@ def _daemon(tiny_model_dir) -> DaemonProcess:
 def test_idle_rank_killed_ready_503_within_a_second_then_exit_1(tiny_model_dir):
     d = _daemon(tiny_model_dir)
     try:
+        # the spawned rank writes its own lines as rank 0 does (JSON: timestamp, level, logger first)
+        ready = next(json.loads(x) for x in d.log().splitlines() if '"expert_rank_ready"' in x)
+        assert list(ready)[:3] == ["timestamp", "level", "logger"] and ready["logger"] == "pegainfer.ep", ready
+        assert ready["pid"] != d.proc.pid
         with httpx.Client(base_url=d.url, timeout=10) as http:
             time.sleep(RANK_TIMEOUT_S + 0.5)  # idle past the rank timeout: still ready
             assert http.get("/ready").status_code == 200

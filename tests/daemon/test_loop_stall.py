@@ -32,6 +32,7 @@ def daemon(tiny_model_dir):
     with d:
         yield d
     assert "Traceback" not in d.log(), d.log()[-4000:]
+    assert '"logger":"pegainfer.access"' not in d.log()  # no --access-log: off by default
 
 
 class Neighbour(threading.Thread):

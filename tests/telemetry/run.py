@@ -1,6 +1,7 @@
 """One real daemon run shared by the end-to-end telemetry tests: `pegainfer serve` on the tiny
-model (CPU) with a trace file, the debug hooks and /debug/traces, driven through every way a
-request can end, with /metrics scraped before, during and after, then stopped with SIGTERM.
+model (CPU) with a trace file, the debug hooks and /debug/traces, the access log and a short stats
+interval, driven through every way a request can end, with /metrics scraped before, twice during
+one long stream and after (with /ready), then stopped with SIGTERM.
 The tests only read the DaemonRun it returns."""
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ FRONT_PARENT_SPAN_ID = "b7ad6b7169203331"
 STOP_PROMPT = [12]  # the embedded tiny model's greedy output from this prompt ends with EOS after 6 tokens
 BATCH_TOKENS = (20, 24, 28, 32)  # four at once; the shortest outlasts the arrival of the other three
 LONG = {"max_tokens": 3000, "ignore_eos": True, "stream": True}  # still running when the test acts on it
+LATER_CHUNKS = 8  # chunks of the long stream read between two scrapes of /metrics
+STATS_INTERVAL_S = 0.2  # --log-stats-interval: several stats lines while the run is busy
 
 
 @dataclasses.dataclass
@@ -34,7 +37,9 @@ class DaemonRun:
     finish: dict[str, str]  # scenario -> the API's finish_reason
     metrics_before: str
     metrics_during: str  # while one long stream runs
+    metrics_later: str  # the same stream, some tokens later, still running
     metrics_after: str
+    ready_after: dict  # GET /ready beside metrics_after
     debug_traces: str  # GET /debug/traces just before SIGTERM
     exit_code: int
     log: str
@@ -73,6 +78,7 @@ def run_daemon(tmp: Path) -> DaemonRun:
     t0 = time.monotonic()
     trace_path = tmp / "trace.jsonl"
     daemon = DaemonProcess("--trace-file", str(trace_path), "--debug-hooks", "--debug-traces", "--max-active", "2",
+                           "--access-log", "--log-stats-interval", str(STATS_INTERVAL_S),
                            log_path=tmp / "daemon.log").start()
     ids: dict[str, str] = {}
     finish: dict[str, str] = {}
@@ -98,6 +104,9 @@ def run_daemon(tmp: Path) -> DaemonRun:
                                                                       json={"prompt": "cancel me", **LONG}) as resp:
             ids["cancelled"], rest = _first_chunk(resp)
             during = c.get("/metrics").text
+            for _ in range(LATER_CHUNKS):
+                next(line for line in rest if line.startswith("data: {"))
+            later = c.get("/metrics").text
             assert c.post(f"/v1/completions/{ids['cancelled']}/cancel").status_code == 200
             assert _drain(rest)[-1] == "data: [DONE]"
         # disconnected: the client closes the stream after the first chunk
@@ -121,10 +130,12 @@ def run_daemon(tmp: Path) -> DaemonRun:
         r = c.post("/v1/completions", json={"prompt": "last one", "max_tokens": 4})
         ids["final"] = r.json()["id"]
         after = c.get("/metrics").text
+        ready_after = c.get("/ready").json()
         debug = c.get("/debug/traces").text
         c.close()
         daemon.signal(signal.SIGTERM)
         code = daemon.wait(60)
     finally:
         daemon.stop()
-    return DaemonRun(trace_path, ids, finish, before, during, after, debug, code, daemon.log(), time.monotonic() - t0)
+    return DaemonRun(trace_path, ids, finish, before, during, later, after, ready_after, debug, code, daemon.log(),
+                     time.monotonic() - t0)

@@ -1,8 +1,10 @@
-"""End to end: /metrics of a real daemon moves as requests run, finish, fail and are refused."""
+"""End to end: /metrics of a real daemon moves as requests run, finish, fail and are refused; every
+sample names the served model; vLLM's families are there; generation tokens are counted as they are
+produced; /ready and /metrics count the same rejections."""
 from __future__ import annotations
 
-from tests.telemetry.prom import samples, value
-from tests.telemetry.run import BATCH_TOKENS, DaemonRun
+from tests.telemetry.prom import families, samples, total, value
+from tests.telemetry.run import BATCH_TOKENS, LATER_CHUNKS, DaemonRun
 
 
 def test_request_gauges_follow_the_scheduler(daemon_run: DaemonRun):
@@ -54,3 +56,41 @@ def test_backend_info_and_dropped_spans(daemon_run: DaemonRun):
     assert labels["batch_invariant"] == "true"
     assert value(after, "pegainfer:dropped_spans_total", exporter="file") == 0
     assert value(after, "pegainfer:telemetry_errors_total") == 0 and "telemetry:" not in daemon_run.log
+
+
+def test_every_sample_carries_the_served_model_name_and_vllm_families_are_there(daemon_run: DaemonRun):
+    from tests.telemetry.test_metrics import VLLM_FAMILIES
+    after = daemon_run.metrics_after
+    names = {dict(labels).get("model_name") for _, labels in samples(after)}
+    assert len(names) == 1 and next(iter(names)).startswith("tiny")  # the served model name, on every sample
+    fams = families(after)
+    for suffix, (kind, _, _) in VLLM_FAMILIES.items():
+        assert fams["pegainfer:" + suffix].type == kind, suffix
+    assert total(after, "pegainfer:request_success_total") == value(after, "pegainfer:request_prompt_tokens_count")
+    assert value(after, "pegainfer:request_success_total", finished_reason="length") == 6
+    assert value(after, "pegainfer:request_success_total", finished_reason="stop") == 1
+    assert value(after, "pegainfer:request_success_total", finished_reason="abort") == 2  # cancelled, disconnected
+    assert value(after, "pegainfer:request_success_total", finished_reason="error") == 1
+    assert 0 <= value(daemon_run.metrics_during, "pegainfer:kv_cache_usage_perc") <= 1
+    assert value(daemon_run.metrics_during, "pegainfer:kv_cache_usage_perc") == 0.5  # one of two slots
+
+
+def test_generation_tokens_grow_while_a_stream_runs(daemon_run: DaemonRun):
+    during, later = daemon_run.metrics_during, daemon_run.metrics_later
+    assert value(during, "pegainfer:num_requests_running") == value(later, "pegainfer:num_requests_running") == 1
+    grown = value(later, "pegainfer:generation_tokens_total") - value(during, "pegainfer:generation_tokens_total")
+    assert grown >= LATER_CHUNKS  # counted as produced, before the request ended
+    assert value(later, "pegainfer:request_generation_tokens_count") == \
+        value(during, "pegainfer:request_generation_tokens_count")  # the per-request histogram: only at the end
+
+
+def test_rejections_agree_between_ready_and_metrics(daemon_run: DaemonRun):
+    """The malformed JSON is refused at the front, the over-long prompt by the scheduler: /ready and
+    /metrics give the same two numbers, and the terminal total is their sum."""
+    after, ready = daemon_run.metrics_after, daemon_run.ready_after
+    assert ready["rejected"] == {"front": 1, "scheduler": 1}
+    assert ready["scheduler"]["rejected"] == ready["rejected"]["scheduler"]
+    for stage, n in ready["rejected"].items():
+        assert total(after, "pegainfer:requests_rejected_total", stage=stage) == n
+    assert value(after, "pegainfer:requests_rejected_total", stage="scheduler", code="context_length_exceeded") == 1
+    assert value(after, "pegainfer:requests_terminal_total", terminal_reason="rejected") == sum(ready["rejected"].values())
