@@ -40,11 +40,11 @@ def _check_limits(prompt_ids: list[int], max_tokens: int, engine: Engine) -> Non
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    # Before loading: one line on what to change (exit 2), as `serve` checks its settings.
+    # Before loading: one line on what to change (exit 2), in the order `serve` checks its settings.
+    preflight(args.backend, args.device, args.ep_size)
     check_device(args.device)
     if args.model:
         check_model_dir(args.model)
-    preflight(args.backend, args.device, args.ep_size)
     model_dir = str(args.model or default_model_dir())
     prompt_ids = parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
     tok = Tokenizer(model_dir)

@@ -46,8 +46,8 @@ def check_device(device: str, source: str = "--device") -> None:
 
 def check_startup(s: Settings, where: dict[str, str]) -> None:
     """Everything about `s` that needs this host, before the port is bound (daemon.serve)."""
+    # A test-only backend, nccl without a GPU per rank: its own message, which names the way out.
+    preflight(s.backend, s.device, s.ep_size, remote_ranks=s.ep_master_addr is not None)
     check_device(s.device, where.get("device", flag("device")))
     if s.model is not None:
         check_model_dir(s.model, where.get("model", flag("model")))
-    # An unknown or test-only backend, nccl without a GPU per rank: its own one-line message.
-    preflight(s.backend, s.device, s.ep_size, remote_ranks=s.ep_master_addr is not None)
