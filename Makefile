@@ -9,7 +9,7 @@
 # pip's own index); the torch step runs once per venv (`make clean` to redo it).
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip install -q --disable-pip-version-check
+PIP_INSTALL := $(PY) -m pip install -q --disable-pip-version-check
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 PYTEST_ARGS ?=
@@ -18,20 +18,20 @@ PYTEST_ARGS ?=
 
 $(VENV)/.torch:
 	python3 -m venv $(VENV)
-	@if [ -n "$(TORCH_INDEX)" ] && $(PIP) --index-url "$(TORCH_INDEX)" --timeout 15 --retries 0 "$(TORCH_SPEC)"; then :; \
+	@if [ -n "$(TORCH_INDEX)" ] && $(PIP_INSTALL) --index-url "$(TORCH_INDEX)" --timeout 15 --retries 0 "$(TORCH_SPEC)"; then :; \
 	else \
 	  [ -z "$(TORCH_INDEX)" ] || echo "make: warning: $(TORCH_INDEX) failed; installing $(TORCH_SPEC) from pip's configured index (on PyPI: the CUDA build, ~0.5 GB plus several GB of nvidia-* wheels)" >&2; \
-	  $(PIP) "$(TORCH_SPEC)"; \
+	  $(PIP_INSTALL) "$(TORCH_SPEC)"; \
 	fi
 	@$(PY) -c "import importlib.metadata as m; v = m.version('torch'); print('make: torch', v, '(the CPU build)' if v.endswith('+cpu') else '')"
 	touch $@
 
 $(VENV)/.installed: pyproject.toml $(VENV)/.torch
-	$(PIP) -e .
+	$(PIP_INSTALL) -e .
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PIP) -e '.[test]'
+	$(PIP_INSTALL) -e '.[test]'
 	touch $@
 
 install: $(VENV)/.installed
