@@ -100,12 +100,14 @@ def main(argv: list[str] | None = None) -> int:
             from pegainfer.daemon.generate import run_generate
             return run_generate(args)
         if args.command == "expert-worker":
+            from pegainfer.daemon.startup_check import check_device
             from pegainfer.engine.ep_setup import load_rank_experts
             from pegainfer.ep.preflight import preflight
             from pegainfer.ep.worker import end_process, run_expert_worker
             if not (args.model or args.random_preset):
                 raise CliError("expert-worker needs --model DIR (or --random-preset)")
             preflight(args.backend, args.device, 1, remote_ranks=True)
+            check_device(args.device)
             code = run_expert_worker(args.rank, args.world_size, args.master_addr, args.master_port,
                                      loader=load_rank_experts, model_dir=args.model, backend=args.backend,
                                      device=args.device, dtype=args.dtype, random_preset=args.random_preset,

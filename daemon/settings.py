@@ -29,10 +29,11 @@ class SettingsError(ValueError):
 
 
 def _f(default: Any, help: str, choices: tuple[str, ...] | None = None, metavar: str | None = None) -> Any:
-    """A setting: its default, its help line, and the values it may take (shown in --help)."""
+    """A setting: its default, its help line, and how --help shows its value (the choices, if any;
+    _check_names refuses any other)."""
     if choices and metavar is None:
         metavar = "{" + ",".join(choices) + "}"
-    return dataclasses.field(default=default, metadata={"help": help, "choices": choices, "metavar": metavar})
+    return dataclasses.field(default=default, metadata={"help": help, "metavar": metavar})
 
 
 @dataclasses.dataclass(slots=True)
