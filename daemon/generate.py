@@ -7,6 +7,7 @@ import argparse
 import orjson
 
 from pegainfer.daemon.errors import CliError
+from pegainfer.daemon.startup_check import check_device, check_model_dir
 
 from pegainfer.engine.contract import ParamError, check
 from pegainfer.engine.engine import Engine, EngineSpec, build_engine, default_model_dir
@@ -39,7 +40,11 @@ def _check_limits(prompt_ids: list[int], max_tokens: int, engine: Engine) -> Non
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    preflight(args.backend, args.device, args.ep_size)  # before loading: one line on what to change
+    # Before loading: one line on what to change (exit 2), in the order `serve` checks its settings.
+    preflight(args.backend, args.device, args.ep_size)
+    check_device(args.device)
+    if args.model:
+        check_model_dir(args.model)
     model_dir = str(args.model or default_model_dir())
     prompt_ids = parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
     tok = Tokenizer(model_dir)

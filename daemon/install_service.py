@@ -1,8 +1,13 @@
 """`pegainfer install-service`: puts pegainfer in place as a systemd service on this host: the unit
 (rendered with the absolute path of the pegainfer being run, the service account and the GPU groups
-that exist), the example config and environment file (never over ones that exist), and the system
-account. Idempotent: a second run changes nothing and succeeds. --prefix installs under another root
-(a test folder, an image being built) and never touches this host's accounts or systemd."""
+that exist), the settings file (the shipped example or --config, with --model and --device set in it)
+and the environment file (never over ones that exist), and the system account. Before it changes
+anything it refuses (exit 2) a service that could not start or would serve random weights: settings
+the daemon would refuse, no --model (unless --allow-tiny-model), a model folder that is not one, and
+a pegainfer or model under /tmp, which the unit's PrivateTmp=yes hides. Idempotent: a second run
+changes nothing and succeeds. --prefix installs under another root (a test folder, an image being
+built) and never touches this host's accounts or systemd. The shipped files are package data
+(pegainfer.systemd), so an install from a wheel works as well as a checkout."""
 from __future__ import annotations
 
 import argparse
@@ -13,14 +18,20 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
-SOURCE = Path(__file__).resolve().parents[1] / "systemd"
+from pegainfer.daemon.errors import CliError
+from pegainfer.daemon.service_config import CONFIG_FILE, MissingData, service_settings, set_keys, shipped
+from pegainfer.daemon.settings import Settings, SettingsError, device_arg, flag
+from pegainfer.daemon.startup_check import check_device, check_model_dir
+
 UNIT_PATH = "etc/systemd/system/pegainfer.service"
 CONFIG_DIR = "etc/pegainfer"
 SHIPPED_EXE = "/usr/local/bin/pegainfer"  # the ExecStart path in systemd/pegainfer.service
 GPU_GROUPS = ("video", "render")
 HIDDEN_BY_PROTECT_HOME = ("/home/", "/root/", "/run/user/")
+HIDDEN_BY_PRIVATE_TMP = ("/tmp/", "/var/tmp/")
 USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
 
@@ -34,7 +45,13 @@ class Installer:
     user: str
     dry_run: bool
     exe: list[str]
+    model: str | None = None  # --model: set as `model` in the settings file
+    device: str | None = None  # --device: set as `device`
+    config: str | None = None  # --config: the settings file to start from instead of the shipped example
+    allow_tiny_model: bool = False
+    private_tmp: bool = True  # False: the unit gets PrivateTmp=no (--no-private-tmp)
     changed: int = 0  # files written and accounts created (or, with dry_run, that would be)
+    warnings: list[str] = dataclasses.field(default_factory=list)  # said once every check has passed
 
     @property
     def on_host(self) -> bool:
@@ -42,30 +59,107 @@ class Installer:
 
     def run(self) -> None:
         if not USER_NAME.match(self.user):
-            raise InstallError(f"--user {self.user!r} is not a valid account name")
-        for name in ("pegainfer.service", "pegainfer.toml", "pegainfer.env"):
-            if not (SOURCE / name).is_file():
-                raise InstallError(f"{SOURCE / name} is missing: run install-service from a pegainfer checkout")
+            raise CliError(f"--user {self.user!r} is not a valid account name")
+        # Everything is checked before anything changes.
+        unit = self.render_unit()
+        for path in self.program_paths():
+            self.check_visible(path, "pegainfer",
+                               "install it elsewhere (e.g. a venv in /opt/pegainfer made from /usr/bin/python3)")
+        config, config_name = self.config_text()
+        env = self.existing(f"{CONFIG_DIR}/pegainfer.env")
+        env = shipped("pegainfer.env") if env is None else env
+        settings, where = service_settings(unit, env, config, config_name)
+        self.check_model(settings, where)
+        if settings.device.startswith("cuda"):
+            try:
+                check_device(settings.device, "--device" if self.device else where.get("device", flag("device")))
+            except SettingsError as e:  # this may not be the host that will run it (an image, a driver not loaded)
+                self.warnings.append(f"{e} (the service will not start on this host as it is)")
+        for line in self.warnings:
+            self.say(f"warning: {line}")
+        served = settings.model or (f"random weights ({settings.random_preset})" if settings.random_preset
+                                    else "the embedded tiny model")
+        self.say(f"the service will serve {served} on {settings.device} (backend {settings.backend}, "
+                 f"settings in {CONFIG_FILE})")
         self.ensure_account()
-        unit_changed = self.put(UNIT_PATH, self.render_unit(), 0o644, group=None, replace=True)
-        self.put(f"{CONFIG_DIR}/pegainfer.toml", (SOURCE / "pegainfer.toml").read_text(), 0o640,
-                 group=self.user, replace=False)
-        self.put(f"{CONFIG_DIR}/pegainfer.env", (SOURCE / "pegainfer.env").read_text(), 0o640,
-                 group=self.user, replace=False)
+        unit_changed = self.put(UNIT_PATH, unit, 0o644, group=None, replace=True)
+        self.put(f"{CONFIG_DIR}/pegainfer.toml", config, 0o640, group=self.user, replace=False)
+        self.put(f"{CONFIG_DIR}/pegainfer.env", env, 0o640, group=self.user, replace=False)
         if unit_changed:
             self.daemon_reload()
-        for path in (self.exe[0], str(Path(sys.executable).resolve())):
-            if path.startswith(HIDDEN_BY_PROTECT_HOME):
-                self.say(f"warning: {path} is under /home, /root or /run/user, which ProtectHome=yes hides from the "
-                         f"service: install Python and pegainfer elsewhere (e.g. a venv in /opt/pegainfer made "
-                         f"from /usr/bin/python3) or relax ProtectHome= with `systemctl edit pegainfer`")
+
+    # ---- what the service will run ----------------------------------------------------------------
+    def program_paths(self) -> list[str]:
+        """Where the service's program lives: the script, what it links to, the Python, the package."""
+        here = Path(__file__).resolve().parents[1]
+        return list(dict.fromkeys([self.exe[0], str(Path(self.exe[0]).resolve()), str(Path(sys.executable).resolve()),
+                                   str(here)]))
+
+    def check_visible(self, path: str, what: str, elsewhere: str) -> None:
+        """Refuse a path PrivateTmp=yes hides; warn about one ProtectHome=yes hides."""
+        if self.private_tmp and (path + "/").startswith(HIDDEN_BY_PRIVATE_TMP):
+            raise CliError(f"{what} is under /tmp or /var/tmp ({path}), which the unit's PrivateTmp=yes hides "
+                           f"from the service: {elsewhere}, or pass --no-private-tmp")
+        if (path + "/").startswith(HIDDEN_BY_PROTECT_HOME):
+            self.warnings.append(f"{path} is under /home, /root or /run/user, which the unit's ProtectHome=yes "
+                                 f"hides from the service: {elsewhere}, or relax ProtectHome= with "
+                                 f"`systemctl edit pegainfer`")
+
+    def existing(self, rel: str) -> str | None:
+        path = self.prefix / rel
+        return path.read_text() if path.exists() else None
+
+    def config_text(self) -> tuple[str, str]:
+        """The settings file the service will read, and the name to report it by: the one already
+        installed (never replaced), else --config or the shipped example, with --model and --device
+        set. An installed one that says otherwise than --config, --model or --device is refused
+        rather than silently kept."""
+        values = {k: v for k, v in (("model", self.model), ("device", self.device)) if v is not None}
+        try:
+            base = Path(self.config).read_text() if self.config else shipped("pegainfer.toml")
+        except OSError as e:
+            raise CliError(f"--config {self.config}: {e.strerror}") from None
+        wanted = set_keys(base, values) if values else base
+        installed, path = self.existing(f"{CONFIG_DIR}/pegainfer.toml"), self.prefix / CONFIG_DIR / "pegainfer.toml"
+        if installed is None:
+            return wanted, self.config or CONFIG_FILE
+        try:
+            have, want = tomllib.loads(installed), tomllib.loads(wanted)
+        except tomllib.TOMLDecodeError:
+            return installed, str(path)  # its error, with its name, comes from the settings check
+        asked = set(want) if self.config else set(values)
+        differ = sorted(k for k in asked | (set(have) if self.config else set()) if have.get(k) != want.get(k))
+        if differ:
+            def shown(table: dict) -> str:
+                return ", ".join(f"{k} = {table[k]!r}" if k in table else f"no {k}" for k in differ)
+            raise CliError(f"{path} exists with {shown(have)}, not {shown(want)}: edit it, or move it away and "
+                           f"run install-service again")
+        return installed, str(path)
+
+    def check_model(self, s: Settings, where: dict[str, str]) -> None:
+        source = "--model" if self.model else where.get("model", CONFIG_FILE)
+        if s.model is None:
+            what = (f"random weights of the {s.random_preset} preset" if s.random_preset
+                    else "the embedded tiny model (random weights: its text is gibberish)")
+            if not self.allow_tiny_model:
+                raise CliError(f"the service would serve {what}: give --model DIR (a checkpoint folder the "
+                               f"service can read), or --allow-tiny-model to install it anyway")
+            self.warnings.append(f"the service will serve {what} (--allow-tiny-model)")
+            return
+        if not Path(s.model).is_absolute():
+            raise CliError(f"{source}: {s.model} is not an absolute path (the service runs in /var/lib/pegainfer)")
+        self.check_visible(s.model, "the model folder", "move it (e.g. to /var/lib/pegainfer/models)")
+        check_model_dir(str(self.prefix / s.model.lstrip("/")), source)
 
     # ---- the unit ---------------------------------------------------------------------------------
     def render_unit(self) -> str:
         groups = [g for g in GPU_GROUPS if self.group_id(g) is not None]
         out = []
-        for line in (SOURCE / "pegainfer.service").read_text().splitlines():
-            if line.startswith("ExecStart="):
+        for line in shipped("pegainfer.service").splitlines():
+            if line == "PrivateTmp=yes" and not self.private_tmp:
+                out.append("# install-service --no-private-tmp: pegainfer (or its model) lives under /tmp")
+                line = "PrivateTmp=no"
+            elif line.startswith("ExecStart="):
                 line = line.replace(SHIPPED_EXE, shlex.join(self.exe), 1)
             elif line.startswith("User="):
                 line = f"User={self.user}"
@@ -187,16 +281,28 @@ def entry_point() -> list[str]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", metavar="DIR", help="the checkpoint folder the service serves (set as `model` in "
+                   "the settings file; the service user must be able to read it, e.g. /var/lib/pegainfer/models/NAME)")
+    p.add_argument("--device", type=device_arg, metavar="{cpu,cuda,cuda:N}",
+                   help="set as `device` in the settings file")
+    p.add_argument("--config", metavar="FILE.toml", help="install this settings file (checked as `serve --config` "
+                   "would) instead of the commented example")
+    p.add_argument("--allow-tiny-model", action="store_true", help="install a service that serves the embedded "
+                   "tiny random model (a smoke test); refused otherwise")
+    p.add_argument("--no-private-tmp", dest="private_tmp", action="store_false", help="write PrivateTmp=no into "
+                   "the unit, for a pegainfer or model under /tmp (refused otherwise: PrivateTmp=yes hides /tmp)")
     p.add_argument("--prefix", default="/", help="install under this root instead of / (default /)")
     p.add_argument("--user", default="pegainfer", help="service account, created if missing (default pegainfer)")
     p.add_argument("--dry-run", action="store_true", help="say what would change, change nothing")
 
 
 def run_install_service(args: argparse.Namespace) -> int:
-    installer = Installer(Path(args.prefix), args.user, args.dry_run, entry_point())
+    model = str(Path(args.model).absolute()) if args.model else None
+    installer = Installer(Path(args.prefix), args.user, args.dry_run, entry_point(), model=model, device=args.device,
+                          config=args.config, allow_tiny_model=args.allow_tiny_model, private_tmp=args.private_tmp)
     try:
         installer.run()
-    except (InstallError, OSError) as e:
+    except (InstallError, MissingData, OSError) as e:
         print(f"pegainfer: error: {e}", file=sys.stderr)
         return 1
     if installer.changed == 0:

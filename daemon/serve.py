@@ -22,11 +22,11 @@ from pegainfer.daemon.connections import ConnectionGuard, apply_budget
 from pegainfer.daemon.http_protocol import protocol_factory
 from pegainfer.daemon.notify import Notifier
 from pegainfer.daemon.runtime import Runtime
-from pegainfer.daemon.settings import resolve
+from pegainfer.daemon.settings import resolve_sourced
+from pegainfer.daemon.startup_check import check_startup
 from pegainfer.daemon.stats_log import log_stats
 from pegainfer.daemon.telemetry_setup import telemetry_for
 from pegainfer.engine.startup_log import log_event
-from pegainfer.ep.preflight import preflight
 
 log = logging.getLogger("pegainfer.daemon")
 
@@ -96,10 +96,10 @@ async def serve_runtime(runtime: Runtime) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> NoReturn:
-    settings = resolve(args)
-    # Refuse what cannot start (nccl without a GPU per rank, a test-only transport) before the port
-    # is bound or anything loads: one line on stderr (daemon.cli), exit status 1.
-    preflight(settings.backend, settings.device, settings.ep_size, remote_ranks=settings.ep_master_addr is not None)
+    settings, sources = resolve_sourced(args)
+    # Refuse what cannot start (a missing model folder, no CUDA, nccl without a GPU per rank, a
+    # test-only transport) before the port is bound or anything loads: one line (daemon.cli), exit 2.
+    check_startup(settings, sources)
     logging.getLogger().setLevel(settings.log_level.upper())
     try:
         import uvloop

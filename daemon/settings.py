@@ -1,35 +1,50 @@
 """Daemon settings: one dataclass, filled from defaults, then PEGAINFER_* environment variables, then
 the TOML file (--config), then command-line flags (highest precedence). The flags, the TOML keys
-and the environment names are all derived from the field names, so they cannot drift apart."""
+and the environment names are all derived from the field names, so they cannot drift apart; every
+source is checked by the same code once they are merged, and a bad value is named by where it came
+from (a flag, an environment variable, or the file and key). What needs the host (the model folder,
+a CUDA device, the EP runtime) is checked by daemon.startup_check."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import os
+import re
 import tomllib
 import typing
 from pathlib import Path
 from typing import Any
 
+from pegainfer.engine.default_model import preset_names
+from pegainfer.ep.registry import REGISTRY, user_backends
+
 ENV_PREFIX = "PEGAINFER_"
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+DTYPES = ("float32", "bfloat16")
+DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 
 class SettingsError(ValueError):
     pass
 
 
-def _f(default: Any, help: str) -> Any:
-    return dataclasses.field(default=default, metadata={"help": help})
+def _f(default: Any, help: str, choices: tuple[str, ...] | None = None, metavar: str | None = None) -> Any:
+    """A setting: its default, its help line, and how --help shows its value (the choices, if any;
+    _check_names refuses any other)."""
+    if choices and metavar is None:
+        metavar = "{" + ",".join(choices) + "}"
+    return dataclasses.field(default=default, metadata={"help": help, "metavar": metavar})
 
 
 @dataclasses.dataclass(slots=True)
 class Settings:
-    model: str | None = _f(None, "HF checkpoint folder (default: the embedded tiny model)")
-    random_preset: str | None = _f(None, "serve random weights of a preset (tiny|lite) instead of --model")
-    backend: str = _f("local", "EP backend: local, host-staged, nccl")
+    model: str | None = _f(None, "HF checkpoint folder (default: the embedded tiny model)", metavar="DIR")
+    random_preset: str | None = _f(None, "serve random weights of a preset (tiny|lite) instead of --model",
+                                   tuple(preset_names()))
+    backend: str = _f("local", "EP backend: local, host-staged, nccl", tuple(user_backends()))
     ep_size: int = _f(1, "expert-parallel ranks")
-    device: str = _f("cpu", "cpu or cuda[:N]")
-    dtype: str | None = _f(None, "float32 or bfloat16 (default: float32 on CPU, bfloat16 on CUDA)")
+    device: str = _f("cpu", "cpu or cuda[:N]", metavar="{cpu,cuda,cuda:N}")
+    dtype: str | None = _f(None, "float32 or bfloat16 (default: float32 on CPU, bfloat16 on CUDA)", DTYPES)
     host: str = _f("127.0.0.1", "listen address")
     port: int = _f(8000, "listen port")
     served_model_name: str | None = _f(None, "model id in the API (default: the model folder's name)")
@@ -73,7 +88,7 @@ class Settings:
     debug_traces: bool = _f(False, "serve recent spans at /debug/traces")
     debug_hooks: bool = _f(False, "enable /debug/stall and /debug/fail/{id} (fault-injection test hooks)")
     debug_load_delay: float = _f(0.0, "test hook: seconds to wait before loading (exercises the loading 503)")
-    log_level: str = _f("info", "log level")
+    log_level: str = _f("info", "log level", LOG_LEVELS)
     # ---- logs (issue 31): JSON lines; docs/metrics.md ----
     access_log: bool = _f(False, "log one JSON line per HTTP request (method, path, status, duration, request id) "
                                  "on the pegainfer.access logger")
@@ -105,30 +120,58 @@ def _coerce(name: str, raw: Any, source: str) -> Any:
         raise SettingsError(f"{source}: {name} must be {target.__name__}, got {raw!r}") from None
 
 
+def _help(f: dataclasses.Field) -> str:
+    """The flag's help: the setting's own line, and its default unless that line already says it."""
+    text = f.metadata["help"]
+    if "default" in text.lower() or f.default is None:
+        return text
+    shown = ("on" if f.default else "off") if isinstance(f.default, bool) else f.default
+    return f"{text} (default: {shown})"
+
+
 def add_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="TOML settings file (keys as below, with underscores)")
+    p.add_argument("--config", metavar="FILE.toml", help="TOML settings file (keys as below, with underscores)")
     for f in dataclasses.fields(Settings):
-        flag = "--" + f.name.replace("_", "-")
         if f.type in ("bool", bool):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=f.metadata["help"])
+            p.add_argument(flag(f.name), action=argparse.BooleanOptionalAction, default=None, help=_help(f))
         else:
-            p.add_argument(flag, default=None, help=f"{f.metadata['help']} (default: {f.default})")
+            p.add_argument(flag(f.name), default=None, metavar=f.metadata["metavar"], help=_help(f))
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def device_arg(text: str) -> str:
+    """argparse type of the --device flags that are not settings (generate, expert-worker, install-service)."""
+    if not DEVICE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device (one of cpu, cuda, cuda:N)")
+    return text
 
 
 def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:
+    return resolve_sourced(args, environ)[0]
+
+
+def resolve_sourced(args: argparse.Namespace, environ: dict[str, str] | None = None, *,
+                    config_text: str | None = None) -> tuple[Settings, dict[str, str]]:
+    """The settings, and for each one that was given, where: its flag, `environment NAME`, or
+    `FILE: key`. config_text: the settings file's text, read in place of the file args.config names
+    (install-service checks a file before it writes it)."""
     environ = os.environ if environ is None else environ
-    s = Settings()
+    s, where = Settings(), {}
     for name in Settings.field_names():
         key = ENV_PREFIX + name.upper()
         if key in environ:
             setattr(s, name, _coerce(name, environ[key], f"environment {key}"))
+            where[name] = f"environment {key}"
     if s.otlp_endpoint is None and environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         s.otlp_endpoint = environ["OTEL_EXPORTER_OTLP_ENDPOINT"]
     config = getattr(args, "config", None) or environ.get(ENV_PREFIX + "CONFIG")
     if config:
         path = Path(config)
         try:
-            table = tomllib.loads(path.read_text())
+            table = tomllib.loads(path.read_text() if config_text is None else config_text)
         except FileNotFoundError:
             raise SettingsError(f"{path}: settings file not found") from None
         except tomllib.TOMLDecodeError as e:
@@ -138,12 +181,15 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
             raise SettingsError(f"{path}: unknown setting {unknown[0]!r}")
         for name, value in table.items():
             setattr(s, name, _coerce(name, value, str(path)))
+            where[name] = f"{path}: {name}"
     for name in Settings.field_names():
         value = getattr(args, name, None)
         if value is not None:
-            setattr(s, name, _coerce(name, value, "--" + name.replace("_", "-")))
+            setattr(s, name, _coerce(name, value, flag(name)))
+            where[name] = flag(name)
     _validate(s)
-    return s
+    _check_names(s, where)
+    return s, where
 
 
 def _validate(s: Settings) -> None:
@@ -175,3 +221,19 @@ def _validate_logs(s: Settings) -> None:
     if not 0 <= s.log_stats_interval < float("inf"):
         raise SettingsError(f"log_stats_interval must be 0 (off) or a positive, finite number of seconds, "
                             f"got {s.log_stats_interval}")
+
+
+def _check_names(s: Settings, where: dict[str, str]) -> None:
+    """The settings that name one of a fixed set of things, each refused with the source it came from."""
+    def bad(name: str, what: str, known) -> SettingsError:
+        return SettingsError(f"{where.get(name, flag(name))}: {getattr(s, name)!r} is not {what} "
+                             f"(one of {', '.join(known)})")
+    if s.log_level.lower() not in LOG_LEVELS:
+        raise bad("log_level", "a log level", LOG_LEVELS)
+    s.log_level = s.log_level.lower()
+    if s.backend not in REGISTRY:
+        raise bad("backend", "an EP backend", user_backends())
+    if not DEVICE.fullmatch(s.device):
+        raise bad("device", "a device", ("cpu", "cuda", "cuda:N"))
+    if s.random_preset is not None and s.random_preset not in preset_names():
+        raise bad("random_preset", "a preset", preset_names())

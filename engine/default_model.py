@@ -34,6 +34,11 @@ def fingerprint(preset: str) -> str:
     return h.hexdigest()[:12]
 
 
+def preset_names() -> list[str]:
+    """The random-weight presets (`--random-preset`)."""
+    return list(PRESETS)
+
+
 def default_model_name() -> str:
     return f"{PRESET}-seed{SEED}-{fingerprint(PRESET)}"
 

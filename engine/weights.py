@@ -21,6 +21,15 @@ class WeightsError(ValueError):
     """A checkpoint's tensors do not match what its config describes."""
 
 
+def missing_files(model_dir: Path) -> list[str]:
+    """What a checkpoint folder needs and `model_dir` lacks: config.json, tokenizer.json, and the
+    weights (the shard index or one safetensors file); empty for a folder that looks like one."""
+    missing = [name for name in ("config.json", "tokenizer.json") if not (model_dir / name).is_file()]
+    if not (model_dir / INDEX_FILE).is_file() and not (model_dir / SINGLE_FILE).is_file():
+        missing.append(f"{INDEX_FILE} or {SINGLE_FILE}")
+    return missing
+
+
 def expert_tensor(layer: int, expert: int, proj: str) -> str:
     return f"model.layers.{layer}.mlp.experts.{expert}.{proj}.weight"
 

@@ -18,11 +18,22 @@ def _setuptools() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
 
 
+DATA_PACKAGES = ("systemd",)  # shipped files, no code (install-service reads them through importlib.resources)
+
+
 def test_every_package_folder_is_installed_under_pegainfer():
     tree = {"pegainfer." + ".".join(p.parent.relative_to(ROOT).parts)
-            for pkg in L.PACKAGES for p in (ROOT / pkg).rglob("__init__.py")}
+            for pkg in (*L.PACKAGES, *DATA_PACKAGES) for p in (ROOT / pkg).rglob("__init__.py")}
     assert set(_setuptools()["packages"]) == tree
-    assert _setuptools()["package-dir"] == {f"pegainfer.{pkg}": pkg for pkg in L.PACKAGES}
+    assert _setuptools()["package-dir"] == {f"pegainfer.{pkg}": pkg for pkg in (*L.PACKAGES, *DATA_PACKAGES)}
+
+
+def test_the_systemd_files_are_package_data_and_the_licence_is_named():
+    shipped = set(_setuptools()["package-data"]["pegainfer.systemd"])
+    assert shipped == {p.name for p in (ROOT / "systemd").iterdir() if p.suffix in (".service", ".toml", ".env")}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert (project["license"], project["license-files"]) == ("Apache-2.0", ["LICENSE"])
+    assert (ROOT / "LICENSE").read_text().split()[:4] == ["Apache", "License", "Version", "2.0,"]
 
 
 def test_the_console_script_runs_the_packaged_cli():

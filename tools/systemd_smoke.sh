@@ -111,20 +111,20 @@ pid1() {
       mount --bind "$w/home-python" "$prefix"
       protect_home="ProtectHome=read-only" ;;
   esac
-  "$PEGAINFER" install-service >"$w/install.log" 2>&1
+  # The smoke serves the embedded tiny model, which install-service refuses unless told. A checkout under
+  # /tmp (CI clones can live there) needs PrivateTmp=no, or the service could not see the venv and the
+  # editable source; a real install lives elsewhere (README).
+  local flags=(--allow-tiny-model)
+  case "$(readlink -f "$PEGAINFER") $REPO" in
+    /tmp/*|/var/tmp/*|*" /tmp/"*|*" /var/tmp/"*) flags+=(--no-private-tmp) ;;
+  esac
+  "$PEGAINFER" install-service "${flags[@]}" >"$w/install.log" 2>&1
   if [ -f "$w/pegainfer.env.extra" ]; then cat "$w/pegainfer.env.extra" >>/etc/pegainfer/pegainfer.env; fi
   mkdir -p /etc/systemd/system/pegainfer.service.d
   if [ -n "$protect_home" ]; then
     printf '# smoke: this host'"'"'s Python is under %s\n[Service]\n%s\n' "$python" "$protect_home" \
       >/etc/systemd/system/pegainfer.service.d/home-python.conf
   fi
-  case $(readlink -f "$PEGAINFER") in
-    /tmp/*|/var/tmp/*)
-      # A checkout under /tmp (CI clones can live there): the unit's PrivateTmp=yes would hide the venv
-      # and the editable source from the service. A real install lives elsewhere (README).
-      printf '# smoke: the checkout is under a tmp folder\n[Service]\nPrivateTmp=no\n' \
-        >/etc/systemd/system/pegainfer.service.d/tmp-checkout.conf ;;
-  esac
   if [ -f "$w/smoke.conf" ]; then cp "$w/smoke.conf" /etc/systemd/system/pegainfer.service.d/; fi
   echo "$hostpid" >"$w/pid"
   export container=pegainfer-smoke

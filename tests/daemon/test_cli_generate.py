@@ -118,7 +118,7 @@ def test_nccl_without_a_gpu_per_rank_exits_with_one_line_naming_host_staged(extr
     """On a machine without GPUs, --backend nccl is refused before anything loads: exactly one line on
     stderr (no start-up log, no traceback) that names the problem and the way out."""
     p = run("--backend", "nccl", *extra, "--prompt-ids", "5,6", "--max-tokens", "2")
-    assert p.returncode == 1 and p.stdout == ""
+    assert p.returncode == 2 and p.stdout == ""  # refused before anything loads: a usage error
     [line] = p.stderr.strip().splitlines()
     assert line.startswith("pegainfer: error: --backend nccl needs one CUDA GPU per rank"), line
     assert "--backend host-staged" in line
@@ -126,6 +126,6 @@ def test_nccl_without_a_gpu_per_rank_exits_with_one_line_naming_host_staged(extr
 
 def test_the_test_only_transport_is_refused():
     p = run("--backend", "nccl-over-gloo-test", "--ep-size", "2", "--prompt-ids", "5,6", "--max-tokens", "2")
-    assert p.returncode == 1
+    assert p.returncode == 2
     [line] = p.stderr.strip().splitlines()
     assert "--backend nccl-over-gloo-test is test-only" in line and "host-staged" in line

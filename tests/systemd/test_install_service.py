@@ -1,6 +1,8 @@
 """`pegainfer install-service --prefix`: the real command, into a temporary root. It writes the unit
-(ExecStart = this pegainfer), the config and env file, creates the account with the real useradd when
-the root has an /etc/passwd, never overwrites a config, and a second run changes nothing."""
+(ExecStart = this pegainfer), the config (with --model and --device set in it) and env file, creates
+the account with the real useradd when the root has an /etc/passwd, never overwrites a config (and
+refuses one that contradicts what was asked), and a second run changes nothing. The refusals run as
+processes in test_install_refusals.py; an install from a wheel in test_package_data.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,17 +11,39 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from pegainfer.daemon.cli import build_parser, main
-from pegainfer.daemon.settings import resolve
+from pegainfer.daemon.install_service import HIDDEN_BY_PRIVATE_TMP, Installer, entry_point
+from pegainfer.daemon.service_config import service_settings
+from pegainfer.daemon.settings import Settings, resolve
 from tests.daemon_process import ROOT
 
 UNIT = "etc/systemd/system/pegainfer.service"
 CONFIG = "etc/pegainfer/pegainfer.toml"
 ENV = "etc/pegainfer/pegainfer.env"
+MODEL = "/var/lib/pegainfer/models/tiny"  # as the service sees it; under the prefix in these tests
+
+
+def where_flags() -> list[str]:
+    """--no-private-tmp where this checkout or its Python lives under /tmp (a CI clone may): there
+    install-service refuses, rightly, to write a unit whose PrivateTmp=yes would hide it."""
+    paths = Installer(Path("/"), "pegainfer", True, entry_point()).program_paths()
+    return ["--no-private-tmp"] if any((p + "/").startswith(HIDDEN_BY_PRIVATE_TMP) for p in paths) else []
+
+
+@pytest.fixture
+def model_under(tiny_model_dir):
+    """model_under(prefix): the tiny checkpoint at prefix/MODEL; returns MODEL."""
+    def put(prefix: Path) -> str:
+        link = prefix / MODEL.lstrip("/")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(tiny_model_dir)
+        return MODEL
+    return put
 
 
 @dataclasses.dataclass
@@ -28,11 +52,13 @@ class Run:
     stderr: str
 
 
-def install(prefix: Path, *extra: str, capsys) -> Run:
-    """In-process `pegainfer install-service` (the same main() the console script calls)."""
-    code = main(["install-service", "--prefix", str(prefix), *extra])
+def install(prefix: Path, *extra: str, capsys, code: int = 0) -> Run:
+    """In-process `pegainfer install-service` (the same main() the console script calls); without
+    --model it serves the embedded tiny model, which needs --allow-tiny-model."""
+    flags = [*extra, *where_flags()] if "--model" in extra else [*extra, "--allow-tiny-model", *where_flags()]
+    got = main(["install-service", "--prefix", str(prefix), *flags])
     out, err = capsys.readouterr()
-    assert code == 0, out + err
+    assert got == code, out + err
     return Run(out, err)
 
 
@@ -43,8 +69,8 @@ def snapshot(prefix: Path) -> dict[str, tuple[bytes, int, int]]:
 
 def test_installs_unit_config_and_env_then_changes_nothing(tmp_path, capsys):
     script = Path(sys.executable).parent / "pegainfer"  # the console script, as a user runs it
-    first = subprocess.run([str(script), "install-service", "--prefix", str(tmp_path)],
-                           check=False, capture_output=True, text=True, timeout=60)
+    first = subprocess.run([str(script), "install-service", "--prefix", str(tmp_path), "--allow-tiny-model",
+                            *where_flags()], check=False, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0, first.stdout + first.stderr
     assert {UNIT, CONFIG, ENV} == set(snapshot(tmp_path))
     unit = (tmp_path / UNIT).read_text()
@@ -56,6 +82,8 @@ def test_installs_unit_config_and_env_then_changes_nothing(tmp_path, capsys):
     assert (tmp_path / CONFIG).read_text() == (ROOT / "systemd/pegainfer.toml").read_text()
     assert (tmp_path / ENV).stat().st_mode & 0o777 == 0o640  # may hold the API key
     assert "skipped user pegainfer" in first.stdout  # no etc/passwd under this root: accounts untouched
+    assert "the service will serve the embedded tiny model" in first.stdout
+    assert "warning: the service will serve the embedded tiny model" in first.stderr  # --allow-tiny-model
 
     before = snapshot(tmp_path)
     second = install(tmp_path, capsys=capsys)
@@ -104,9 +132,48 @@ def test_creates_the_account_once_with_useradd(tmp_path, capsys):
 
 
 def test_rejects_a_bad_account_name(tmp_path, capsys):
-    assert main(["install-service", "--prefix", str(tmp_path), "--user", "Bad Name"]) == 1
-    assert "not a valid account name" in capsys.readouterr().err
+    assert "not a valid account name" in install(tmp_path, "--user", "Bad Name", capsys=capsys, code=2).stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_model_and_device_are_written_into_the_config(tmp_path, capsys, model_under):
+    model = model_under(tmp_path)
+    out = install(tmp_path, "--model", model, "--device", "cuda:0", capsys=capsys).stdout
+    assert f"the service will serve {model} on cuda:0" in out
+    config = (tmp_path / CONFIG).read_text()
+    assert f'model = "{model}"' in config.splitlines() and 'device = "cuda:0"' in config.splitlines()
+    # The settings the daemon resolves under the installed unit, env file and config:
+    settings, where = service_settings((tmp_path / UNIT).read_text(), (tmp_path / ENV).read_text(), config)
+    assert (settings.model, settings.device) == (model, "cuda:0")
+    assert where["model"] == "/etc/pegainfer/pegainfer.toml: model"
+    changed = {k for k in Settings.field_names() if getattr(settings, k) != getattr(Settings(), k)}
+    assert changed == {"model", "device", "trace_file"}  # trace_file: the unit's Environment=
+
+    before = snapshot(tmp_path)
+    assert "nothing to change" in install(tmp_path, "--model", model, "--device", "cuda:0", capsys=capsys).stdout
+    assert "nothing to change" in install(tmp_path, "--model", model, capsys=capsys).stdout  # the config says cuda:0
+    err = install(tmp_path, "--model", model, "--device", "cpu", capsys=capsys, code=2).stderr
+    assert err.count("\n") == 1 and "device = 'cuda:0', not device = 'cpu'" in err, err
+    assert snapshot(tmp_path) == before  # a contradicting install changes nothing
+
+
+def test_a_settings_file_is_installed_with_the_model_set_in_it(tmp_path, capsys, model_under):
+    model = model_under(tmp_path)
+    mine = tmp_path / "mine.toml"
+    mine.write_text('# my settings\nport = 9000\nmax_active = 4\nmodel = "/elsewhere"\n')
+    install(tmp_path, "--config", str(mine), "--model", model, capsys=capsys)
+    installed = (tmp_path / CONFIG).read_text()
+    assert installed.startswith("# my settings\n")
+    assert tomllib.loads(installed) == {"port": 9000, "max_active": 4, "model": model}
+
+
+def test_a_settings_file_the_daemon_would_refuse_is_refused(tmp_path, capsys, model_under):
+    model = model_under(tmp_path)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('log_level = "verbose"\n')
+    err = install(tmp_path, "--config", str(bad), "--model", model, capsys=capsys, code=2).stderr
+    assert err.startswith(f"pegainfer: error: {bad}: log_level: 'verbose' is not a log level"), err
+    assert not (tmp_path / "etc").exists()
 
 
 def test_the_installed_service_runs_without_debug_hooks(tmp_path, capsys):

@@ -7,7 +7,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 dir=${1:-/tmp/pegainfer-dev}
 mkdir -p "$dir/pegainfer"
-for pkg in daemon engine ep lifecycle telemetry; do
+for pkg in daemon engine ep lifecycle telemetry systemd; do  # systemd: data only (install-service)
   ln -sfn "$root/$pkg" "$dir/pegainfer/$pkg"
 done
 echo "$dir"

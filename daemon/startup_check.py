@@ -1,0 +1,53 @@
+"""What `pegainfer serve` and `generate` check on this host before the port is bound or anything
+loads: that --model is a checkpoint folder whose config.json pegainfer can run, that the CUDA device
+asked for is there, and that the EP backend can run here (ep.preflight). A failure is one line that
+names the setting and where it came from; the CLI exits 2 (a usage error: restarting will not fix
+it, and the systemd unit's RestartPreventExitStatus=2 does not retry it)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from pegainfer.daemon.settings import Settings, SettingsError, flag
+from pegainfer.engine.config import ConfigError, ModelConfig
+from pegainfer.engine.weights import missing_files
+from pegainfer.ep.preflight import preflight
+
+
+def check_model_dir(path: str, source: str = "--model") -> None:
+    """`path` is a folder with a checkpoint's files and a config.json that describes a model we run."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise SettingsError(f"{source}: {folder} is not a folder" if folder.exists()
+                            else f"{source}: {folder} does not exist")
+    missing = missing_files(folder)
+    if missing:
+        raise SettingsError(f"{source}: {folder} is not a model folder: it has no {', no '.join(missing)} "
+                            f"(a Hugging Face checkpoint folder, e.g. a local copy of DeepSeek-V2-Lite)")
+    try:
+        ModelConfig.load(folder)
+    except ConfigError as e:
+        raise SettingsError(f"{source}: {e}") from None
+
+
+def check_device(device: str, source: str = "--device") -> None:
+    """A CUDA device (cuda, cuda:N) is one this process can see."""
+    if not device.startswith("cuda"):
+        return
+    if not torch.cuda.is_available():
+        why = (f"this torch ({torch.__version__}) is built without CUDA" if torch.version.cuda is None
+               else "no CUDA GPU is visible (driver, CUDA_VISIBLE_DEVICES)")
+        raise SettingsError(f"{source}: {device} is not available: {why}; use --device cpu")
+    index, count = torch.device(device).index or 0, torch.cuda.device_count()
+    if index >= count:
+        raise SettingsError(f"{source}: {device} is not available: {count} CUDA GPU(s) visible")
+
+
+def check_startup(s: Settings, where: dict[str, str]) -> None:
+    """Everything about `s` that needs this host, before the port is bound (daemon.serve)."""
+    # A test-only backend, nccl without a GPU per rank: its own message, which names the way out.
+    preflight(s.backend, s.device, s.ep_size, remote_ranks=s.ep_master_addr is not None)
+    check_device(s.device, where.get("device", flag("device")))
+    if s.model is not None:
+        check_model_dir(s.model, where.get("model", flag("model")))
