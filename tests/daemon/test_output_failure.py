@@ -15,7 +15,8 @@ import pytest
 from starlette.requests import Request as HTTPRequest
 
 from pegainfer.daemon.choices import Choices
-from pegainfer.daemon.completions import _complete, _stream
+from pegainfer.daemon import output
+from pegainfer.daemon.output import Part, Reply
 from pegainfer.daemon.protocol import parse_completion
 from pegainfer.engine.default_model import ensure_preset_tokenizer
 from pegainfer.engine.contract import FinishReason, Token
@@ -79,7 +80,7 @@ async def test_a_stream_whose_output_cannot_render_fails_alone(tok, caplog):
     caplog.set_level(logging.INFO)
     stream = {"stream": True, "max_tokens": 6}
     rt, engine, live = setup(tok, {"victim": {"prompt": [5, 6, 7], **stream}, "neighbour": {"prompt": "hi", **stream}})
-    readers = {rid: asyncio.create_task(read_all(_stream(rt, request, choices, 0, False)))
+    readers = {rid: asyncio.create_task(read_all(output.stream(rt, Reply(rid, 0, "tiny", [Part(request, choices)]))))
                for rid, (request, choices) in live.items()}
     for step in ([40], [41], [SENTINEL], [42], [43], [44]):  # the victim's third token cannot be decoded
         if live["victim"][0].state is not RequestState.FAILED:
@@ -112,7 +113,7 @@ async def test_a_non_streamed_request_whose_output_cannot_render_gets_a_json_err
         await asyncio.Event().wait()
 
     http = HTTPRequest({"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}, receive)
-    answer = asyncio.create_task(_complete(http, rt, request, choices, 0))
+    answer = asyncio.create_task(output.complete(http, rt, Reply("victim", 0, "tiny", [Part(request, choices)])))
     feed(rt, "victim", [40, SENTINEL], finish=False)  # still running when its output fails
     response = await answer
     assert response.status_code == 500
