@@ -135,7 +135,7 @@ async def _parse(http: HTTPRequest, rt: Runtime, shape: Shape) -> CompletionRequ
 def _check_prompts(rt: Runtime, req: CompletionRequest, shape: Shape) -> None:
     """What the prompts' number and length alone show, before any is tokenised."""
     count = len(req.prompts)
-    snap = rt.scheduler.snapshot()
+    snap = rt.scheduler.snapshot() if count > 1 else {"max_active": 1, "max_pending": 0}
     room = int(snap["max_active"]) + int(snap["max_pending"])
     if count > room:
         raise protocol.bad_request(f"'prompt' holds {count} prompts, each of which runs as a request; this server "
@@ -178,9 +178,8 @@ async def _run(http: HTTPRequest, rt: Runtime, req: CompletionRequest, shape: Sh
         found = _context_problem(rt, ids, part, shape)
         if found is None and part.max_tokens is None:  # chat without a limit: the rest of the context
             part.max_tokens = rt.engine.max_model_len - len(ids)
-        max_tokens = part.max_tokens if part.max_tokens is not None else 1
-        request = Request(dataclasses.replace(part, max_tokens=max_tokens).admit(eid, ids), rt.model_name,
-                          TokenSink(s.sink_max_buffered), owner=owner)
+        admitted = part if part.max_tokens is not None else dataclasses.replace(part, max_tokens=1)  # refused anyway
+        request = Request(admitted.admit(eid, ids), rt.model_name, TokenSink(s.sink_max_buffered), owner=owner)
         rt.telemetry.on_request_start(eid, part, http.headers)
         parts.append(part)
         requests.append(request)

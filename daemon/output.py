@@ -116,46 +116,36 @@ async def _items(parts: list[Part]) -> AsyncIterator[tuple[Part, SinkItem]]:
 async def stream(rt, out: Reply) -> AsyncIterator[bytes]:
     """The response's SSE events. What one wake-up releases goes out as one piece (a finished
     request's last chunk, usage and [DONE] together), so that each read costs one ASGI send."""
-    rid, model, shape = out.rid, out.model, out.shape
-    encode = shape.encoder(rid, out.created, model, out.parts[0].choices.logprobs)
-    left = len(out.parts)
+    write = _Writer(rt, out)
     try:
-        opening = shape.opening(rid, out.created, model, sum(p.choices.n for p in out.parts))
+        opening = out.shape.opening(out.rid, out.created, out.model, sum(p.choices.n for p in out.parts))
         if opening:
             yield opening
-        async for part, item in _items(out.parts):
-            try:
-                deltas = _advance(rt, part, item)
-                end, base = item.end, part.offset
-                if end is None:
-                    if len(deltas) == 1:  # the common case: one choice moved
+        if len(out.parts) == 1:  # the common case: no merging generator, no offsets, the token path inline
+            part, encode = out.parts[0], write.encode
+            async for item in part.request.sink:
+                if item.end is not None:
+                    yield write(part, item)
+                    return
+                try:
+                    deltas = _advance(rt, part, item)
+                    if len(deltas) == 1:  # one choice moved
                         index, d = deltas[0]
-                        chunk = encode(base + index, d)
+                        chunk = encode(index, d)
                     elif deltas:
-                        chunk = b"".join([encode(base + index, d) for index, d in deltas])
+                        chunk = b"".join([encode(index, d) for index, d in deltas])
                     else:
                         continue
-                    yield chunk
-                    continue
-                if end.state is RequestState.FINISHED:
-                    deltas += part.choices.finish(end.finish_reason.value)
-                events = [encode(base + index, d) for index, d in deltas]
-                left -= 1
-                if end.state is not RequestState.FINISHED:
-                    _cancel_siblings(rt, out, part)
-                    events.append(_data(end_error(part.request.request_id, end).body()))
-                elif left == 0 and out.include_usage:
-                    events.append(_data(shape.usage_chunk(rid, out.created, model, out.usage())))
-                if end.state is not RequestState.FINISHED or left == 0:
-                    events.append(DONE)
-                    yield b"".join(events)
+                except Exception as e:  # noqa: BLE001 - this request's own output failed: it alone ends
+                    yield write.failed(part, e)
                     return
-                yield b"".join(events)
-            except Exception as e:  # noqa: BLE001 - this request's own output failed: it alone ends
-                error = output_failed(rt, part.request, e)
-                _cancel_siblings(rt, out, part)
-                yield _data(error.body()) + DONE
-                return
+                yield chunk
+        else:
+            async for part, item in _items(out.parts):
+                if (chunk := write(part, item)) is not None:
+                    yield chunk
+                    if write.done:
+                        return
     finally:
         # the client went away mid-stream (daemon.sse cancels this generator) or we are exiting
         if rt.scheduler is not None:
@@ -164,6 +154,52 @@ async def stream(rt, out: Reply) -> AsyncIterator[bytes]:
                     rt.scheduler.disconnect(part.request.request_id)
         if out.on_end is not None:
             out.on_end()
+
+
+class _Writer:
+    """One streamed response's bytes for each read of a part's sink; `done` once the response has
+    written [DONE]."""
+
+    __slots__ = ("rt", "out", "encode", "left", "done")
+
+    def __init__(self, rt, out: Reply) -> None:
+        self.rt, self.out = rt, out
+        self.encode = out.shape.encoder(out.rid, out.created, out.model, out.parts[0].choices.logprobs)
+        self.left = len(out.parts)  # parts not ended yet
+        self.done = False
+
+    def __call__(self, part: Part, item: SinkItem) -> bytes | None:
+        rt, out, encode = self.rt, self.out, self.encode
+        try:
+            deltas = _advance(rt, part, item)
+            end, base = item.end, part.offset
+            if end is None:
+                if len(deltas) == 1:  # the common case: one choice moved
+                    index, d = deltas[0]
+                    return encode(base + index, d)
+                return b"".join([encode(base + index, d) for index, d in deltas]) if deltas else None
+            if end.state is RequestState.FINISHED:
+                deltas += part.choices.finish(end.finish_reason.value)
+            events = [encode(base + index, d) for index, d in deltas]
+            self.left -= 1
+            if end.state is not RequestState.FINISHED:
+                _cancel_siblings(rt, out, part)
+                events.append(_data(end_error(part.request.request_id, end).body()))
+            elif self.left == 0 and out.include_usage:
+                events.append(_data(out.shape.usage_chunk(out.rid, out.created, out.model, out.usage())))
+            if end.state is not RequestState.FINISHED or self.left == 0:
+                events.append(DONE)
+                self.done = True
+            return b"".join(events)
+        except Exception as e:  # noqa: BLE001 - this request's own output failed: it alone ends
+            return self.failed(part, e)
+
+    def failed(self, part: Part, e: Exception) -> bytes:
+        """Rendering `part`'s output raised: it fails, its siblings are cancelled, the response ends."""
+        error = output_failed(self.rt, part.request, e)
+        _cancel_siblings(self.rt, self.out, part)
+        self.done = True
+        return _data(error.body()) + DONE
 
 
 def _data(obj: dict) -> bytes:

@@ -82,6 +82,8 @@ class CompletionRequest:
 
     def part(self, prompt: Prompt) -> CompletionRequest:
         """This request for one of its prompts (a list of prompts runs one engine request each)."""
+        if len(self.prompts) == 1 and self.prompts[0] is prompt:
+            return self  # already the one prompt's request
         text, ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
         return dataclasses.replace(self, prompt=text, prompt_ids=ids, prompts=[prompt])
 
