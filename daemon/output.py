@@ -13,6 +13,7 @@ chunk and then [DONE]."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable
 
@@ -141,11 +142,12 @@ async def stream(rt, out: Reply) -> AsyncIterator[bytes]:
                     return
                 yield chunk
         else:
-            async for part, item in _items(out.parts):
-                if (chunk := write(part, item)) is not None:
-                    yield chunk
-                    if write.done:
-                        return
+            async with contextlib.aclosing(_items(out.parts)) as items:  # its pending reads end with it
+                async for part, item in items:
+                    if (chunk := write(part, item)) is not None:
+                        yield chunk
+                        if write.done:
+                            return
     finally:
         # the client went away mid-stream (daemon.sse cancels this generator) or we are exiting
         if rt.scheduler is not None:
@@ -238,15 +240,16 @@ async def _collect(rt, out: Reply) -> APIError | None:
     """Read every part to its end; the error to answer with when one of them did not finish."""
     part = out.parts[0]
     try:
-        async for part, item in _items(out.parts):
-            _advance(rt, part, item)
-            end = item.end
-            if end is None:
-                continue
-            if end.state is not RequestState.FINISHED:
-                _cancel_siblings(rt, out, part)
-                return end_error(part.request.request_id, end)
-            part.choices.finish(end.finish_reason.value)
+        async with contextlib.aclosing(_items(out.parts)) as items:  # its pending reads end with it
+            async for part, item in items:
+                _advance(rt, part, item)
+                end = item.end
+                if end is None:
+                    continue
+                if end.state is not RequestState.FINISHED:
+                    _cancel_siblings(rt, out, part)
+                    return end_error(part.request.request_id, end)
+                part.choices.finish(end.finish_reason.value)
     except Exception as e:  # noqa: BLE001 - this request's own output failed: it alone ends
         error = output_failed(rt, part.request, e)
         _cancel_siblings(rt, out, part)

@@ -120,3 +120,32 @@ async def test_a_non_streamed_request_whose_output_cannot_render_gets_a_json_err
     assert json.loads(response.body)["error"]["code"] == "request_failed"
     assert request.state is RequestState.FAILED and engine.cancelled == ["victim"]
     assert not any(r.exc_info for r in caplog.records)
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+async def test_a_failing_prompt_of_a_list_ends_its_siblings_and_the_response(tok, streamed):
+    """A request of two prompts whose first prompt's output cannot render: the response ends with
+    the error, and the other prompt is cancelled (the engine drops it) rather than left running."""
+    rt, engine, live = setup(tok, {"r-0": {"prompt": [5, 6], "max_tokens": 8, "stream": streamed},
+                                   "r-1": {"prompt": [7, 8], "max_tokens": 8, "stream": streamed}})
+    parts = [Part(*live["r-0"], 0), Part(*live["r-1"], 1)]
+    reply = Reply("r", 0, "tiny", parts)
+
+    async def receive():
+        await asyncio.Event().wait()
+
+    http = HTTPRequest({"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}, receive)
+    answer = asyncio.create_task(read_all(output.stream(rt, reply)) if streamed else output.complete(http, rt, reply))
+    feed(rt, "r-1", [40], finish=False)
+    for _ in range(10):  # the response reads the sibling's token before the faulty one comes
+        await asyncio.sleep(0)
+    feed(rt, "r-0", [SENTINEL], finish=False)
+    result = await answer
+    if streamed:
+        events = sse(result)
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "request_failed"
+        assert [c["choices"][0]["index"] for c in events[:-2]] == [1]  # the sibling's first token went out
+    else:
+        assert result.status_code == 500 and json.loads(result.body)["error"]["code"] == "request_failed"
+    assert live["r-0"][0].state is RequestState.FAILED and live["r-1"][0].state is RequestState.CANCELLED
+    assert sorted(engine.cancelled) == ["r-0", "r-1"]
