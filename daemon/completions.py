@@ -183,10 +183,11 @@ async def _run(http: HTTPRequest, rt: Runtime, req: CompletionRequest, shape: Sh
         rt.telemetry.on_request_start(eid, part, http.headers)
         parts.append(part)
         requests.append(request)
-        if found is not None and problem is None:
+        if found is not None:  # the whole request is refused: the prompts after this one are not read
             problem = found
             if len(req.prompts) > 1:
                 problem.message = f"prompt {i}: {problem.message}"
+            break
     rt.request_ids.bind(rid, requests)
     if problem is not None:
         for request in requests:

@@ -192,7 +192,7 @@ class _Writer:
             if end.state is not RequestState.FINISHED or self.left == 0:
                 events.append(DONE)
                 self.done = True
-            return b"".join(events)
+            return b"".join(events) or None  # a part that ended with nothing left to say, others running
         except Exception as e:  # noqa: BLE001 - this request's own output failed: it alone ends
             return self.failed(part, e)
 

@@ -150,3 +150,16 @@ def test_unknown_fields_are_accepted_and_each_name_logged_once(daemon, caplog):
     assert r.status_code == 200
     chat_lines = [r.getMessage() for r in caplog.records if "/v1/chat/completions" in r.getMessage()]
     assert len(chat_lines) == 2 and any("'echo'" in line for line in chat_lines)  # echo is a completions field
+
+
+def test_a_client_that_leaves_a_list_of_prompts_ends_them_all(daemon):
+    with daemon.client.stream("POST", "/v1/completions", json={"prompt": PROMPTS[:2], "max_tokens": 100, "stream": True,
+                                                               "ignore_eos": True}) as r:
+        rid = r.headers["x-request-id"]
+        live = daemon.rt.request_ids.requests(rid)
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ") and not any(q.is_terminal for q in live)
+    # the client closed the stream after one chunk
+    assert [q.state.name for q in live] == ["DISCONNECTED", "DISCONNECTED"]
+    assert daemon.rt.request_ids.requests(rid) is None
+    assert daemon.ready()["scheduler"]["running"] == 0
