@@ -25,6 +25,7 @@ from pegainfer.daemon import protocol
 from pegainfer.daemon.choices import Choices
 from pegainfer.daemon.protocol import APIError
 from pegainfer.daemon.request_end import end_error
+from pegainfer.daemon.runtime import Runtime
 from pegainfer.daemon.shapes import COMPLETION, Shape
 from pegainfer.engine.startup_log import log_event
 from pegainfer.lifecycle.request import Request
@@ -66,7 +67,7 @@ def error_response(e: APIError, request_id: str | None = None) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=headers or None)
 
 
-def output_failed(rt, request: Request, e: Exception) -> APIError:
+def output_failed(rt: Runtime, request: Request, e: Exception) -> APIError:
     """Rendering one request's output raised (detokenising, a stop string, log-probs): that request
     fails alone (the engine drops it), the log gets one structured line without a traceback, and
     the client a stable message: the details stay in the log."""
@@ -77,7 +78,7 @@ def output_failed(rt, request: Request, e: Exception) -> APIError:
                     "server_error", None, "request_failed")
 
 
-def _advance(rt, part: Part, item: SinkItem) -> list:
+def _advance(rt: Runtime, part: Part, item: SinkItem) -> list:
     """Render what one read of a sink brought; choices that hit a stop string are finished through
     the scheduler (which tells the engine)."""
     deltas, stopped = part.choices.feed(item.tokens, item.prompt)
@@ -86,7 +87,7 @@ def _advance(rt, part: Part, item: SinkItem) -> list:
     return deltas
 
 
-def _cancel_siblings(rt, out: Reply, part: Part) -> None:
+def _cancel_siblings(rt: Runtime, out: Reply, part: Part) -> None:
     for other in out.parts:
         if other is not part and not other.request.is_terminal:
             rt.scheduler.cancel(other.request.request_id, SIBLING_ENDED)
@@ -114,7 +115,7 @@ async def _items(parts: list[Part]) -> AsyncIterator[tuple[Part, SinkItem]]:
             read.cancel()
 
 
-async def stream(rt, out: Reply) -> AsyncIterator[bytes]:
+async def stream(rt: Runtime, out: Reply) -> AsyncIterator[bytes]:
     """The response's SSE events. What one wake-up releases goes out as one piece (a finished
     request's last chunk, usage and [DONE] together), so that each read costs one ASGI send."""
     write = _Writer(rt, out)
@@ -164,7 +165,7 @@ class _Writer:
 
     __slots__ = ("rt", "out", "encode", "left", "done")
 
-    def __init__(self, rt, out: Reply) -> None:
+    def __init__(self, rt: Runtime, out: Reply) -> None:
         self.rt, self.out = rt, out
         self.encode = out.shape.encoder(out.rid, out.created, out.model, out.parts[0].choices.logprobs)
         self.left = len(out.parts)  # parts not ended yet
@@ -209,7 +210,7 @@ def _data(obj: dict) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-async def complete(http: HTTPRequest, rt, out: Reply) -> Response:
+async def complete(http: HTTPRequest, rt: Runtime, out: Reply) -> Response:
     """Non-streaming: wait for every part's end, watching for the client going away meanwhile."""
     watcher = asyncio.create_task(_wait_disconnect(http))
     collect = asyncio.create_task(_collect(rt, out))
@@ -236,7 +237,7 @@ async def complete(http: HTTPRequest, rt, out: Reply) -> Response:
             out.on_end()
 
 
-async def _collect(rt, out: Reply) -> APIError | None:
+async def _collect(rt: Runtime, out: Reply) -> APIError | None:
     """Read every part to its end; the error to answer with when one of them did not finish."""
     part = out.parts[0]
     try:

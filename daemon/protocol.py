@@ -189,7 +189,8 @@ def _sampling(body: dict) -> SamplingParams:
 
 
 def parse_completion(body: Any, *, max_tokens_default: int) -> CompletionRequest:
-    """Validate a /v1/completions body. Unknown fields are ignored, as vLLM does. Every integer is
+    """Validate a /v1/completions body. Unknown fields are ignored, as vLLM does (the handler logs each
+    name once: daemon.unknown_fields). Every integer is
     a signed 64-bit one and every number finite and inside its bound, so nothing the engine is
     handed can overflow a device tensor."""
     if not isinstance(body, dict):
