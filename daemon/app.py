@@ -1,4 +1,4 @@
-"""The HTTP application: routes for completions, cancel, models, health, readiness and metrics (and
+"""The HTTP application: routes for completions, chat completions, cancel, models, health, readiness and metrics (and
 /debug/traces), the bearer-token check on /v1/* and /debug/* (daemon.access), and OpenAI-shaped JSON
 for every error the framework itself answers (unknown route, wrong method, a trailing slash, an
 unhandled exception). Handlers stay thin; the work lives in completions.py. What /ready and /metrics
@@ -19,7 +19,8 @@ from starlette.routing import Route, request_response
 
 from pegainfer.daemon import access
 from pegainfer.daemon.access_log import AccessLog
-from pegainfer.daemon.completions import create_completion, error_response
+from pegainfer.daemon.completions import create_chat_completion, create_completion
+from pegainfer.daemon.output import error_response
 from pegainfer.daemon.debug_traces import traces_route
 from pegainfer.daemon.protocol import APIError, bad_request
 from pegainfer.daemon.request_end import LOAD_FAILED_MESSAGE, engine_failure
@@ -40,34 +41,50 @@ def build_app(rt: Runtime) -> Starlette:
             return await endpoint(http)
         return checked
 
-    async def completions(http: HTTPRequest) -> Response:
-        e = access.check_key(http.headers, rt.settings.api_key) or content_type_error(http.headers)
-        if e is not None:
-            rt.telemetry.on_front_rejection(e.status, e.message, http.headers, e.code)
-            return error_response(e)
-        return await create_completion(http, rt, owner=access.identity(http.headers, rt.settings.api_key))
+    def generation(create: Callable[..., Awaitable[Response]]) -> Endpoint:
+        async def endpoint(http: HTTPRequest) -> Response:
+            e = access.check_key(http.headers, rt.settings.api_key) or content_type_error(http.headers)
+            if e is not None:
+                rt.telemetry.on_front_rejection(e.status, e.message, http.headers, e.code)
+                return error_response(e)
+            return await create(http, rt, owner=access.identity(http.headers, rt.settings.api_key))
+        return endpoint
 
     async def cancel(http: HTTPRequest) -> Response:
         rid = http.path_params["request_id"]
-        request = rt.scheduler.get(rid) if rt.scheduler is not None else None
         caller = access.identity(http.headers, rt.settings.api_key)
+        # a public id of several prompts names several engine requests (daemon.request_ids)
+        group = rt.request_ids.requests(rid)
+        if group is None and rt.scheduler is not None:
+            group = tuple(r for r in (rt.scheduler.get(rid),) if r is not None)
+        live = [r for r in group or () if not r.is_terminal]
         # someone else's request answers exactly as a missing one does, so that ids cannot be probed
-        if request is None or not access.owns(request.owner, caller) or \
-                not rt.scheduler.cancel(rid, "cancelled by API request"):
+        if not live or not all(access.owns(r.owner, caller) for r in live) or \
+                not [r for r in live if rt.scheduler.cancel(r.request_id, "cancelled by API request")]:
             return error_response(APIError(404, f"no running request with id {rid!r}", "not_found_error",
                                            "request_id", "request_not_found"))
         return JSONResponse({"id": rid, "object": "text_completion.cancel", "cancelled": True})
 
-    async def models(http: HTTPRequest) -> Response:
+    def model_card() -> dict:
         engine = rt.engine
-        return JSONResponse({"object": "list", "data": [{
+        return {
             "id": rt.model_name, "object": "model", "created": int(rt.started_wall), "owned_by": "pegainfer",
             "max_model_len": engine.max_model_len if engine else None,
             "max_body_bytes": rt.settings.max_body_bytes,
             "backend": rt.settings.backend if engine is None else engine.backend_name,
             "maturity": _maturity(rt),
             "batch_invariant": _batch_invariant(rt),
-        }]})
+        }
+
+    async def models(http: HTTPRequest) -> Response:
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    async def model(http: HTTPRequest) -> Response:
+        wanted = http.path_params["model_id"]
+        if wanted != rt.model_name:
+            return error_response(APIError(404, f"the model {wanted[:200]!r} does not exist; this server serves "
+                                                f"{rt.model_name!r}", "not_found_error", "model", "model_not_found"))
+        return JSONResponse(model_card())
 
     async def health(http: HTTPRequest) -> Response:
         ok = rt.healthy()
@@ -103,9 +120,13 @@ def build_app(rt: Runtime) -> Starlette:
 
     routes = [
         # counted while they are written, so that a stopping server can let them finish (daemon.open_responses)
-        Route("/v1/completions", rt.open_responses.wrap(request_response(completions)), methods=["POST"]),
+        Route("/v1/completions", rt.open_responses.wrap(request_response(generation(create_completion))),
+              methods=["POST"]),
+        Route("/v1/chat/completions", rt.open_responses.wrap(request_response(generation(create_chat_completion))),
+              methods=["POST"]),
         Route("/v1/completions/{request_id}/cancel", guarded(cancel), methods=["POST"]),
         Route("/v1/models", guarded(models), methods=["GET"]),
+        Route("/v1/models/{model_id:path}", guarded(model), methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pegainfer.daemon.choice import ChoiceOutput, Delta
-from pegainfer.daemon.logprobs import as_openai, prompt_entries
+from pegainfer.daemon.logprobs import prompt_entries
 from pegainfer.daemon.protocol import CompletionRequest
+from pegainfer.daemon.shapes import COMPLETION, Shape
 from pegainfer.engine.contract import PromptLogprobs, Token, TopLogprobs
 from pegainfer.engine.tokenizer import Tokenizer
 
@@ -66,15 +67,14 @@ class Choices:
         """Every generated token counts, best_of candidates included (as OpenAI bills them)."""
         return sum(c.tokens for c in self.items)
 
-    def final(self) -> list[dict]:
-        """The response's choices, indexed 0..n-1: with best_of > n, the n candidates of highest
-        cumulative log-prob, best first; otherwise all of them in order."""
+    def final(self, shape: Shape = COMPLETION, offset: int = 0) -> list[dict]:
+        """The response's choices in `shape`, indexed offset..offset+n-1: with best_of > n, the n
+        candidates of highest cumulative log-prob, best first; otherwise all of them in order."""
         chosen = self.items
         if len(self.items) > self.n:
             chosen = sorted(self.items, key=lambda c: c.cumulative_logprob, reverse=True)[:self.n]
-        return [{"index": i, "text": self.texts[c.index],
-                 "logprobs": as_openai(self.entries[c.index]) if self.logprobs else None,
-                 "finish_reason": c.finish_reason} for i, c in enumerate(chosen)]
+        return [shape.choice(offset + i, self.texts[c.index], self.entries[c.index], c.finish_reason, self.logprobs)
+                for i, c in enumerate(chosen)]
 
     def _join_prompt(self, event: PromptLogprobs) -> None:
         """One chunk's prompt log-probs: the entries of prompt tokens event.start, start + 1, ..."""

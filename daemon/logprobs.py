@@ -6,7 +6,11 @@ default), of the token that was chosen, and the N most likely (N = the request's
 top_logprobs dict holds the top-N and, as vLLM does, the chosen token too (so it may hold N + 1).
 A token's string is its own decoded text; `text_offset` is where the token's text starts in the
 choice's text (the echoed prompt, when echo is on, starts at 0). The first prompt token has no
-log-prob: null in token_logprobs and top_logprobs."""
+log-prob: null in token_logprobs and top_logprobs.
+
+Chat completions carry the same log-probs in their own shape (`as_chat`): per token `{token,
+logprob, bytes, top_logprobs: [{token, logprob, bytes}, ...]}` with exactly the top N in rank order,
+the chosen token not added."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,17 +25,19 @@ class LogprobEntry:
     logprob: float | None
     top: dict[str, float] | None
     offset: int
+    ranked: tuple[tuple[str, float], ...] = ()  # the top N as the engine ranked them (chat's top_logprobs)
 
 
 def entry(tok: Tokenizer, token_id: int, logprob: float | None, top: TopLogprobs, offset: int) -> LogprobEntry:
     token = tok.decode([token_id])
     if logprob is None:
         return LogprobEntry(token, None, None, offset)
-    ranked: dict[str, float] = {}
-    for tid, lp in top:
-        ranked.setdefault(tok.decode([tid]), lp)  # two ids that decode alike: keep the likelier
-    ranked.setdefault(token, logprob)
-    return LogprobEntry(token, logprob, ranked, offset)
+    alternatives = tuple((tok.decode([tid]), lp) for tid, lp in top)
+    merged: dict[str, float] = {}
+    for text, lp in alternatives:
+        merged.setdefault(text, lp)  # two ids that decode alike: keep the likelier
+    merged.setdefault(token, logprob)
+    return LogprobEntry(token, logprob, merged, offset, alternatives)
 
 
 def prompt_entries(tok: Tokenizer, prompt_ids: list[int],
@@ -49,3 +55,10 @@ def prompt_entries(tok: Tokenizer, prompt_ids: list[int],
 def as_openai(entries: list[LogprobEntry]) -> dict:
     return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
             "top_logprobs": [e.top for e in entries], "text_offset": [e.offset for e in entries]}
+
+
+def as_chat(entries: list[LogprobEntry]) -> dict:
+    """The chat completions shape: `{"content": [...]}`, one item per generated token."""
+    return {"content": [{"token": e.token, "logprob": e.logprob, "bytes": list(e.token.encode()),
+                         "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in e.ranked]}
+                        for e in entries]}

@@ -22,6 +22,18 @@ from pegainfer.engine.contract import (
 )
 
 MAX_STOP = 4  # stop sequences per request, as OpenAI allows
+# A list of prompts runs as one engine request per prompt (daemon.completions): at most MAX_PROMPTS of
+# them, and at most MAX_SEQUENCES sequences in all (prompts x max(n, best_of)).
+MAX_PROMPTS = 64
+MAX_SEQUENCES = 256
+# The fields of /v1/completions this server knows; any other is ignored (as vLLM does) and logged once
+# (daemon.unknown_fields).
+COMPLETION_FIELDS = frozenset({
+    "model", "prompt", "max_tokens", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "echo", "stop", "stop_token_ids",
+    "n", "best_of", "logit_bias", "ignore_eos", "suffix", "user"})
+
+Prompt = str | list[int]  # one prompt: text, or token ids
 
 
 @dataclasses.dataclass(slots=True)
@@ -41,16 +53,17 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, "invalid_request_error", param, code)
 
 
-def unsupported(param: str, what: str) -> APIError:
-    return APIError(400, f"{what} is not supported yet", "invalid_request_error", param, "unsupported_parameter")
+def unsupported(param: str, what: str, *, yet: bool = True) -> APIError:
+    return APIError(400, f"{what} is not supported{' yet' if yet else ''}", "invalid_request_error", param,
+                    "unsupported_parameter")
 
 
 @dataclasses.dataclass(slots=True)
 class CompletionRequest:
     model: str | None
-    prompt: str | None  # exactly one of prompt / prompt_ids
+    prompt: str | None  # exactly one of prompt / prompt_ids: the first prompt (`part` gives each one)
     prompt_ids: list[int] | None
-    max_tokens: int
+    max_tokens: int | None  # None: the rest of the context (chat completions without a limit)
     stream: bool
     include_usage: bool
     ignore_eos: bool
@@ -64,6 +77,15 @@ class CompletionRequest:
     stop_token_ids: list[int] = dataclasses.field(default_factory=list)
     n: int = 1
     best_of: int | None = None
+    prompts: list[Prompt] = dataclasses.field(default_factory=list)  # every prompt, in the API's order
+    add_bos: bool = True  # text prompts get BOS in front (a chat template writes its own)
+
+    def part(self, prompt: Prompt) -> CompletionRequest:
+        """This request for one of its prompts (a list of prompts runs one engine request each)."""
+        if len(self.prompts) == 1 and self.prompts[0] is prompt:
+            return self  # already the one prompt's request
+        text, ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
+        return dataclasses.replace(self, prompt=text, prompt_ids=ids, prompts=[prompt])
 
     @property
     def candidates(self) -> int:
@@ -71,7 +93,9 @@ class CompletionRequest:
         return self.best_of if self.best_of is not None else self.n
 
     def admit(self, request_id: str, prompt_ids: list[int]) -> Admit:
-        """The engine's command for this request: built once, carried unchanged by the lifecycle."""
+        """The engine's command for this request: built once, carried unchanged by the lifecycle.
+        max_tokens must be known by now (daemon.completions fills in the rest of the context)."""
+        assert self.max_tokens is not None, "max_tokens is set before the request is admitted"
         return Admit(request_id, prompt_ids, self.max_tokens, self.ignore_eos, self.sampling, self.candidates,
                      tuple(self.stop_token_ids))
 
@@ -165,28 +189,16 @@ def _sampling(body: dict) -> SamplingParams:
 
 
 def parse_completion(body: Any, *, max_tokens_default: int) -> CompletionRequest:
-    """Validate a /v1/completions body. Unknown fields are ignored, as vLLM does. Every integer is
+    """Validate a /v1/completions body. Unknown fields are ignored, as vLLM does (the handler logs each
+    name once: daemon.unknown_fields). Every integer is
     a signed 64-bit one and every number finite and inside its bound, so nothing the engine is
     handed can overflow a device tensor."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     model = _typed(body, "model", (str,), "a string")
-    prompt = body.get("prompt")
-    text, ids = None, None
-    if isinstance(prompt, str):
-        if not prompt:
-            raise bad_request("'prompt' is empty", "prompt")
-        text = prompt
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        ids = _token_ids(prompt, "prompt")
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, (str, list)) for t in prompt):
-        raise unsupported("prompt", "a batch of several prompts in one request")
-    elif prompt is None:
-        raise bad_request("'prompt' is required", "prompt")
-    elif isinstance(prompt, list) and not prompt:
-        raise bad_request("'prompt' is empty", "prompt")
-    else:
-        raise bad_request("'prompt' must be a string or a list of token ids", "prompt")
+    if body.get("suffix") is not None:
+        raise unsupported("suffix", "'suffix' (insertion)", yet=False)
+    prompts = _prompts(body.get("prompt"))
 
     max_tokens = _integer(body, "max_tokens")
     if max_tokens is None:
@@ -204,15 +216,53 @@ def parse_completion(body: Any, *, max_tokens_default: int) -> CompletionRequest
             raise bad_request("'stream_options.include_usage' must be a boolean", "stream_options")
     ignore_eos = bool(_typed(body, "ignore_eos", (bool,), "a boolean") or False)
     sampling = _sampling(body)
-    req = CompletionRequest(model, text, ids, max_tokens, stream, include_usage, ignore_eos, body,
-                            logprobs=sampling.logprobs)
+    first = prompts[0]
+    req = CompletionRequest(model, first if isinstance(first, str) else None, None if isinstance(first, str) else first,
+                            max_tokens, stream, include_usage, ignore_eos, body, logprobs=sampling.logprobs,
+                            prompts=prompts)
     _choices(body, req)
     # best_of ranks candidates by cumulative log-prob: the engine reports the chosen tokens' log-probs
     # whenever there is a choice to make; echo with logprobs asks for the prompt's too
     engine_logprobs = req.logprobs if req.logprobs is not None else (0 if req.candidates > req.n else None)
     req.sampling = dataclasses.replace(sampling, logprobs=engine_logprobs,
                                        prompt_logprobs=req.logprobs if req.echo else None)
+    if len(prompts) * req.candidates > MAX_SEQUENCES:
+        raise bad_request(f"{len(prompts)} prompts x {req.candidates} choices make {len(prompts) * req.candidates} "
+                          f"sequences; one request may run at most {MAX_SEQUENCES}", "prompt")
     return req
+
+
+def _prompts(prompt: Any) -> list[Prompt]:
+    """OpenAI's four forms: a string, a list of token ids, a list of strings, a list of token-id
+    lists; each prompt non-empty, at most MAX_PROMPTS of them."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("'prompt' is empty", "prompt")
+        return [prompt]
+    if prompt is None:
+        raise bad_request("'prompt' is required", "prompt")
+    if not isinstance(prompt, list):
+        raise bad_request("'prompt' must be a string, a list of strings, a list of token ids or a list of "
+                          "token-id lists", "prompt")
+    if not prompt:
+        raise bad_request("'prompt' is empty", "prompt")
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return [_token_ids(prompt, "prompt")]
+    if len(prompt) > MAX_PROMPTS:
+        raise bad_request(f"'prompt' holds {len(prompt)} prompts; one request may hold at most {MAX_PROMPTS}",
+                          "prompt")
+    if all(isinstance(p, str) for p in prompt):
+        if (empty := next((i for i, p in enumerate(prompt) if not p), None)) is not None:
+            raise bad_request(f"'prompt[{empty}]' is empty", "prompt")
+        return list(prompt)
+    if all(isinstance(p, list) for p in prompt):
+        for i, p in enumerate(prompt):
+            if not p:
+                raise bad_request(f"'prompt[{i}]' is empty", "prompt")
+            _token_ids(p, "prompt")
+        return [list(p) for p in prompt]
+    raise bad_request("'prompt' must be a string, a list of token ids, a list of strings or a list of token-id "
+                      "lists (not a mix)", "prompt")
 
 
 def vocabulary_problem(req: CompletionRequest, prompt_ids: list[int], vocab: int, *,
@@ -232,9 +282,9 @@ def vocabulary_problem(req: CompletionRequest, prompt_ids: list[int], vocab: int
     return None
 
 
-def completion_id() -> str:
+def completion_id(prefix: str = "cmpl-") -> str:
     """A fresh request id: 128 random bits, so that ids cannot be guessed (a cancel needs the id)."""
-    return f"cmpl-{secrets.token_hex(16)}"
+    return f"{prefix}{secrets.token_hex(16)}"
 
 
 def chunk(rid: str, created: int, model: str, choices: list[dict]) -> dict:

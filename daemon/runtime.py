@@ -18,10 +18,13 @@ import time
 from pathlib import Path
 
 from pegainfer.daemon.bridge import EngineBridge
+from pegainfer.daemon.chat_template import ChatTemplate, load_chat_template
 from pegainfer.daemon.open_responses import OpenResponses
 from pegainfer.daemon.request_end import SERVER_SHUTDOWN
+from pegainfer.daemon.request_ids import RequestIds
 from pegainfer.daemon.settings import Settings
 from pegainfer.daemon.tokenize_pool import TokenizePool
+from pegainfer.daemon.unknown_fields import UnknownFields
 from pegainfer.engine.engine import Engine, EngineSpec, build_engine, default_model_dir, log_event
 from pegainfer.engine.generate import generate
 from pegainfer.engine.kernels.config import KernelConfig
@@ -91,6 +94,9 @@ class Runtime:
         telemetry.set_model_name(self.model_name)  # the model_name label of every metric series
         self.tokenizer: Tokenizer | None = None
         self.tokenize = TokenizePool(settings.tokenizer_workers)
+        self.chat_template = ChatTemplate(None, {}, "", "the model is not loaded yet")  # the checkpoint's, once loaded
+        self.request_ids = RequestIds()  # the ids of the requests being served
+        self.unknown_fields = UnknownFields()  # request fields seen and ignored (each logged once)
         self.engine: Engine | None = None
         self.gpu: GpuThread | None = None
         self.bridge: EngineBridge | None = None
@@ -121,25 +127,29 @@ class Runtime:
                           ep_chunk_bytes=s.ep_chunk_bytes, max_prefill_tokens=s.max_prefill_tokens,
                           kernels=KernelConfig(batch_invariant=s.batch_invariant))
 
-    def _build(self) -> tuple[Engine, Tokenizer]:
+    def _build(self) -> tuple[Engine, Tokenizer, ChatTemplate]:
         """Runs in a worker thread: load weights, start ranks, one warm-up step."""
         if self.settings.debug_load_delay:
             time.sleep(self.settings.debug_load_delay)
         s = self.settings
         ranks = f", {s.ep_size} ranks" if s.ep_size > 1 else ""
         self._status(f"loading weights: {self.model_name} ({s.backend} backend{ranks}, {s.device})")
-        tok = Tokenizer(self.model_dir) if self.model_dir else _preset_tokenizer(self.settings.random_preset)
+        folder = self.model_dir or _preset_tokenizer_dir(self.settings.random_preset)
+        tok = Tokenizer(folder)
         log_event("prompt_length_bound", chars_per_token=tok.bound.chars_per_token, basis=tok.bound.reason)
+        template = load_chat_template(folder)
+        log_event("chat_template", available=template.template is not None, source=template.source,
+                  problem=template.problem)
         with self.notifier.load_progress(s.ep_size) if self.notifier else contextlib.nullcontext():
             engine = build_engine(self.spec())
         self._status("warming up")
         generate(engine, [[tok.bos_id if tok.bos_id is not None else 0]], 2, ignore_eos=True)
-        return engine, tok
+        return engine, tok, template
 
     async def start(self, loop: asyncio.AbstractEventLoop) -> None:
         s = self.settings
         try:
-            engine, tok = await asyncio.to_thread(self._build)
+            engine, tok, template = await asyncio.to_thread(self._build)
         except Exception as e:  # noqa: BLE001 - a load failure is reported, and the process exits non-zero
             self.load_error = f"{type(e).__name__}: {e}"
             log_event("load_failed", error=self.load_error)
@@ -148,7 +158,7 @@ class Runtime:
             self.move(Phase.DEAD)
             self._request_exit()
             return
-        self.engine, self.tokenizer = engine, tok
+        self.engine, self.tokenizer, self.chat_template = engine, tok, template
         self.bridge = EngineBridge(loop, self)
         self.gpu = GpuThread(engine, self.bridge.emit, max_prefill_tokens=s.max_prefill_tokens,
                              overlap=s.async_scheduling)
@@ -285,6 +295,6 @@ class Runtime:
             self.notifier.stopping()
 
 
-def _preset_tokenizer(preset: str) -> Tokenizer:
+def _preset_tokenizer_dir(preset: str) -> str:
     from pegainfer.engine.default_model import ensure_preset_tokenizer
-    return Tokenizer(str(ensure_preset_tokenizer(preset)))
+    return str(ensure_preset_tokenizer(preset))

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from pegainfer.engine.tokenizer import Tokenizer
 
@@ -23,6 +25,7 @@ INLINE_MAX_CHARS = 1024
 # from about 20 ms to 150-230 ms (the engine's two OpenMP threads lost their cores); with this, see
 # tests/daemon/test_loop_stall.py.
 WORKER_NICE = 10
+T = TypeVar("T")
 
 
 class TokenizePool:
@@ -33,10 +36,17 @@ class TokenizePool:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pegainfer-tokenize",
                                         initializer=_lower_priority)
 
-    async def encode(self, tokenizer: Tokenizer, text: str) -> list[int]:
+    async def encode(self, tokenizer: Tokenizer, text: str, add_bos: bool = True) -> list[int]:
         if len(text) < INLINE_MAX_CHARS:
-            return tokenizer.encode(text)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, tokenizer.encode, text)
+            return tokenizer.encode(text, add_bos)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, tokenizer.encode, text, add_bos)
+
+    async def call(self, size: int, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args), inline when `size` (the characters it works on) is small, else on a worker
+        (a chat template rendering a long conversation)."""
+        if size < INLINE_MAX_CHARS:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     def shutdown(self) -> None:
         """Stop the workers; a prompt still being encoded finishes first (its request is gone)."""

@@ -25,11 +25,21 @@ from pegainfer.engine.presets import DTYPES, preset_config, random_tensor
 from pegainfer.engine.weights import INDEX_FILE, expected_tensors
 
 # Bump when the bytes this module writes change, so cached models (engine/default_model.py) rebuild.
-WRITER_VERSION = 1
+# 2: tokenizer_config.json carries a chat template.
+WRITER_VERSION = 2
 
 CORPUS = Path(__file__).parent / "data" / "corpus.txt"
 BOS_TOKEN = "<｜begin▁of▁sentence｜>"
 EOS_TOKEN = "<｜end▁of▁sentence｜>"
+# DeepSeek-V2-Chat's chat template (its tokenizer_config.json), so that chat completions run on the
+# synthetic checkpoints as on the real one.
+CHAT_TEMPLATE = (
+    "{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}{% endif %}"
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+    "{{ 'User: ' + message['content'] + '\\n\\n' }}{% elif message['role'] == 'assistant' %}"
+    "{{ 'Assistant: ' + message['content'] + eos_token }}{% elif message['role'] == 'system' %}"
+    "{{ message['content'] + '\\n\\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}"
+    "{{ 'Assistant:' }}{% endif %}")
 TRAINED_VOCAB = 1000  # BPE tokens learned from the corpus (bytes + merges); the rest are reserved
 MIN_VOCAB = 256 + 2  # every byte, BOS, EOS
 MAX_SHARD_BYTES = 5 * 2**30
@@ -139,15 +149,18 @@ def build_tokenizer(vocab_size: int, bos_id: int, eos_id: int) -> HFTokenizer:
     return tok
 
 
-def tokenizer_config(model_max_length: int = 16384) -> dict:
+def tokenizer_config(model_max_length: int = 16384, *, chat_template: bool = True) -> dict:
+    """DeepSeek-V2-Chat's tokenizer_config.json; chat_template=False leaves the template out (a base
+    model's, which serves no chat)."""
     def token(content: str) -> dict:
         return {"__type": "AddedToken", "content": content, "lstrip": False, "normalized": False,
                 "rstrip": False, "single_word": False}
 
-    return {"add_bos_token": True, "add_eos_token": False, "bos_token": token(BOS_TOKEN),
-            "clean_up_tokenization_spaces": False, "eos_token": token(EOS_TOKEN), "legacy": True,
-            "model_max_length": model_max_length, "sp_model_kwargs": {}, "tokenizer_class": "LlamaTokenizerFast",
-            "unk_token": None}
+    config = {"add_bos_token": True, "add_eos_token": False, "bos_token": token(BOS_TOKEN),
+              "clean_up_tokenization_spaces": False, "eos_token": token(EOS_TOKEN), "legacy": True,
+              "model_max_length": model_max_length, "sp_model_kwargs": {}, "tokenizer_class": "LlamaTokenizerFast",
+              "unk_token": None}
+    return {**config, "chat_template": CHAT_TEMPLATE} if chat_template else config
 
 
 # ---- weights -----------------------------------------------------------------------------------
@@ -201,14 +214,16 @@ def _write_shard(path: Path, tensors: dict[str, tuple[int, ...]], cfg: ModelConf
 
 
 # ---- the folder --------------------------------------------------------------------------------
-def write_checkpoint(out_dir: str | Path, preset: str, seed: int = 0, overrides: dict | None = None) -> Path:
-    """Write a complete checkpoint folder; same arguments give byte-identical files.
+def write_checkpoint(out_dir: str | Path, preset: str, seed: int = 0, overrides: dict | None = None, *,
+                     chat_template: bool = True) -> Path:
+    """Write a complete checkpoint folder; same arguments give byte-identical files. chat_template:
+    whether tokenizer_config.json carries DeepSeek-V2-Chat's chat template.
 
     The folder is built under a temporary name beside out_dir and renamed into place at the end,
     so a crash never leaves a half-written checkpoint. An existing non-empty out_dir is an error
     (FileExistsError), also when another writer renames its copy in first."""
     raw, cfg = checkpoint_config(preset, overrides)
-    return _atomic_folder(Path(out_dir), lambda folder: _write_files(folder, preset, raw, cfg, seed))
+    return _atomic_folder(Path(out_dir), lambda folder: _write_files(folder, preset, raw, cfg, seed, chat_template))
 
 
 def write_tokenizer(out_dir: str | Path, preset: str) -> Path:
@@ -239,13 +254,13 @@ def _dump(path: Path, obj: dict) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _write_tokenizer(folder: Path, preset: str, cfg: ModelConfig) -> None:
+def _write_tokenizer(folder: Path, preset: str, cfg: ModelConfig, chat_template: bool = True) -> None:
     build_tokenizer(cfg.vocab_size, *special_ids(preset, cfg.vocab_size)).save(str(folder / "tokenizer.json"))
-    _dump(folder / "tokenizer_config.json", tokenizer_config())
+    _dump(folder / "tokenizer_config.json", tokenizer_config(chat_template=chat_template))
 
 
-def _write_files(folder: Path, preset: str, raw: dict, cfg: ModelConfig, seed: int) -> None:
-    _write_tokenizer(folder, preset, cfg)
+def _write_files(folder: Path, preset: str, raw: dict, cfg: ModelConfig, seed: int, chat_template: bool) -> None:
+    _write_tokenizer(folder, preset, cfg, chat_template)
     _dump(folder / "config.json", raw)
     _dump(folder / "generation_config.json", {
         "_from_model_config": True, "bos_token_id": raw.get("bos_token_id"), "eos_token_id": raw.get("eos_token_id"),

@@ -1,6 +1,10 @@
 """Command line for writing a synthetic DeepSeek-V2-family checkpoint (engine/checkpoint_writer.py):
 
     python tools/make_tiny_model.py --out DIR [--preset tiny|lite] [--seed N] [--config-overrides JSON]
+                                    [--no-chat-template]
+
+The checkpoint's tokenizer_config.json carries DeepSeek-V2-Chat's chat template, so that
+/v1/chat/completions runs on it; --no-chat-template writes it without one (a base model's).
 
 Prints the folder on success. Bad input (invalid JSON, an override that makes an invalid config, an
 existing non-empty DIR) prints one line on stderr and exits 2."""
@@ -35,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", default=0, type=int, help="weights seed (default 0)")
     parser.add_argument("--config-overrides", default=None, metavar="JSON",
                         help='JSON object of config.json fields to replace, e.g. \'{"q_lora_rank": 16}\'')
+    parser.add_argument("--no-chat-template", dest="chat_template", action="store_false",
+                        help="write tokenizer_config.json without a chat template (the server then refuses chat)")
     args = parser.parse_args(argv)
     overrides = None
     if args.config_overrides is not None:
@@ -49,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from pegainfer.engine.config import ConfigError
 
     try:
-        path = write_checkpoint(args.out, args.preset, args.seed, overrides)
+        path = write_checkpoint(args.out, args.preset, args.seed, overrides, chat_template=args.chat_template)
     except (ConfigError, FileExistsError) as e:
         fail(str(e))
     print(path)

@@ -5,7 +5,9 @@ one to three fields replaced, about half the time by a value at the edge of what
 logit biases of +-100 ...: these reach the engine) and otherwise by a value it must refuse with a 400
 (integers past int64 such as 2^63, 2^64 - 1 and -2^63 - 1, floats and booleans where integers go,
 NaN-like strings, wrong types, nested junk, huge lists, unicode, token ids outside the vocabulary);
-plus a few bodies that are not JSON objects at all. The same seed gives the same bodies."""
+plus a few bodies that are not JSON objects at all. `chat_bodies` makes /v1/chat/completions bodies
+the same way (the messages themselves among the fields replaced: roles, content parts, tool calls).
+The same seed gives the same bodies."""
 from __future__ import annotations
 
 import json
@@ -71,7 +73,7 @@ class HostileBodies:
             "presence_penalty": [-2, 2.0], "frequency_penalty": [-2.0, 2], "repetition_penalty": [2, 2.0, 1e-300, 0.5],
             "echo": [True], "stream": [True, False], "ignore_eos": [True, False],
             "stop": ["\n", ["a", "é", "🙂", "the"], "\u0000"], "stop_token_ids": [[0, v - 1], [], [1] * 50],
-            "prompt": [[0, v - 1, 1], [v - 1], "\u00e9" * 20, "🙂 " * 10],
+            "prompt": [[0, v - 1, 1], [v - 1], "\u00e9" * 20, "🙂 " * 10, ["a", "b"], [[1, 2], [v - 1]], ["x"]],
             "logit_bias": [{str(v - 1): 100, "0": -100}, {str(i): -100 for i in range(300)}, {"5": 0.5}],
             "stream_options": [{"include_usage": True}] if body.get("stream") else [None],
             "model": [self.model], "user": ["x" * 200, "\u202e"],
@@ -93,8 +95,8 @@ class HostileBodies:
             "echo": ["yes", 1], "stream": ["true", 0], "ignore_eos": [1, "no"],
             "stop": [7, [""], ["a"] * 5, [1, 2], [["nested"]]],
             "stop_token_ids": [[v + 5], [-1], [2**64 - 1], [1.0], [True], "1", [[1]], list(range(v, v + 100))],
-            "prompt": ["", [], [v], [-1], [2**63], [2**64 - 1], [1, 2.0], [True], [["a"], ["b"]], ["a", "b"],
-                       [0] * 5000, 42],
+            "prompt": ["", [], [v], [-1], [2**63], [2**64 - 1], [1, 2.0], [True], [["a"], ["b"]], ["a", ""],
+                       [[1], []], [[1], [v]], ["a", [1]], ["a"] * 65, [0] * 5000, 42],
             "logit_bias": [[1, 2], {"-1": 1}, {str(v): 1}, {"1.5": 1}, {"5": 101}, {"5": "1"}, {"5": None},
                            {"5": 2**64 - 1}, {"99999999999999999999": 1}, {"\u0661": 1}, {str(i): 1 for i in range(301)}],
             "stream_options": ["yes", {"include_usage": "yes"}, [True]], "model": [42, "no-such-model", ""],
@@ -109,3 +111,55 @@ class HostileBodies:
             return r.choice(JUNK)  # unknown to the server: ignored, whatever its type
         pool = pool + [j for j in JUNK if not isinstance(j, bool) or name not in ("echo", "stream", "ignore_eos")]
         return r.choice(pool)
+
+    # ---- chat ----------------------------------------------------------------------------------------
+    def chat_body(self) -> bytes:
+        """One /v1/chat/completions body: a valid one with one to three fields replaced, each by a
+        value at the edge of what is accepted or by one that must be refused."""
+        r = self.rng
+        body = self._valid()
+        del body["prompt"]
+        body["messages"] = self._messages()
+        for _ in range(r.choice((1, 1, 2, 3))):
+            name = r.choice(("messages", "messages", "logprobs", "top_logprobs", "max_completion_tokens", "tools",
+                             "response_format", "n", "stop", "temperature", "seed", "logit_bias", "stream_options"))
+            if name == "messages":
+                body[name] = self._messages() if r.random() < 0.4 else r.choice(self._bad_messages())
+            elif name == "logprobs":
+                body[name] = r.choice((True, False, 1, "yes"))
+            elif name == "top_logprobs":
+                body["logprobs"] = r.random() < 0.8
+                body[name] = r.choice((0, 5, 6, 20, 21, -1, 2**63, 1.0))
+            elif name == "max_completion_tokens":
+                body[name] = r.choice((1, 3, 0, -1, 2**63, "4"))
+            elif name == "tools":
+                body[name] = r.choice(([], [{"type": "function", "function": {"name": "f"}}], "x"))
+            elif name == "response_format":
+                body[name] = r.choice(({"type": "text"}, {"type": "json_object"}, "json", None))
+            else:
+                body[name] = self._extreme(name, body) if r.random() < 0.5 else self._invalid(name)
+        return json.dumps(body, ensure_ascii=r.random() < 0.5).encode()
+
+    def chat_bodies(self, n: int) -> list[bytes]:
+        return [self.chat_body() for _ in range(n)]
+
+    def _messages(self) -> list[dict[str, Any]]:
+        r = self.rng
+        text = " ".join(r.choice(WORDS) for _ in range(r.randint(0, 12)))
+        user: dict[str, Any] = {"role": "user", "content": text}
+        if r.random() < 0.3:
+            user["content"] = [{"type": "text", "text": w} for w in text.split(" ")]
+        out = [user]
+        if r.random() < 0.3:
+            out.insert(0, {"role": r.choice(("system", "developer")), "content": "Be brief."})
+        if r.random() < 0.2:
+            out += [{"role": "assistant", "content": r.choice(("ok", None))}, {"role": "user", "content": "more"}]
+        return out
+
+    def _bad_messages(self) -> list[Any]:
+        return [[], None, "hi", [None], [{"role": "user"}], [{"role": "robot", "content": "x"}],
+                [{"role": "tool", "content": "1", "tool_call_id": "a"}], [{"role": "user", "content": 7}],
+                [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}],
+                [{"role": "user", "content": [{"type": "text"}]}], [{"role": "user", "content": "x", "name": []}],
+                [{"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}], [{"role": "user", "content": "x"}] * 5000,
+                [{"role": "user", "content": "\ud7ff\u202e" * 3000}], [{"role": ["user"], "content": "x"}], JUNK]

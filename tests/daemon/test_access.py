@@ -164,7 +164,9 @@ def test_json_content_types_and_none_are_accepted(daemon, content_type):
 
 @pytest.mark.parametrize("method,path,status,code", [
     ("GET", "/nope", 404, "not_found"),
-    ("POST", "/v1/chat/completions", 404, "not_found"),
+    ("POST", "/v1/embeddings", 404, "not_found"),
+    ("GET", "/v1/chat/completions", 405, "method_not_allowed"),
+    ("POST", "/v1/models/tiny", 405, "method_not_allowed"),
     ("POST", "/v1/completions/", 404, "not_found"),  # was a plain-text 307 to the slash-less path
     ("GET", "/health/", 404, "not_found"),
     ("GET", "/v1/completions", 405, "method_not_allowed"),

@@ -15,7 +15,8 @@ import pytest
 from starlette.requests import Request as HTTPRequest
 
 from pegainfer.daemon.choices import Choices
-from pegainfer.daemon.completions import _complete, _stream
+from pegainfer.daemon import output
+from pegainfer.daemon.output import Part, Reply
 from pegainfer.daemon.protocol import parse_completion
 from pegainfer.engine.default_model import ensure_preset_tokenizer
 from pegainfer.engine.contract import FinishReason, Token
@@ -79,7 +80,7 @@ async def test_a_stream_whose_output_cannot_render_fails_alone(tok, caplog):
     caplog.set_level(logging.INFO)
     stream = {"stream": True, "max_tokens": 6}
     rt, engine, live = setup(tok, {"victim": {"prompt": [5, 6, 7], **stream}, "neighbour": {"prompt": "hi", **stream}})
-    readers = {rid: asyncio.create_task(read_all(_stream(rt, request, choices, 0, False)))
+    readers = {rid: asyncio.create_task(read_all(output.stream(rt, Reply(rid, 0, "tiny", [Part(request, choices)]))))
                for rid, (request, choices) in live.items()}
     for step in ([40], [41], [SENTINEL], [42], [43], [44]):  # the victim's third token cannot be decoded
         if live["victim"][0].state is not RequestState.FAILED:
@@ -112,10 +113,39 @@ async def test_a_non_streamed_request_whose_output_cannot_render_gets_a_json_err
         await asyncio.Event().wait()
 
     http = HTTPRequest({"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}, receive)
-    answer = asyncio.create_task(_complete(http, rt, request, choices, 0))
+    answer = asyncio.create_task(output.complete(http, rt, Reply("victim", 0, "tiny", [Part(request, choices)])))
     feed(rt, "victim", [40, SENTINEL], finish=False)  # still running when its output fails
     response = await answer
     assert response.status_code == 500
     assert json.loads(response.body)["error"]["code"] == "request_failed"
     assert request.state is RequestState.FAILED and engine.cancelled == ["victim"]
     assert not any(r.exc_info for r in caplog.records)
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+async def test_a_failing_prompt_of_a_list_ends_its_siblings_and_the_response(tok, streamed):
+    """A request of two prompts whose first prompt's output cannot render: the response ends with
+    the error, and the other prompt is cancelled (the engine drops it) rather than left running."""
+    rt, engine, live = setup(tok, {"r-0": {"prompt": [5, 6], "max_tokens": 8, "stream": streamed},
+                                   "r-1": {"prompt": [7, 8], "max_tokens": 8, "stream": streamed}})
+    parts = [Part(*live["r-0"], 0), Part(*live["r-1"], 1)]
+    reply = Reply("r", 0, "tiny", parts)
+
+    async def receive():
+        await asyncio.Event().wait()
+
+    http = HTTPRequest({"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}, receive)
+    answer = asyncio.create_task(read_all(output.stream(rt, reply)) if streamed else output.complete(http, rt, reply))
+    feed(rt, "r-1", [40], finish=False)
+    for _ in range(10):  # the response reads the sibling's token before the faulty one comes
+        await asyncio.sleep(0)
+    feed(rt, "r-0", [SENTINEL], finish=False)
+    result = await answer
+    if streamed:
+        events = sse(result)
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "request_failed"
+        assert [c["choices"][0]["index"] for c in events[:-2]] == [1]  # the sibling's first token went out
+    else:
+        assert result.status_code == 500 and json.loads(result.body)["error"]["code"] == "request_failed"
+    assert live["r-0"][0].state is RequestState.FAILED and live["r-1"][0].state is RequestState.CANCELLED
+    assert sorted(engine.cancelled) == ["r-0", "r-1"]

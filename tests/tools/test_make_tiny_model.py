@@ -259,3 +259,38 @@ def test_preset_tokenizer_matches_the_preset_ids(tmp_path, monkeypatch, tiny_mod
     tok = Tokenizer(folder)
     assert (tok.bos_id, tok.eos_id, tok.vocab_size) == (PRESETS["tiny"]["bos_token_id"], PRESETS["tiny"]["eos_token_id"], 1024)
     assert ensure_preset_tokenizer("tiny") == folder
+
+
+# ---- the chat template -------------------------------------------------------------------------------
+def test_the_checkpoints_carry_deepseeks_chat_template_unless_told_not_to(tiny_model_dir, tmp_path: Path):
+    from pegainfer.engine.checkpoint_writer import CHAT_TEMPLATE
+
+    assert json.loads((tiny_model_dir / "tokenizer_config.json").read_text())["chat_template"] == CHAT_TEMPLATE
+    assert "{{ bos_token }}" in CHAT_TEMPLATE and "'Assistant:'" in CHAT_TEMPLATE
+    spec = importlib.util.spec_from_file_location("make_tiny_model", TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.main(["--out", str(tmp_path / "plain"), "--no-chat-template"]) == 0
+    plain = files(tmp_path / "plain")
+    assert "chat_template" not in json.loads(plain["tokenizer_config.json"])
+    assert {n: b for n, b in plain.items() if n != "tokenizer_config.json"} == {
+        n: b for n, b in files(tiny_model_dir).items() if n != "tokenizer_config.json"}
+
+
+def test_a_cached_default_model_from_before_the_template_is_not_reused(tmp_path, monkeypatch):
+    """The cache folder's name carries the writer's version: a folder written by version 1 (no
+    chat template) is left alone, and the default model is written anew, with its template."""
+    from pegainfer.engine import default_model
+
+    monkeypatch.setenv("PEGAINFER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(default_model, "WRITER_VERSION", 1)
+    old = tmp_path / default_model.default_model_name()
+    old.mkdir()
+    (old / "model.safetensors.index.json").write_text("{}")
+    (old / "tokenizer_config.json").write_text(json.dumps({"bos_token": "x"}))
+    monkeypatch.undo()
+    monkeypatch.setenv("PEGAINFER_CACHE_DIR", str(tmp_path))
+    current = default_model.ensure_default_model()
+    assert current != old and "chat_template" in json.loads((current / "tokenizer_config.json").read_text())
+    assert "chat_template" in json.loads((default_model.ensure_preset_tokenizer("tiny") / "tokenizer_config.json")
+                                         .read_text())

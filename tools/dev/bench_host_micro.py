@@ -46,6 +46,7 @@ async def loop_path(streams: int, tokens: int, rounds: int) -> list[float]:
 
     from pegainfer.daemon.bridge import EngineBridge
     from pegainfer.daemon.completions import create_completion
+    from pegainfer.daemon.runtime import Runtime
     from pegainfer.daemon.settings import Settings
     from pegainfer.engine.default_model import ensure_default_model
     from pegainfer.engine.contract import Admit, Finished, StepEvents, StepRecord, Token
@@ -58,10 +59,12 @@ async def loop_path(streams: int, tokens: int, rounds: int) -> list[float]:
     gpu = types.SimpleNamespace(submit=lambda cmd: admitted.append(cmd.request_id) if isinstance(cmd, Admit) else None,
                                 snapshot=lambda: None)
     tel = Telemetry()
-    rt = types.SimpleNamespace(
-        settings=Settings(), telemetry=tel, tokenizer=Tokenizer(ensure_default_model()), model_name="m",
-        engine=types.SimpleNamespace(cfg=types.SimpleNamespace(vocab_size=1024), max_model_len=4096,
-                                     cache=types.SimpleNamespace(num_slots=streams)))
+    # the version under test's own Runtime (whatever per-process parts its handlers read), with the
+    # engine replaced by the few attributes the request path reads
+    rt = Runtime(Settings(), tel)
+    rt.tokenizer, rt.model_name = Tokenizer(ensure_default_model()), "m"
+    rt.engine = types.SimpleNamespace(cfg=types.SimpleNamespace(vocab_size=1024), max_model_len=4096,
+                                      cache=types.SimpleNamespace(num_slots=streams))
     rt.bridge = EngineBridge(asyncio.get_running_loop(), types.SimpleNamespace(on_step=tel.on_step))
     rt.scheduler = Scheduler(rt.bridge, max_active=streams, max_pending=streams, observer=tel)
     rt.scheduler.set_ready(True)

@@ -1,6 +1,6 @@
 """invalid_requests: bodies the server must refuse, each with its status and an OpenAI error body
 {"error": {message, type, param, code}}: an empty prompt, a prompt plus max_tokens over the context,
-unsupported parameters (a batch of prompts, best_of 2 on a stream), sampling parameters out of
+unsupported parameters (suffix, best_of 2 on a stream), sampling parameters out of
 range (temperature -0.5, top_p 1.5, n 0 and 17, logprobs -1 and 6), malformed JSON, a body that
 is not an object, wrong types, a negative max_tokens and an unknown model; a valid neighbouring stream runs meanwhile and
 completes. Every refusal must leave a `rejected` request span with its HTTP status."""
@@ -22,7 +22,7 @@ def plan(limits: Limits) -> list[RequestObservation]:
     cases = [
         ("empty_prompt", body(m, "", 8), 400, None),
         ("over_context", body(m, p, limits.max_model_len), 400, "context_length_exceeded"),
-        ("prompt_batch", body(m, [p, p], 8), 400, "unsupported_parameter"),
+        ("suffix", {**body(m, p, 8), "suffix": "and so on"}, 400, "unsupported_parameter"),
         ("best_of_2_streamed", body(m, p, 8, best_of=2), 400, None),
         ("temperature_negative", body(m, p, 8, temperature=-0.5), 400, None),
         ("n_0", body(m, p, 8, n=0), 400, None),
