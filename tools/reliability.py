@@ -20,6 +20,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 # imported after the sys.path line above, so that `python tools/reliability.py` finds the packages
+from tools.benchkit.redact import redact_url
 from tools.reliakit import artifact
 from tools.reliakit.scenarios import SCENARIOS, select
 
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = RunConfig(a.selected, url=a.url, trace_file=a.trace_file, model=a.model, backend=a.backend,
                         ep_size=a.ep_size, work_dir=a.work_dir, device=a.device, random_preset=a.random_preset)
         record = Runner(cfg).run()
-    requested = {"url": a.url, "model": a.model, "random_preset": a.random_preset,
+    requested = {"url": redact_url(a.url), "model": a.model, "random_preset": a.random_preset,
                  "device": None if a.url else a.device, "backend": None if a.url else a.backend,
                  "ep_size": None if a.url else a.ep_size, "trace_file": str(a.trace_file) if a.trace_file else None,
                  "work_dir": str(a.work_dir) if a.work_dir else None, "scenarios": [s.name for s in a.selected]}

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 
+from tools.benchkit.redact import redact_url
 from tools.reliakit import client as c
 from tools.reliakit import server_checks as sc
 from tools.reliakit import server_spans
@@ -107,7 +108,7 @@ class Runner:
                 run.status, run.skip_reason = SKIPPED, reason
                 return
             run.limits = limits
-            run.server = {"url": url, "daemon": daemon.index if daemon else None,
+            run.server = {"url": redact_url(url), "daemon": daemon.index if daemon else None,
                           "flags": list(scenario.flags) if daemon else None}
             run.observations = scenario.plan(limits)
             probe = ReadyProbe(http, self.now)
