@@ -4,14 +4,18 @@ vLLM, SGLang), with vllm bench serve's metric definitions (tools/benchkit/metric
     python tools/bench_serving.py --base-url URL --profile short|mixed|long [--concurrency N[,N...]]
         [--num-requests N] [--repeats N] --out FILE.json [--trace-file PATH [--trace-wait S]] [--plot-dir DIR]
         [--claim TEXT] [--model NAME] [--max-tokens N] [--prompt-words N] [--seed S] [--timeout S]
-        [--warmup N] [--api-key KEY]
+        [--warmup N] [--api-key KEY] [--no-progress]
 
 Closed loop: at each concurrency level N workers send requests back to back until the level's
-requests are used up. Writes FILE.json and a markdown summary FILE.md beside it."""
+requests are used up. Writes FILE.json (with every request's own latencies) and a markdown summary
+FILE.md beside it. The bearer key comes from --api-key or PEGAINFER_API_KEY and is never written
+into either: recorded command lines go through tools/benchkit/redact.py. A progress bar runs on
+stderr when it is a terminal (--no-progress turns it off)."""
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 from pathlib import Path
@@ -23,15 +27,18 @@ if str(ROOT) not in sys.path:
 from tools.benchkit import hardware, report, steps, traces  # noqa: E402
 from tools.benchkit.client import ServerError, list_models, run_level  # noqa: E402
 from tools.benchkit.metrics import across_repeats, summarise, worst_marker  # noqa: E402
-from tools.benchkit.progress import Progress  # noqa: E402
+from tools.benchkit.progress import Progress, wanted  # noqa: E402
+from tools.benchkit.redact import redact_url  # noqa: E402
 from tools.benchkit.workload import PROFILES, make_prompts, parse_levels, requests_per_level  # noqa: E402
 
 ERRORS_KEPT = 5  # per run, in the report
+KEY_ENV = "PEGAINFER_API_KEY"  # the daemon's own variable for its key
 HEADLINE = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_ms", "median_e2el_ms")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    # no abbreviations: `--api K` must not slip past the redaction of `--api-key`'s value
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000")
     p.add_argument("--profile", required=True, choices=sorted(PROFILES))
     p.add_argument("--concurrency", help="comma-separated levels (default 1,4,8,16,32,64,128,256)")
@@ -44,7 +51,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="prompt text seed")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a request may take in all")
     p.add_argument("--warmup", type=int, default=2, help="requests sent (one at a time) before measuring")
-    p.add_argument("--api-key", help="bearer token for the server")
+    p.add_argument("--api-key", help=f"bearer token for the server (default: ${KEY_ENV}); never recorded")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (it only shows on a terminal)")
     p.add_argument("--trace-file", type=Path, help="the server's JSONL trace file, to join request records")
     p.add_argument("--trace-wait", type=float, default=120.0,
                    help="seconds to wait for the trace file to hold every request (a loaded server's exporter lags)")
@@ -60,6 +68,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         a.levels = parse_levels(a.concurrency)
     except ValueError as e:
         p.error(str(e))
+    a.key_from = "--api-key" if a.api_key else KEY_ENV if os.environ.get(KEY_ENV) else None
+    a.api_key = a.api_key or os.environ.get(KEY_ENV) or None
     return a
 
 
@@ -69,7 +79,7 @@ def server_info(a: argparse.Namespace) -> dict:
     if entry is None:
         raise ServerError(f"model {a.model!r} is not served (have: {', '.join(str(m.get('id')) for m in models)})")
     gpu = next((entry[k] for k in ("gpu", "gpu_name", "device_name") if entry.get(k)), None)
-    return {"base_url": a.base_url, "model": entry["id"], "backend": entry.get("backend"),
+    return {"base_url": redact_url(a.base_url), "model": entry["id"], "backend": entry.get("backend"),
             "maturity": entry.get("maturity"), "batch_invariant": entry.get("batch_invariant"), "gpu": gpu,
             "models_entry": entry}
 
@@ -77,28 +87,34 @@ def server_info(a: argparse.Namespace) -> dict:
 def run_sweep(a: argparse.Namespace, model: str, max_tokens: int) -> tuple[dict, list[dict]]:
     profile = PROFILES[a.profile]
     warm = make_prompts(profile, a.warmup, a.seed + 1_000_003, a.prompt_words) if a.warmup else []
-    warm_records = asyncio.run(run_level(a.base_url, model, warm, 1, max_tokens, a.timeout, a.api_key))[0] \
-        if warm else []
-    warmup = {"requests": len(warm), "failed": sum(not r.ok for r in warm_records),
-              "errors": [r.error for r in warm_records if r.error][:ERRORS_KEPT]}
-    levels = []
-    for n in a.levels:
-        count = requests_per_level(n, a.num_requests)
-        prompts = make_prompts(profile, count, a.seed, a.prompt_words)
-        runs = []
-        for rep in range(a.repeats):
-            started_ns = time.time_ns()
-            with Progress(count, f"concurrency {n} run {rep + 1}/{a.repeats}") as bar:
-                records, duration = asyncio.run(run_level(a.base_url, model, prompts, n, max_tokens, a.timeout,
-                                                          a.api_key, on_done=lambda r: bar.advance()))
-            runs.append({"repeat": rep, "metrics": summarise(records, duration),
-                         "window_ns": [started_ns, time.time_ns()],
-                         "request_ids": [r.request_id for r in records],
-                         "errors": [f"request {r.index}: {r.error}" for r in records if r.error][:ERRORS_KEPT]})
-        summary = across_repeats([r["metrics"] for r in runs])
-        levels.append({"concurrency": n, "requests": count, "runs": runs, "summary": summary,
-                       "marker": worst_marker([summary[k]["marker"] for k in HEADLINE])})
+    total = len(warm) + a.repeats * sum(requests_per_level(n, a.num_requests) for n in a.levels)
+    with Progress(total, enabled=wanted(a.no_progress)) as bar:
+        bar.stage("warmup")
+        warm_records = asyncio.run(run_level(a.base_url, model, warm, 1, max_tokens, a.timeout, a.api_key,
+                                             on_done=lambda r: bar.advance()))[0] if warm else []
+        warmup = {"requests": len(warm), "failed": sum(not r.ok for r in warm_records),
+                  "errors": [r.error for r in warm_records if r.error][:ERRORS_KEPT]}
+        levels = [_level(a, model, max_tokens, n, bar) for n in a.levels]
     return warmup, levels
+
+
+def _level(a: argparse.Namespace, model: str, max_tokens: int, n: int, bar: Progress) -> dict:
+    count = requests_per_level(n, a.num_requests)
+    prompts = make_prompts(PROFILES[a.profile], count, a.seed, a.prompt_words)
+    runs = []
+    for rep in range(a.repeats):
+        bar.stage(f"concurrency {n}" + (f" run {rep + 1}/{a.repeats}" if a.repeats > 1 else ""))
+        started_ns = time.time_ns()
+        records, duration = asyncio.run(run_level(a.base_url, model, prompts, n, max_tokens, a.timeout,
+                                                  a.api_key, on_done=lambda r: bar.advance()))
+        runs.append({"repeat": rep, "metrics": summarise(records, duration),
+                     "window_ns": [started_ns, time.time_ns()],
+                     "request_ids": [r.request_id for r in records],
+                     "requests": [r.to_dict() for r in records],  # each request's own latencies
+                     "errors": [f"request {r.index}: {r.error}" for r in records if r.error][:ERRORS_KEPT]})
+    summary = across_repeats([r["metrics"] for r in runs])
+    return {"concurrency": n, "requests": count, "runs": runs, "summary": summary,
+            "marker": worst_marker([summary[k]["marker"] for k in HEADLINE])}
 
 
 def join_traces(path: Path, levels: list[dict], wait_s: float) -> None:
@@ -134,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         "git": hardware.git(),
         "claim": a.claim,
         "server": server,
+        "auth": {"bearer": a.api_key is not None, "from": a.key_from},  # never the key itself
         "client_host": {**hardware.host(), "gpus": hardware.nvidia_smi_gpus()},
         "workload": {"profile": a.profile, "summary": f"{a.profile}: {words}", "prompt_words": a.prompt_words
                      or list(profile.words), "max_tokens": max_tokens, "seed": a.seed, "repeats": a.repeats,

@@ -28,6 +28,7 @@ from pegainfer.engine.engine import EngineSpec, build_engine  # noqa: E402
 from pegainfer.engine.generate import generate  # noqa: E402
 from pegainfer.engine.tokenizer import IncrementalDetokenizer, Tokenizer  # noqa: E402
 from pegainfer.ep.preflight import REFUSALS, preflight  # noqa: E402
+from tools.benchkit import hardware  # noqa: E402
 
 DEFAULT_CASES = ROOT / "tests" / "data" / "cases.json"
 
@@ -224,6 +225,7 @@ def run_variants(names: list[str], **kw) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, help="checkpoint folder for HF (and pegainfer unless --engine-model)")
     p.add_argument("--engine-model", type=Path, help="checkpoint folder pegainfer loads instead")
@@ -251,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     except (GateError, *REFUSALS) as e:
         print(f"hf_oracle: error: {e}", file=sys.stderr)
         return 2
+    report["command"] = hardware.command_line("tools/hf_oracle.py", argv)  # secrets redacted
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(report, indent=1, ensure_ascii=False))
     print(json.dumps({"classification": report["classification"], "out": str(a.out)}))

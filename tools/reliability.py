@@ -4,10 +4,13 @@ with failures, drain, an expert rank killed mid-stream), joins every request wit
 trace records, applies strict rules, and writes one JSON artifact (docs/reliability.md).
 
     python tools/reliability.py (--url URL [--trace-file PATH] | --spawn [--model DIR] [--backend B]
-        [--ep-size N] [--device cpu|cuda] [--random-preset P] [--work-dir DIR]) --out ARTIFACT.json [--dry-run] [--scenarios a,b]
+        [--ep-size N] [--device cpu|cuda] [--random-preset P] [--work-dir DIR]) --out ARTIFACT.json [--dry-run]
+        [--scenarios a,b] [--allow-skips]
 
-Exit status 0 only when every scenario that ran passed and every run-wide check passed; 1 otherwise;
-2 for a usage error."""
+Exit status 0 only when every scenario that ran passed, every run-wide check passed and nothing was
+skipped (a check that needs the trace file, a scenario that needs --spawn or ep >= 2), or skips were
+accepted with --allow-skips; 1 otherwise (verdict FAIL or INCOMPLETE); 2 for a usage error. The
+last line says the verdict and the counts, e.g. `PASS (45 checks, 12 skipped)`."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +23,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 # imported after the sys.path line above, so that `python tools/reliability.py` finds the packages
+from tools.benchkit.redact import redact_url
 from tools.reliakit import artifact
 from tools.reliakit.scenarios import SCENARIOS, select
 
@@ -33,6 +37,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="write a deterministic artifact without a server")
     p.add_argument("--scenarios", help=f"comma-separated subset of: {', '.join(SCENARIOS)} (default all)")
     p.add_argument("--trace-file", type=Path, help="with --url: the server's trace-record file (JSONL)")
+    p.add_argument("--allow-skips", action="store_true",
+                   help="pass even when checks or scenarios were skipped (default: the verdict is INCOMPLETE, exit 1)")
     p.add_argument("--model", help="with --spawn: checkpoint folder (default: the embedded tiny model)")
     p.add_argument("--backend", default="local", help="with --spawn: EP backend (default local)")
     p.add_argument("--ep-size", type=int, default=1, help="with --spawn: expert-parallel ranks (default 1)")
@@ -82,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = RunConfig(a.selected, url=a.url, trace_file=a.trace_file, model=a.model, backend=a.backend,
                         ep_size=a.ep_size, work_dir=a.work_dir, device=a.device, random_preset=a.random_preset)
         record = Runner(cfg).run()
-    requested = {"url": a.url, "model": a.model, "random_preset": a.random_preset,
+    record.allow_skips = a.allow_skips
+    requested = {"url": redact_url(a.url), "model": a.model, "random_preset": a.random_preset,
                  "device": None if a.url else a.device, "backend": None if a.url else a.backend,
                  "ep_size": None if a.url else a.ep_size, "trace_file": str(a.trace_file) if a.trace_file else None,
                  "work_dir": str(a.work_dir) if a.work_dir else None, "scenarios": [s.name for s in a.selected]}
@@ -91,12 +98,19 @@ def main(argv: list[str] | None = None) -> int:
     s = doc["summary"]
     for run in doc["scenarios"]:
         failed = ", ".join(c["name"] for c in run["checks"] if c["status"] == "fail")
+        skips = sum(c["status"] == "skip" for c in run["checks"])
         extra = f" ({run['skip_reason']})" if run["status"] == "skipped" else f" failed: {failed}" if failed else ""
+        extra += f" ({skips} check{'s' if skips != 1 else ''} skipped)" if skips else ""
         print(f"{run['name']:<32} {run['status']}{extra}", file=sys.stderr)
     for c in doc["checks"]:
         print(f"run:{c['name']:<28} {c['status']}{'' if c['status'] != 'fail' else ': ' + c['detail'][:200]}",
               file=sys.stderr)
-    print(f"{s['verdict'].upper()}: wrote {out}", file=sys.stderr)
+    if record.verdict == "incomplete":
+        print(f"reliability: nothing failed, but {len(record.skips)} things were not checked "
+              "(--allow-skips accepts that):", file=sys.stderr)
+        for line in record.skips:
+            print(f"  skipped {line[:200]}", file=sys.stderr)
+    print(f"{record.verdict_line()}: wrote {out}", file=sys.stderr)
     return s["exit_code"]
 
 

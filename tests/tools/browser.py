@@ -1,9 +1,14 @@
-"""Headless Chromium for the viewer tests: --dump-dom (the DOM after the page's scripts ran) and
---screenshot, with a throwaway profile and nothing that reaches the network. Debian: apt-get
-install -y chromium. Without it the browser tests skip, except under CI (CI set), where they fail."""
+"""Headless Chromium for the viewer tests: --dump-dom (the DOM after the page's scripts ran) at a
+given window size, a probe (a copy of the page with a test script run after the page's own, which
+measures or clicks and writes JSON into the DOM for --dump-dom to bring back) and --screenshot,
+with a throwaway profile and nothing that reaches the network. Debian: apt-get install -y chromium.
+Without it the browser tests skip, except under CI (CI set), where they fail."""
 from __future__ import annotations
 
+import html
+import json
 import os
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -32,12 +37,30 @@ def _run(args: list[str], profile: Path, url: str) -> str:
     return proc.stdout
 
 
-def dump_dom(page: Path, profile: Path) -> str:
-    return _run(["--dump-dom"], profile, page.resolve().as_uri())
+def dump_dom(page: Path, profile: Path, size: tuple[int, int] = (1400, 900)) -> str:
+    return _run(["--dump-dom", f"--window-size={size[0]},{size[1]}", "--hide-scrollbars"], profile,
+                page.resolve().as_uri())
 
 
-def screenshot(page: Path, out: Path, profile: Path, fragment: str = "") -> None:
-    _run([f"--screenshot={out}", "--window-size=1400,900", "--hide-scrollbars"], profile,
+def probe(page: Path, script: str, profile: Path, size: tuple[int, int] = (1400, 900)) -> dict:
+    """Run `script` (a JS function body that returns a JSON-able value) in the page after its own
+    script, at this window size; its return value, read back from the dumped DOM."""
+    copy = profile.parent / f"{page.stem}-probe-{size[0]}x{size[1]}.html"
+    wrapped = (f"<script>(function () {{ let out; try {{ out = (function () {{ {script} }})(); }} "
+               "catch (e) { out = {probe_error: String(e && e.stack || e)}; } "
+               "const pre = document.createElement('pre'); pre.id = 'probe-result'; "
+               "pre.textContent = JSON.stringify(out); document.body.appendChild(pre); })();</script>")
+    copy.write_text(page.read_text().replace("</body>", wrapped + "</body>"))
+    dom = dump_dom(copy, profile, size)
+    found = re.search(r'<pre id="probe-result">(.*?)</pre>', dom, re.S)
+    assert found, dom[-2000:]
+    result = json.loads(html.unescape(found[1]))
+    assert not (isinstance(result, dict) and "probe_error" in result), result
+    return result
+
+
+def screenshot(page: Path, out: Path, profile: Path, fragment: str = "", size: tuple[int, int] = (1400, 900)) -> None:
+    _run([f"--screenshot={out}", f"--window-size={size[0]},{size[1]}", "--hide-scrollbars"], profile,
          page.resolve().as_uri() + fragment)
 
 

@@ -1,6 +1,7 @@
 """The serving benchmark's client: against a fake OpenAI SSE server that fails every third request
 (each failure mode once: HTTP 500, an error chunk, a stream without [DONE]) and one that never
-answers in time; the trace join; and the real client against the real tiny-model daemon."""
+answers in time; the bearer key sent but never recorded; per-request latencies, the progress bar
+and plots from 0; the trace join; and the real client against the real tiny-model daemon."""
 from __future__ import annotations
 
 import asyncio
@@ -27,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FAIL_DELAY_S = 0.4  # failing requests are slow: if one leaked into an average, the p99s would show it
 CHUNK_GAP_S = 0.01
 TOKENS = 4
+KEY = "sk-test-9f8e7d6c5b4a"
 
 
 def fake_app() -> Starlette:
@@ -35,11 +37,13 @@ def fake_app() -> Starlette:
     async def models(_: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
             {"id": "flaky", "backend": "fake", "maturity": "candidate", "gpu": "Fake GPU 80GB"},
-            {"id": "steady"}, {"id": "slow"}, {"id": "nousage"}, {"id": "unicode"}]})
+            {"id": "steady"}, {"id": "slow"}, {"id": "nousage"}, {"id": "unicode"}, {"id": "secured"}]})
 
     async def completions(http: Request) -> Response:
         body = await http.json()
         model = body["model"]
+        if model == "secured" and http.headers.get("authorization") != f"Bearer {KEY}":
+            return JSONResponse({"error": {"message": "invalid api key"}}, status_code=401)
         assert body["stream"] and body["stream_options"] == {"include_usage": True} and body["ignore_eos"]
         n = counters[model] = counters.get(model, 0) + 1
         rid = f"{model}-{n}"
@@ -287,3 +291,82 @@ def test_against_the_real_daemon(tiny_model_dir, tmp_path):
     md = out.with_suffix(".md").read_text()
     assert "Engine steps inside each run's window" in md
     assert "CPU smoke test" in md and "`local` (maturity `production`)" in md and "| 2 | 4 | 4 / 0 / 0 |" in md
+
+
+def _no_key_anywhere(tmp_path: Path) -> None:
+    for f in (tmp_path / "report.json", tmp_path / "report.md"):
+        assert KEY not in f.read_text(), f
+
+
+def test_the_key_is_sent_but_never_recorded(fake_server, tmp_path, monkeypatch):
+    common = ["--base-url", fake_server, "--profile", "short", "--model", "secured", "--concurrency", "1",
+              "--num-requests", "2", "--warmup", "0"]
+    for how in (["--api-key", KEY], [f"--api-key={KEY}"]):
+        r = bench(tmp_path, *common, *how)
+        assert r["levels"][0]["runs"][0]["metrics"]["completed"] == 2  # the server saw the right key
+        assert "REDACTED" in r["command"] and r["auth"] == {"bearer": True, "from": "--api-key"}
+        _no_key_anywhere(tmp_path)
+    monkeypatch.setenv("PEGAINFER_API_KEY", KEY)
+    r = bench(tmp_path, *common)
+    assert r["levels"][0]["runs"][0]["metrics"]["completed"] == 2
+    assert r["auth"] == {"bearer": True, "from": "PEGAINFER_API_KEY"} and "--api-key" not in r["command"]
+    _no_key_anywhere(tmp_path)
+    monkeypatch.delenv("PEGAINFER_API_KEY")
+    r = bench(tmp_path, *common)  # no key: the server refuses every request, and the report says so
+    assert r["levels"][0]["runs"][0]["metrics"]["failed"] == 2 and r["auth"] == {"bearer": False, "from": None}
+    with pytest.raises(SystemExit) as e:  # an abbreviation would slip past the redaction of --api-key's value
+        bench_serving.parse_args([*common, "--api", KEY, "--out", "x.json"])
+    assert e.value.code == 2
+
+
+def test_every_request_has_its_own_latencies_in_the_json(fake_server, tmp_path):
+    r = bench(tmp_path, "--base-url", fake_server, "--profile", "short", "--model", "flaky", "--concurrency", "1",
+              "--num-requests", "6", "--warmup", "0", "--max-tokens", "4")
+    run = r["levels"][0]["runs"][0]
+    reqs = run["requests"]
+    assert [x["index"] for x in reqs] == list(range(6)) and [x["request_id"] for x in reqs] == run["request_ids"]
+    ok = [x for x in reqs if x["ok"]]
+    assert len(ok) == run["metrics"]["completed"] == 4
+    for x in ok:
+        assert 0 < x["ttft_ms"] <= x["e2el_ms"] and x["output_tokens"] == TOKENS and x["error"] is None
+        assert x["tpot_ms"] == pytest.approx((x["e2el_ms"] - x["ttft_ms"]) / (TOKENS - 1), abs=1e-2)
+        assert x["itl_ms"]["count"] == TOKENS - 1 and x["itl_ms"]["max"] >= x["itl_ms"]["median"] > 0
+    failed = [x for x in reqs if not x["ok"]]
+    assert len(failed) == 2 and all(x["error"] for x in failed)
+    assert max(x["e2el_ms"] for x in ok) == pytest.approx(max_e2el := run["metrics"]["p99_e2el_ms"], rel=0.05), \
+        max_e2el  # the run's p99 is drawn from these same requests
+
+
+def test_progress_bar_only_where_a_person_watches(fake_server, tmp_path, capsys):
+    import io
+
+    from tools.benchkit.progress import Progress, wanted
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert wanted(False, Tty()) and not wanted(True, Tty()) and not wanted(False, io.StringIO())
+    out = Tty()
+    with Progress(3, enabled=True, file=out) as bar:
+        bar.stage("concurrency 4")
+        bar.advance(3)
+    assert "concurrency 4" in out.getvalue() and "3/3" in out.getvalue()
+    with Progress(3, enabled=False, file=(quiet := Tty())) as bar:
+        bar.advance(3)
+    assert quiet.getvalue() == "" and not bar.active
+    bench(tmp_path, "--base-url", fake_server, "--profile", "short", "--model", "steady", "--concurrency", "1",
+          "--num-requests", "2", "--warmup", "0", "--no-progress")
+    err = capsys.readouterr().err
+    assert "req/s" not in err and "bench_serving:" not in err.split("concurrency")[0]
+
+
+def test_plots_start_at_zero(tmp_path):
+    from tools.benchkit.plots import FIGURES, figure, plot_levels
+    stat = {"median": 900.0, "min": 880.0, "max": 910.0}  # a narrow range far from 0
+    levels = [{"concurrency": c, "summary": {k: dict(stat, median=stat["median"] + c) for _, _, s in FIGURES.values()
+                                             for k, _ in s}} for c in (1, 2, 4)]
+    for stem in FIGURES:
+        bottom, top = figure(levels, stem).axes[0].get_ylim()
+        assert bottom == 0 and top >= 910  # the whole error bar still fits
+    assert [p.name for p in plot_levels(levels, tmp_path)] == [f"{s}.png" for s in FIGURES]

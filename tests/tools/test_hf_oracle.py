@@ -85,6 +85,7 @@ def test_cli_writes_a_report(tiny_model_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(out.read_text())
     assert report["classification"] == "all_token_text_exact" and report["case_count"] == 2
+    assert report["command"] == f"python tools/hf_oracle.py --model {tiny_model_dir} --cases {cases} --out {out}"
 
 
 def test_weights_in_the_engine_are_the_checkpoint(tiny_model_dir):

@@ -60,8 +60,10 @@ def assert_common(doc: dict) -> None:
 
 
 def test_spawn_local_every_applicable_scenario(tmp_path, tiny_model_dir):
-    code, doc = run(tmp_path, "--spawn", "--model", str(tiny_model_dir), "--work-dir", str(tmp_path / "work"))
+    code, doc = run(tmp_path, "--spawn", "--model", str(tiny_model_dir), "--work-dir", str(tmp_path / "work"),
+                    "--allow-skips")  # the three rank scenarios need ep >= 2
     assert code == 0, failures(doc)
+    assert doc["summary"]["checks"]["skipped"] == 0 and len(doc["summary"]["skips"]) == 3
     assert doc["target"]["backend"] == "local" and doc["target"]["maturity"] == "production"
     assert doc["summary"]["passed"] == [n for n, s in SCENARIOS.items() if s.min_ep_size == 1]
     assert {"expert_rank_failure", "idle_rank_death", "idle_rank_stall"} <= set(doc["summary"]["skipped"])
@@ -74,7 +76,7 @@ def test_spawn_host_staged_ep2_with_drain_and_a_killed_expert_rank(tmp_path, tin
     code, doc = run(tmp_path, "--spawn", "--model", str(tiny_model_dir), "--backend", "host-staged",
                     "--ep-size", "2", "--work-dir", str(tmp_path / "work"))
     assert code == 0, failures(doc)
-    assert doc["summary"]["passed"] == list(SCENARIOS)
+    assert doc["summary"]["passed"] == list(SCENARIOS) and doc["summary"]["skips"] == []
     assert_common(doc)
     erf = by_name(doc)["expert_rank_failure"]
     assert erf["terminal_reasons"] == {"failed": 2}
@@ -100,11 +102,15 @@ def test_url_mode_joins_the_given_trace_file_and_skips_what_ends_the_server(tmp_
                        "--max-pending", "4", "--max-model-len", "512") as d:
         code, doc = run(tmp_path, "--url", d.url, "--trace-file", str(trace),
                         "--scenarios", "cancel_disconnect,invalid_requests,drain")
-        assert code == 0, failures(doc)
+        assert code == 1 and doc["summary"]["verdict"] == "incomplete" and not doc["summary"]["failed"], failures(doc)
         assert doc["mode"] == "url" and doc["trace_files"] == [str(trace)] and doc["daemons"] == []
-        assert "needs --spawn" in doc["summary"]["skipped"]["drain"]
+        assert "needs --spawn" in doc["summary"]["skipped"]["drain"] and doc["summary"]["checks"]["skipped"] == 0
         assert by_name(doc)["invalid_requests"]["trace_coverage"]["exactly_one"] == 19  # 17 refusals + the neighbour + the follow-up
         code, doc = run(tmp_path, "--url", d.url, "--scenarios", "invalid_requests")  # no trace file
-        assert code == 0, failures(doc)
         checks = {c["name"]: c["status"] for c in by_name(doc)["invalid_requests"]["checks"]}
         assert checks["trace_coverage"] == "skip" and checks["client_outcomes"] == "pass"
+        # trace rules skipped: INCOMPLETE, not PASS, unless the skips are accepted
+        assert code == 1 and doc["summary"]["verdict"] == "incomplete", failures(doc)
+        assert doc["summary"]["checks"]["skipped"] == 3 and not doc["summary"]["failed"]
+        code, doc = run(tmp_path, "--url", d.url, "--scenarios", "invalid_requests", "--allow-skips")
+        assert code == 0 and doc["summary"]["verdict"] == "pass", failures(doc)

@@ -100,7 +100,7 @@ def test_perfetto_trace_events(daemon_run: DaemonRun, tmp_path: Path):
     assert view(str(daemon_run.trace_path), "--out", str(out), "--format", "perfetto").returncode == 0
     events = json.loads(out.read_text())["traceEvents"]
     for e in events:
-        assert e["ph"] in ("X", "i", "M") and isinstance(e["pid"], int) and isinstance(e["tid"], int) and e["name"]
+        assert e["ph"] in ("X", "i", "M", "s", "f") and isinstance(e["pid"], int) and isinstance(e["tid"], int) and e["name"]
         if e["ph"] == "X":
             assert e["ts"] >= 0 and e["dur"] >= 0
     names = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
@@ -142,3 +142,34 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path):
     assert proc.returncode == 2 and "line 1" in proc.stderr
     proc = view(str(bad), "--out", str(tmp_path / "x.html"), "--since", "yesterday")
     assert proc.returncode == 2 and "ISO 8601" in proc.stderr
+
+
+def test_perfetto_flows_from_each_request_to_its_engine_steps(daemon_run: DaemonRun, tmp_path: Path):
+    """Chrome trace-event flow events: per (request, step) one "s" on the request's track inside its
+    slice and one "f" (binding to the enclosing slice) inside that step's slice on the engine track."""
+    from tools.traceview import reader
+    out = tmp_path / "trace.json"
+    assert view(str(daemon_run.trace_path), "--out", str(out), "--format", "perfetto").returncode == 0
+    events = json.loads(out.read_text())["traceEvents"]
+    requests, _ = reader.build(reader.load(str(daemon_run.trace_path)))
+    names = {e["args"]["name"].split(" ")[0]: e["tid"] for e in events if e.get("name") == "thread_name"}
+    steps = {e["args"]["pegainfer.step.index"]: e for e in events if e["ph"] == "X" and e["cat"] == "engine_step"}
+    roots = {e["tid"]: e for e in events if e["ph"] == "X" and e["cat"] == "request"}
+    starts = [e for e in events if e["ph"] == "s"]
+    ends = {e["id"]: e for e in events if e["ph"] == "f"}
+    assert len(starts) == len(ends) == sum(len(r.steps) for r in requests) > 0
+    assert len({e["id"] for e in starts}) == len(starts)  # one id per pair
+    for r in requests:
+        tid = names[r.request_id]
+        mine = [e for e in starts if e["tid"] == tid]
+        assert sorted(e["args"]["step"] for e in mine) == sorted(r.steps), r.request_id
+        root = roots[tid]
+        for s in mine:
+            f = ends[s["id"]]
+            step = steps[s["args"]["step"]]
+            assert f["tid"] == 1 and f["bp"] == "e" and f["cat"] == s["cat"] == "flow" and f["name"] == s["name"]
+            assert step["ts"] <= f["ts"] <= step["ts"] + step["dur"]  # inside the step it points at
+            assert root["ts"] <= s["ts"] <= root["ts"] + root["dur"]  # inside the request it leaves
+            assert r.request_id in step["args"]["request_ids"]
+    batch = [r for r in requests if len(r.steps) > 1]
+    assert batch, "no request took part in more than one step"

@@ -1,5 +1,5 @@
 """Where and when a number was measured: git revision, date, host CPU, GPUs, library versions and
-the exact command line, for the header of every benchmark report."""
+the command line (secrets redacted), for the header of every benchmark report."""
 from __future__ import annotations
 
 import datetime
@@ -9,6 +9,8 @@ import shlex
 import shutil
 import subprocess
 from pathlib import Path
+
+from tools.benchkit.redact import redact_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,5 +77,6 @@ def torch_stack(device: str | None = None) -> dict:
 
 
 def command_line(script: str, argv: list[str]) -> str:
-    """The command as a person would retype it from the repository root."""
-    return shlex.join(["python", script, *argv])
+    """The command as a person would retype it from the repository root, secrets redacted
+    (tools/benchkit/redact.py): every tool records its command line through here."""
+    return shlex.join(["python", script, *redact_argv(argv)])

@@ -51,6 +51,22 @@ class RequestRecord:
         t = self.chunk_times
         return [b - a for a, b in zip(t, t[1:])]
 
+    def to_dict(self) -> dict:
+        """The request's own latencies for the report (ms; None where it has none, e.g. when it failed
+        before its first chunk), its ITL gaps summarised, and how it ended."""
+        def ms(seconds: float | None) -> float | None:
+            return None if seconds is None else round(seconds * 1e3, 3)
+
+        gaps = self.itls
+        itl = {"count": len(gaps), "mean": ms(statistics.fmean(gaps)) if gaps else None,
+               "median": ms(statistics.median(gaps)) if gaps else None,
+               "p99": ms(percentile(gaps, 99)) if gaps else None, "max": ms(max(gaps)) if gaps else None}
+        return {"index": self.index, "request_id": self.request_id, "ok": self.ok, "error": self.error,
+                "timed_out": self.timed_out, "ttft_ms": ms(self.ttft), "tpot_ms": ms(self.tpot),
+                "e2el_ms": ms(self.e2el), "itl_ms": itl, "output_tokens": self.output_tokens,
+                "prompt_tokens": self.prompt_tokens, "chunks": len(self.chunk_times),
+                "usage_reported": self.usage_reported}
+
 
 def percentile(values: list[float], q: float) -> float:
     """numpy.percentile's default (linear interpolation between closest ranks)."""

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import httpx
 
+from tools.benchkit.redact import redact_argv
+
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 60.0
@@ -151,6 +153,6 @@ class SpawnedDaemon:
         return self.exit_code
 
     def to_dict(self) -> dict:
-        return {"index": self.index, "flags": self.flags, "url": self.url, "trace_file": str(self.trace_file),
+        return {"index": self.index, "flags": redact_argv(self.flags), "url": self.url, "trace_file": str(self.trace_file),
                 "log": str(self.log_path), "startup_s": self.startup_s, "exit_code": self.exit_code,
                 "ended_by": self.ended_by}

@@ -1,6 +1,8 @@
 """Everything one run produced, live or dry: the server it ran against, the baseline output, each
 scenario's record, the run-wide checks (baseline, output-hash stability across the whole run, the
-final idle baseline, daemon exits) and the verdict that sets the exit status."""
+final idle baseline, daemon exits) and the verdict that sets the exit status: `fail` when anything
+failed, `incomplete` when nothing failed but a check or a scenario was skipped (unless skips are
+allowed: --allow-skips), else `pass`."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,7 +10,7 @@ from typing import Any
 
 from tools.reliakit import observation as o
 from tools.reliakit import request_checks as rc
-from tools.reliakit.check import Check, verdict
+from tools.reliakit.check import FAIL, PASS, SKIP, Check, verdict
 from tools.reliakit.limits import Limits
 from tools.reliakit.observation import RequestObservation
 from tools.reliakit.result import FAILED, PASSED, SKIPPED, ScenarioRun
@@ -25,6 +27,7 @@ class RunRecord:
     daemons: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     trace_files: list[str] = dataclasses.field(default_factory=list)
     spans: SpanIndex | None = None
+    allow_skips: bool = False  # --allow-skips: a run with skipped checks or scenarios may still pass
 
     def observations(self) -> list[RequestObservation]:
         out = [self.baseline] if self.baseline is not None else []
@@ -46,10 +49,39 @@ class RunRecord:
         return [r.name for r in self.scenarios if r.status == FAILED] + \
                [f"run:{c.name}" for c in self.run_checks if c.failed]
 
+    def all_checks(self) -> list[tuple[str, Check]]:
+        """(where, check) for every check: `scenario` names for a scenario's, `run` for run-wide ones."""
+        return [(r.name, c) for r in self.scenarios for c in r.checks] + [("run", c) for c in self.run_checks]
+
+    def check_counts(self) -> dict[str, int]:
+        statuses = [c.status for _, c in self.all_checks()]
+        return {"total": len(statuses), "passed": statuses.count(PASS), "failed": statuses.count(FAIL),
+                "skipped": statuses.count(SKIP)}
+
+    @property
+    def skips(self) -> list[str]:
+        """What did not run, one line each: skipped scenarios and skipped checks, with the reason."""
+        return [f"scenario {r.name}: {r.skip_reason}" for r in self.scenarios if r.status == SKIPPED] + \
+               [f"{where}:{c.name}: {c.detail}" for where, c in self.all_checks() if c.status == SKIP]
+
+    @property
+    def verdict(self) -> str:
+        ran = [r for r in self.scenarios if r.status != SKIPPED]
+        if self.failed or self.baseline is None or self.final is None or not ran:
+            return "fail"
+        return "incomplete" if self.skips and not self.allow_skips else "pass"
+
     @property
     def exit_code(self) -> int:
-        ran = [r for r in self.scenarios if r.status != SKIPPED]
-        return 0 if not self.failed and self.baseline is not None and self.final is not None and ran else 1
+        return 0 if self.verdict == "pass" else 1
+
+    def verdict_line(self) -> str:
+        """e.g. `PASS (45 checks, 12 skipped)`, `INCOMPLETE (45 checks, 12 skipped; 5 scenarios skipped)`."""
+        n = self.check_counts()
+        scenarios = sum(r.status == SKIPPED for r in self.scenarios)
+        parts = [f"{n['total']} checks"] + [f"{n[k]} {k}" for k in ("failed", "skipped") if n[k]]
+        tail = f"; {scenarios} scenario{'s' if scenarios != 1 else ''} skipped" if scenarios else ""
+        return f"{self.verdict.upper()} ({', '.join(parts)}{tail})"
 
     def to_dict(self) -> dict[str, Any]:
         base = None
@@ -67,7 +99,10 @@ class RunRecord:
                 "passed": [r.name for r in self.scenarios if r.status == PASSED],
                 "failed": self.failed,
                 "skipped": {r.name: r.skip_reason for r in self.scenarios if r.status == SKIPPED},
-                "verdict": "pass" if self.exit_code == 0 else "fail",
+                "checks": self.check_counts(),
+                "skips": self.skips,
+                "allow_skips": self.allow_skips,
+                "verdict": self.verdict,
                 "exit_code": self.exit_code,
             },
         }

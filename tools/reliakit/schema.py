@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tools.reliakit.observation import OUTCOMES, REASONS
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: summary.checks, .skips, .allow_skips and the verdict `incomplete`
 
 STR, INT, NUM, BOOL, OBJ, ARR, NULL = "string", "integer", "number", "boolean", "object", "array", "null"
 
@@ -96,6 +96,9 @@ SCHEMA = {
         "summary": _obj({"passed": {"type": ARR, "items": {"type": STR}},
                          "failed": {"type": ARR, "items": {"type": STR}},
                          "skipped": {"type": OBJ, "additionalProperties": _n(STR)},
-                         "verdict": {"enum": ["pass", "fail"]}, "exit_code": {"enum": [0, 1]}}),
+                         "checks": _obj({k: {"type": INT, "minimum": 0}
+                                         for k in ("total", "passed", "failed", "skipped")}),
+                         "skips": {"type": ARR, "items": {"type": STR}}, "allow_skips": {"type": BOOL},
+                         "verdict": {"enum": ["pass", "incomplete", "fail"]}, "exit_code": {"enum": [0, 1]}}),
     }),
 }
