@@ -7,10 +7,14 @@ soft limit is raised toward the hard one as far as the budget needs (as Go's run
 do), and a structured warning names the limit when even the hard one is too low.
 
 The guard, shared by every connection (daemon/http_protocol.py): at the cap a new connection
-evicts the connection that has waited longest without a request in progress (idle keep-alive, or
-still sending its headers: a slowloris), like nginx reusing keep-alive connections; when every
-connection has a request in progress, the new one gets a JSON 503; past the ceiling it is closed
-at once, so that the process never runs out of descriptors (accept failing with EMFILE)."""
+evicts the connection that has waited longest without a request in progress: an idle keep-alive one
+first (as nginx reuses keep-alive connections), else one still sending its first request's headers
+after EVICT_GRACE_S (a slowloris). A connection that opened less than EVICT_GRACE_S ago is never
+evicted: in a burst of new connections its request is on the way, and closing it unanswered is a
+reset to its client. With nothing to evict, the new connection's request gets a JSON 503 (counted
+as a refusal); past the ceiling it is closed at once, so that the process never runs out of
+descriptors (accept failing with EMFILE). The ceiling leaves BURST_ROOM descriptors above the cap
+wherever the hard limit allows, so that a burst is answered rather than dropped."""
 from __future__ import annotations
 
 import dataclasses
@@ -30,6 +34,12 @@ RESERVE_FDS = 128
 RESERVE_FDS_PER_RANK = 32  # pipes and gloo/NCCL sockets to each expert rank, with room to spare
 PROBE_MARGIN = 64  # health checks, metrics scrapes, cancel calls beside the queue's own connections
 LOG_EVERY_S = 10.0  # at most one connection_cap log line per this many seconds
+# A new connection gets this long to send its first request's headers before it may be evicted to
+# make room (a burst's requests arrive within it; a slowloris is still sending after it)
+EVICT_GRACE_S = 2.0
+# Descriptors the ceiling keeps above the cap, when the hard limit allows: over-cap connections of a
+# burst are answered with a 503 instead of being closed unanswered
+BURST_ROOM = 4096
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -58,7 +68,7 @@ def plan_budget(s: Settings, soft: int, hard: int) -> ConnectionBudget:
     """The budget under descriptor limits (soft, hard), with the soft limit it wants set; pure."""
     wanted = wanted_connections(s)
     reserve = RESERVE_FDS + RESERVE_FDS_PER_RANK * s.ep_size
-    need = reserve + wanted + wanted // 4  # the last fifth of the room: 503s instead of closing unanswered
+    need = reserve + wanted + max(wanted // 4, BURST_ROOM)  # above the cap: 503s instead of closing unanswered
     if soft != resource.RLIM_INFINITY and soft < need:
         soft = need if hard == resource.RLIM_INFINITY else min(hard, need)
     usable = need if soft == resource.RLIM_INFINITY else soft
@@ -104,8 +114,10 @@ class ConnectionGuard:
 
     def __init__(self, budget: ConnectionBudget, clock=time.monotonic):
         self.budget = budget
-        self._counted: set[Evictable] = set()  # the connections counted in `open`
-        self._idle: dict[Evictable, None] = {}  # no request in progress, longest-waiting first
+        self._served: set[Evictable] = set()  # served normally: at most max_connections
+        self._refusing: set[Evictable] = set()  # over the cap, being answered 503: up to the ceiling in all
+        self._kept: dict[Evictable, None] = {}  # idle after a response, longest-waiting first
+        self._fresh: dict[Evictable, float] = {}  # opened, first headers not complete: when it opened
         self.evicted = self.refused = self.dropped = 0
         self._clock = clock
         self._logged_at = -LOG_EVERY_S
@@ -113,38 +125,56 @@ class ConnectionGuard:
 
     @property
     def open(self) -> int:
-        return len(self._counted)
+        return len(self._served) + len(self._refusing)
 
     def admit(self, conn: Evictable) -> Admission:
-        self._counted.add(conn)
-        if self.open > self.budget.max_connections and self._idle:
-            victim = next(iter(self._idle))
+        if len(self._served) >= self.budget.max_connections and (victim := self._victim()) is not None:
             self.release(victim)  # its descriptor is freed as it closes: count it out now
             victim.evict()
             self.evicted += 1
-        if self.open <= self.budget.max_connections:
+        if len(self._served) < self.budget.max_connections:
+            self._served.add(conn)
             verdict = Admission.SERVE
-        elif self.open <= self.budget.ceiling:
+        elif self.open < self.budget.ceiling:
+            self._refusing.add(conn)
             verdict, self.refused = Admission.REFUSE, self.refused + 1
         else:
-            self.release(conn)
             verdict, self.dropped = Admission.DROP, self.dropped + 1
         self._log()
         return verdict
 
+    def _victim(self) -> Evictable | None:
+        """The idle keep-alive connection that waited longest, else the oldest new connection still
+        without its headers once it has had EVICT_GRACE_S to send them, else none."""
+        if self._kept:
+            return next(iter(self._kept))
+        if self._fresh:
+            conn, opened = next(iter(self._fresh.items()))
+            if self._clock() - opened >= EVICT_GRACE_S:
+                return conn
+        return None
+
+    def opened(self, conn: Evictable) -> None:
+        """`conn` was just served a place: no request yet, and the grace to send its first one."""
+        if conn in self._served:
+            self._fresh[conn] = self._clock()
+
     def idle(self, conn: Evictable) -> None:
-        """`conn` has no request in progress (just opened, or its last response is complete)."""
-        if conn in self._counted:
-            self._idle.pop(conn, None)
-            self._idle[conn] = None  # to the back: it has waited least
+        """`conn` has no request in progress: its last response is complete."""
+        if conn in self._served:
+            self._fresh.pop(conn, None)
+            self._kept.pop(conn, None)
+            self._kept[conn] = None  # to the back: it has waited least
 
     def busy(self, conn: Evictable) -> None:
-        self._idle.pop(conn, None)
+        self._fresh.pop(conn, None)
+        self._kept.pop(conn, None)
 
     def release(self, conn: Evictable) -> None:
         """`conn` closed (or is closing): idempotent."""
-        self._idle.pop(conn, None)
-        self._counted.discard(conn)
+        self.busy(conn)
+        self._served.discard(conn)
+        self._refusing.discard(conn)
 
     def _log(self) -> None:
         counts = (self.evicted, self.refused, self.dropped)

@@ -8,9 +8,10 @@ JSON wherever this layer answers on its own.
   request never sent could be read as the answer to the client's next one). Between requests,
   uvicorn's keep-alive timeout applies.
 - At the connection cap the connection that has waited longest without a request in progress is
-  evicted to make room; when there is none, the new connection's request is answered with a JSON
-  503 (code `too_many_connections`, Retry-After) and the connection is closed; past the descriptor
-  ceiling a new connection is closed at once.
+  evicted to make room (never one opened less than connections.EVICT_GRACE_S ago); when there is
+  none, the new connection's request is answered with a JSON 503 (code `too_many_connections`,
+  Retry-After), counted through `on_refused` (the daemon records it as a refused request), and the
+  connection is closed; past the descriptor ceiling a new connection is closed at once.
 - Bytes that are not HTTP get a 400 with the error JSON (uvicorn's own is text/plain).
 - A connection answered before its request arrived in full (this layer's 400 and 408; the app's
   408 or 413 while the body is still coming) is closed the way nginx does it, lingering: it stops
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -34,16 +36,21 @@ REFUSE_HEADER_TIMEOUT_S = 1.0
 LINGER_S = 2.0
 
 
-def protocol_factory(guard: ConnectionGuard, header_timeout_s: float):
+Refused = Callable[[dict[str, Any], APIError], None]  # (the ASGI scope of the refused request, its answer)
+
+
+def protocol_factory(guard: ConnectionGuard, header_timeout_s: float, on_refused: Refused | None = None):
     """What uvicorn.Config(http=...) takes: a callable with the protocol class's signature."""
-    return functools.partial(GuardedHttpProtocol, guard=guard, header_timeout_s=header_timeout_s)
+    return functools.partial(GuardedHttpProtocol, guard=guard, header_timeout_s=header_timeout_s,
+                             on_refused=on_refused)
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
     def __init__(self, config, server_state, app_state, _loop=None, *, guard: ConnectionGuard,
-                 header_timeout_s: float):
+                 header_timeout_s: float, on_refused: Refused | None = None):
         super().__init__(config, server_state, app_state, _loop)
         self.guard = guard
+        self.on_refused = on_refused
         self.header_timeout_s = header_timeout_s
         self._header_timer: asyncio.TimerHandle | None = None
         self._partial = False  # some bytes of a request whose headers are not complete have arrived
@@ -57,10 +64,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             transport.close()
             return
         if verdict is Admission.REFUSE:
-            self.app = _too_many_connections(self.guard.budget.max_connections)
+            self.app = _too_many_connections(self.guard.budget.max_connections, self.on_refused)
             self._arm(min(self.header_timeout_s, REFUSE_HEADER_TIMEOUT_S))
             return
-        self.guard.idle(self)
+        self.guard.opened(self)
         self._arm(self.header_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -167,13 +174,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.loop.call_later(LINGER_S, self.transport.close)
 
 
-def _too_many_connections(limit: int):
-    body = orjson.dumps(APIError(503, f"the server is at its limit of {limit} open connections; retry shortly",
-                                 "service_unavailable", None, "too_many_connections").body())
+def _too_many_connections(limit: int, on_refused: Refused | None):
+    error = APIError(503, f"the server is at its limit of {limit} open connections; retry shortly",
+                     "service_unavailable", None, "too_many_connections")
+    body = orjson.dumps(error.body())
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                (b"connection", b"close"), (b"retry-after", b"1")]
 
     async def app(scope: dict[str, Any], receive, send) -> None:
+        if on_refused is not None:
+            on_refused(scope, error)
         await send({"type": "http.response.start", "status": 503, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 

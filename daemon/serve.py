@@ -16,6 +16,7 @@ from types import FrameType
 from typing import NoReturn
 
 import uvicorn
+from starlette.datastructures import Headers
 
 from pegainfer.daemon.app import build_app
 from pegainfer.daemon.connections import ConnectionGuard, apply_budget
@@ -66,7 +67,10 @@ async def serve_runtime(runtime: Runtime) -> int:
     """Load the runtime's engine and serve HTTP until a drain or an engine failure ends it; the
     process's exit code. tools/dev/bench_host_path.py runs it in-process to read its threads' clocks."""
     settings, notifier = runtime.settings, runtime.notifier
-    http = protocol_factory(ConnectionGuard(apply_budget(settings)), settings.http_header_timeout)
+    def refused(scope: dict, e) -> None:  # a connection over the cap, answered 503: a refused request
+        runtime.telemetry.on_front_rejection(e.status, e.message, Headers(scope=scope), e.code)
+
+    http = protocol_factory(ConnectionGuard(apply_budget(settings)), settings.http_header_timeout, refused)
     # log_config=None: uvicorn's loggers keep no handlers of their own and reach the root's JSON lines
     # (telemetry/logs.py); its access log stays off (--access-log is daemon/access_log.py's)
     config = uvicorn.Config(build_app(runtime), host=settings.host, port=settings.port, loop="none",

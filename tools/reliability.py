@@ -25,7 +25,7 @@ if str(ROOT) not in sys.path:
 # imported after the sys.path line above, so that `python tools/reliability.py` finds the packages
 from tools.benchkit.redact import redact_url
 from tools.reliakit import artifact
-from tools.reliakit.scenarios import SCENARIOS, select
+from tools.reliakit.scenarios import SCENARIOS, connection_burst, select
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -46,6 +46,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--random-preset", help="with --spawn: serve a preset's random weights (tiny|lite) instead of --model")
     p.add_argument("--work-dir", type=Path, help="with --spawn: where daemon logs and trace files go "
                                                  "(default: a new temporary folder)")
+    p.add_argument("--burst", default="256x2",
+                   help="connection_burst's shape: SIZExCOUNT new streaming connections at once, COUNT times "
+                        "(default 256x2; the GPU gate uses 1024x10)")
     a = p.parse_args(argv)
     if not a.dry_run and not (a.url or a.spawn):
         p.error("give --url URL or --spawn (or --dry-run)")
@@ -60,6 +63,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--ep-size must be at least 1")
     try:
         a.selected = select(a.scenarios)
+        connection_burst.SHAPE.update(connection_burst.parse_shape(a.burst))
     except ValueError as e:
         p.error(str(e))
     return a
@@ -92,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     requested = {"url": redact_url(a.url), "model": a.model, "random_preset": a.random_preset,
                  "device": None if a.url else a.device, "backend": None if a.url else a.backend,
                  "ep_size": None if a.url else a.ep_size, "trace_file": str(a.trace_file) if a.trace_file else None,
-                 "work_dir": str(a.work_dir) if a.work_dir else None, "scenarios": [s.name for s in a.selected]}
+                 "work_dir": str(a.work_dir) if a.work_dir else None, "scenarios": [s.name for s in a.selected],
+                 "burst": dict(connection_burst.SHAPE)}
     doc = artifact.build(record, argv=argv, requested=requested, mode=mode, dry_run=a.dry_run)
     out = artifact.write(doc, a.out)
     s = doc["summary"]

@@ -8,6 +8,8 @@ import dataclasses
 import pytest
 
 from pegainfer.daemon.connections import (
+    BURST_ROOM,
+    EVICT_GRACE_S,
     PROBE_MARGIN,
     RESERVE_FDS,
     RESERVE_FDS_PER_RANK,
@@ -34,7 +36,7 @@ def test_default_cap_is_twice_the_queue_plus_probes():
 
 def test_a_low_soft_limit_is_raised_as_far_as_needed():
     b = plan_budget(Settings(), 256, BIG)
-    need = RESERVE_FDS + RESERVE_FDS_PER_RANK + b.wanted + b.wanted // 4
+    need = RESERVE_FDS + RESERVE_FDS_PER_RANK + b.wanted + max(b.wanted // 4, BURST_ROOM)
     assert b.nofile == need and b.max_connections == b.wanted and not b.too_low
     assert b.ceiling == need - RESERVE_FDS - RESERVE_FDS_PER_RANK > b.max_connections
 
@@ -61,8 +63,16 @@ class Conn:
         self.evicted = True
 
 
-def guard(cap: int, ceiling: int) -> ConnectionGuard:
-    return ConnectionGuard(ConnectionBudget(cap, ceiling, cap, 1024, 1024))
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def guard(cap: int, ceiling: int, clock=None) -> ConnectionGuard:
+    return ConnectionGuard(ConnectionBudget(cap, ceiling, cap, 1024, 1024), **({"clock": clock} if clock else {}))
 
 
 def test_at_the_cap_the_longest_idle_connection_makes_room():
@@ -70,7 +80,8 @@ def test_at_the_cap_the_longest_idle_connection_makes_room():
     a, b, c = Conn("a"), Conn("b"), Conn("c")
     for x in (a, b, c):
         assert g.admit(x) is Admission.SERVE
-        g.idle(x)
+        g.opened(x)
+        g.idle(x)  # each served a request and waits, kept alive
     g.busy(a)  # a is serving a request: never evicted
     g.idle(b)  # b finished a request: now the most recent idle one
     d = Conn("d")
@@ -94,6 +105,35 @@ def test_with_every_connection_busy_new_ones_are_refused_then_dropped():
         g.release(x)
     assert g.open == 0
     assert g.admit(Conn("later")) is Admission.SERVE  # recovered
+
+
+def test_a_burst_of_new_connections_is_refused_with_503_never_evicted_unanswered():
+    clock = Clock()
+    g = guard(4, 4 + BURST_ROOM, clock)
+    burst = [Conn(str(i)) for i in range(64)]
+    verdicts = []
+    for x in burst:  # all at once: none has sent its headers yet
+        verdicts.append(g.admit(x))
+        if verdicts[-1] is Admission.SERVE:
+            g.opened(x)
+    assert verdicts == [Admission.SERVE] * 4 + [Admission.REFUSE] * 60
+    assert not any(x.evicted for x in burst) and g.evicted == 0 and g.dropped == 0
+
+
+def test_a_new_connection_silent_past_the_grace_is_a_slowloris_and_makes_room():
+    clock = Clock()
+    g = guard(2, 4, clock)
+    slow, kept = Conn("slow"), Conn("kept")
+    for x in (slow, kept):
+        assert g.admit(x) is Admission.SERVE
+        g.opened(x)
+    g.idle(kept)  # kept served a request: an idle keep-alive connection goes first, whatever its age
+    assert g.admit(Conn("a")) is Admission.SERVE and kept.evicted and not slow.evicted
+    b = Conn("b")
+    assert g.admit(b) is Admission.REFUSE and not slow.evicted  # slow is still within its grace
+    g.release(b)  # b closes after its 503
+    clock.t += EVICT_GRACE_S
+    assert g.admit(Conn("c")) is Admission.SERVE and slow.evicted
 
 
 @pytest.mark.parametrize("soft, hard", [(BIG, BIG), (256, BIG), (256, 256), (64, 64)])

@@ -77,11 +77,14 @@ class RequestObservation:
         return f"00-{self.trace_id}-{self.trace_id[:16]}-01"
 
     def resolved(self) -> Expectation:
-        """The expectation that applies: the alternative when the status selects it."""
+        """The expectation that applies: the first of the chain (expect, expect.either, its either...)
+        whose status the response has; the first when none has it."""
         e = self.expect
-        if e.either is not None and self.status is not None and self.status != e.status \
-                and self.status == e.either.status:
-            return e.either
+        alt = e
+        while alt is not None and self.status is not None:
+            if self.status == alt.status:
+                return alt
+            alt = alt.either
         return e
 
     @property

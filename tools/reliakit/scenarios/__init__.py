@@ -5,6 +5,7 @@ from __future__ import annotations
 from tools.reliakit.scenario import Scenario
 from tools.reliakit.scenarios import (
     cancel_disconnect,
+    connection_burst,
     double_sigterm,
     drain,
     expert_rank_failure,
@@ -24,6 +25,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     poisoned_neighbour.SCENARIO,
     mixed_short_long.SCENARIO,
     loop_stall_huge_prompts.SCENARIO,
+    connection_burst.SCENARIO,
     drain.SCENARIO,
     double_sigterm.SCENARIO,
     expert_rank_failure.SCENARIO,
