@@ -1,7 +1,8 @@
 """In-process serving replay: bench_serving's workload without HTTP, to measure the serving tax.
 
     python tools/bench_replay.py --profile short|mixed|long [--concurrency N[,N...]] [--num-requests N]
-        [--repeats N] [--max-tokens N] [--prompt-words N] [--seed S] [--warmup N] [--detokenize]
+        [--repeats N] [--max-tokens N] [--prompt-words N] [--seed S] [--warmup N] [--warmup-concurrency N]
+        [--detokenize]
         [--compare HTTP_REPORT.json] --out FILE.json [-- SERVE FLAGS...]
 
 Everything after `--` is `pegainfer serve`'s own settings (--model, --random-preset, --device,
@@ -43,7 +44,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--max-tokens", type=int, help="output tokens per request (default: the profile's)")
     p.add_argument("--prompt-words", type=int, help="words per prompt for every request (default: the profile's)")
     p.add_argument("--seed", type=int, default=0, help="prompt text seed (bench_serving's)")
-    p.add_argument("--warmup", type=int, default=2, help="requests run one at a time before measuring")
+    p.add_argument("--warmup", type=int, default=2, help="requests run before measuring")
+    p.add_argument("--warmup-concurrency", type=int, default=1,
+                   help="closed-loop concurrency of the warm-up (default 1: one at a time, as bench_serving)")
     p.add_argument("--detokenize", action="store_true",
                    help="render each request's text as the HTTP path does (daemon.choices), so that only "
                         "HTTP, SSE and the client stay out")
@@ -53,8 +56,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     for name in ("num_requests", "max_tokens", "prompt_words"):
         if getattr(a, name) is not None and getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
-    if a.repeats < 1 or a.warmup < 0:
-        p.error("--repeats must be >= 1 and --warmup >= 0")
+    if a.repeats < 1 or a.warmup < 0 or a.warmup_concurrency < 1:
+        p.error("--repeats must be >= 1, --warmup >= 0 and --warmup-concurrency >= 1")
     try:
         a.levels = parse_levels(a.concurrency)
     except ValueError as e:
@@ -83,7 +86,8 @@ async def run(a: argparse.Namespace, settings) -> tuple[dict, dict, list[dict]]:
         profile = PROFILES[a.profile]
         max_tokens = a.max_tokens or profile.max_tokens
         warm = make_prompts(profile, a.warmup, a.seed + 1_000_003, a.prompt_words) if a.warmup else []
-        warm_records = (await replay_level(rt, warm, 1, max_tokens, detokenize=a.detokenize))[0] if warm else []
+        warm_records = (await replay_level(rt, warm, a.warmup_concurrency, max_tokens,
+                                           detokenize=a.detokenize))[0] if warm else []
         warmup = {"requests": len(warm), "failed": sum(not r.ok for r in warm_records)}
         levels = []
         for n in a.levels:

@@ -29,14 +29,14 @@ def test_replays_the_workload_in_process_with_bench_serving_metrics(tiny_model_d
         {"concurrency": 64, "summary": {"output_throughput": {"median": 1.0}, "median_tpot_ms": {"median": 1.0}}}]}))
     out = tmp_path / "replay.json"
     code = bench_replay.main(["--profile", "short", "--concurrency", "1,3", "--num-requests", "5", "--max-tokens", "6",
-                              "--warmup", "1", "--detokenize", "--compare", str(http_report), "--out", str(out), "--",
+                              "--warmup", "2", "--warmup-concurrency", "2", "--detokenize", "--compare", str(http_report), "--out", str(out), "--",
                               "--model", str(tiny_model_dir), "--served-model-name", "tiny", "--max-active", "2",
                               "--trace-file", str(trace)])
     assert code == 0
     r = json.loads(out.read_text())
     assert r["report_intent"] == "serving_replay" and r["engine"]["model"] == "tiny"
     assert r["engine"]["max_active"] == 2 and r["workload"]["detokenize"] is True
-    assert r["workload"]["warmup"] == {"requests": 1, "failed": 0}
+    assert r["workload"]["warmup"] == {"requests": 2, "failed": 0}
     assert [lv["concurrency"] for lv in r["levels"]] == [1, 3]
     for lv in r["levels"]:
         m = lv["runs"][0]["metrics"]

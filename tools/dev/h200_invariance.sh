@@ -54,7 +54,7 @@ echo "== reliability --url, GPU daemon (lite, --max-active 32)"
 serve rel --max-active 32
 # --allow-skips: --url skips the scenarios that end the server; the --spawn call below runs them
 timeout ${REL_URL_S:-200} python3 tools/reliability.py --url http://127.0.0.1:8000 --trace-file /tmp/trace-rel.jsonl \
-  --allow-skips --out "$OUT/reliability-url-lite-cuda.json" 2>&1 | tail -20
+  --allow-skips --burst 1024x10 --out "$OUT/reliability-url-lite-cuda.json" 2>&1 | tail -20
 kill -TERM $pid; wait $pid
 echo "== reliability --spawn, host-staged ep 2, cuda (tiny)"
 timeout ${REL_SPAWN_S:-200} python3 tools/reliability.py --spawn --device cuda --backend host-staged --ep-size 2 \

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue 29 on the H200, one device call (the `device` tool's `run`, carrying .whl/): the serving tax.
+# The short profile (90 words ≈ 205 prompt tokens, 200 output tokens) at c=64 and c=256, over HTTP
+# (bench_serving against `pegainfer serve --random-preset lite --device cuda`, with the server's trace
+# for the device-busy share) and in process (tools/bench_replay.py: the same workload, the same
+# runtime, no HTTP), then the HTTP tax as bench_serving over replay (--compare). Then 10 bursts of
+# 1024 new streaming connections (reliability scenario connection_burst) against a fresh server.
+# Everything it writes goes to $OUT.
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=$(bash tools/dev/devpath.sh /tmp/pegainfer-dev):$PWD:/tmp/site || exit 1
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+LEVELS=${LEVELS:-64,256}
+WORKLOAD=(--profile short --prompt-words 90 --max-tokens 200 --concurrency "$LEVELS" --num-requests ${NUM:-1024})
+SERVE=(--random-preset lite --device cuda)
+serve() {  # $1 name, then serve flags
+  local name=$1; shift
+  python3 -m pegainfer.daemon.cli serve "${SERVE[@]}" --port 8000 "$@" > "$OUT/serve-$name.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 240); do curl -sf http://127.0.0.1:8000/ready >/dev/null && break; sleep 0.5; done
+}
+echo "== HTTP (bench_serving)"
+serve http --trace-file /tmp/trace-http.jsonl
+timeout 100 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 --profile short --prompt-words 90 \
+  --max-tokens 200 --concurrency 256 --num-requests 256 --no-progress --out /tmp/warm.json >/dev/null 2>&1
+timeout 200 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 "${WORKLOAD[@]}" --no-progress \
+  --trace-file /tmp/trace-http.jsonl --trace-wait 20 --claim "one H200, random Lite weights (bf16), greedy; HTTP" \
+  --out "$OUT/tax-http.json" 2>&1 | tail -4
+kill -TERM $pid; wait $pid
+echo "== in process (bench_replay), same workload"
+timeout 200 python3 tools/bench_replay.py "${WORKLOAD[@]}" --warmup 256 --warmup-concurrency 256 --compare "$OUT/tax-http.json" \
+  --out "$OUT/tax-replay.json" -- "${SERVE[@]}" --trace-file /tmp/trace-replay.jsonl 2>&1 | tail -6
+timeout 200 python3 tools/bench_replay.py "${WORKLOAD[@]}" --warmup 256 --warmup-concurrency 256 --detokenize --compare "$OUT/tax-http.json" \
+  --out "$OUT/tax-replay-detok.json" -- "${SERVE[@]}" 2>&1 | tail -3
+echo "== 10 bursts of 1024 new streaming connections"
+serve burst --trace-file /tmp/trace-burst.jsonl
+timeout 200 python3 tools/reliability.py --url http://127.0.0.1:8000 --trace-file /tmp/trace-burst.jsonl \
+  --scenarios connection_burst --burst 1024x10 --out "$OUT/reliability-burst.json" 2>&1 | tail -8
+kill -TERM $pid; wait $pid
+echo "== tracebacks in daemon logs:"; grep -l Traceback "$OUT"/serve-*.log 2>/dev/null || echo none
