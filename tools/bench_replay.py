@@ -172,11 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         rep["http_tax"] = http_tax(levels, json.loads(a.compare.read_text()))
     out, md = report.write(rep, a.out, markdown(rep))
     for lv in levels:
-        s = lv["summary"]
-        print(f"concurrency {lv['concurrency']:>4}: {report.fmt(s['output_throughput']['median'])} tok/s, "
-              f"TTFT p50 {report.fmt(s['median_ttft_ms']['median'])} ms, TPOT p50 "
-              f"{report.fmt(s['median_tpot_ms']['median'])} ms, failed "
-              f"{sum(r['metrics']['failed'] for r in lv['runs'])}", file=sys.stderr)
+        print(report.level_line(lv), file=sys.stderr)
     for t in rep.get("http_tax", []):
         print(f"concurrency {t['concurrency']:>4}: HTTP / replay output tok/s = {report.fmt(t['throughput_ratio'], 3)}",
               file=sys.stderr)

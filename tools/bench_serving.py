@@ -170,11 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench_serving: warning: no plots: {e}", file=sys.stderr)
     out, md = report.write(rep, a.out, report.serving_markdown(rep))
     for lv in levels:
-        s = lv["summary"]
-        print(f"concurrency {lv['concurrency']:>4}: {report.fmt(s['output_throughput']['median'])} tok/s, "
-              f"TTFT p50 {report.fmt(s['median_ttft_ms']['median'])} ms, TPOT p50 "
-              f"{report.fmt(s['median_tpot_ms']['median'])} ms, failed "
-              f"{sum(r['metrics']['failed'] for r in lv['runs'])}, {lv['marker']}", file=sys.stderr)
+        print(report.level_line(lv), file=sys.stderr)
     print(f"wrote {out} and {md}", file=sys.stderr)
     return 0
 

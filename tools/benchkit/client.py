@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 
 from tools.benchkit.metrics import RequestRecord
-from tools.benchkit.workload import PromptSpec
+from tools.benchkit.workload import PromptSpec, closed_loop
 
 
 class ServerError(RuntimeError):
@@ -143,20 +143,9 @@ async def run_level(base_url: str, model: str, prompts: list[PromptSpec], concur
     """Closed loop: `concurrency` workers drain the prompt list. Returns the records (in workload
     order) and the benchmark duration (first send to last completion)."""
     url = base_url.rstrip("/") + "/v1/completions"
-    pending = iter(prompts)
-    records: list[RequestRecord] = []
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
-        async def worker() -> None:
-            for p in pending:  # a shared iterator: each prompt goes to exactly one worker
-                rec = await send(client, url, request_body(model, p.text, max_tokens), p.index, timeout,
-                                 auth_headers(api_key))
-                records.append(rec)
-                if on_done is not None:
-                    on_done(rec)
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(min(concurrency, len(prompts)))))
-        duration = time.perf_counter() - t0
-    records.sort(key=lambda r: r.index)
-    return records, duration
+        async def one(p: PromptSpec) -> RequestRecord:
+            return await send(client, url, request_body(model, p.text, max_tokens), p.index, timeout,
+                              auth_headers(api_key))
+        return await closed_loop(prompts, concurrency, one, on_done)

@@ -12,7 +12,6 @@ the SSE encoding and, unless `detokenize` is set, the rendering of text (daemon.
 tax of a workload is then bench_serving's output tok/s over the replay's, same workload."""
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 
@@ -25,7 +24,7 @@ from pegainfer.lifecycle.sink import TokenSink
 from pegainfer.lifecycle.states import RequestState
 from tools.benchkit.client import request_body
 from tools.benchkit.metrics import RequestRecord
-from tools.benchkit.workload import PromptSpec
+from tools.benchkit.workload import PromptSpec, closed_loop
 
 
 async def replay_one(rt: Runtime, prompt: PromptSpec, max_tokens: int, *, detokenize: bool) -> RequestRecord:
@@ -75,21 +74,9 @@ async def replay_level(rt: Runtime, prompts: list[PromptSpec], concurrency: int,
                        on_done: Callable[[RequestRecord], None] | None = None) -> tuple[list[RequestRecord], float]:
     """Closed loop, as tools/benchkit/client.run_level: `concurrency` workers drain the prompt list.
     Returns the records (in workload order) and the duration (first send to last completion)."""
-    pending = iter(prompts)
-    records: list[RequestRecord] = []
-
-    async def worker() -> None:
-        for p in pending:  # a shared iterator: each prompt goes to exactly one worker
-            rec = await replay_one(rt, p, max_tokens, detokenize=detokenize)
-            records.append(rec)
-            if on_done is not None:
-                on_done(rec)
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(prompts)))))
-    duration = time.perf_counter() - t0
-    records.sort(key=lambda r: r.index)
-    return records, duration
+    async def one(p: PromptSpec) -> RequestRecord:
+        return await replay_one(rt, p, max_tokens, detokenize=detokenize)
+    return await closed_loop(prompts, concurrency, one, on_done)
 
 
 def http_tax(replay_levels: list[dict], http_report: dict) -> list[dict]:

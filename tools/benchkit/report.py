@@ -17,6 +17,14 @@ def write(report: dict, out: Path, markdown: str) -> tuple[Path, Path]:
     return out, md
 
 
+def level_line(lv: dict) -> str:
+    """One level of a serving report, as the tools print it when done."""
+    s = lv["summary"]
+    return (f"concurrency {lv['concurrency']:>4}: {fmt(s['output_throughput']['median'])} tok/s, "
+            f"TTFT p50 {fmt(s['median_ttft_ms']['median'])} ms, TPOT p50 {fmt(s['median_tpot_ms']['median'])} ms, "
+            f"failed {sum(r['metrics']['failed'] for r in lv['runs'])}, {lv['marker']}")
+
+
 def fmt(x: float | int | None, digits: int = 1) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "-"

@@ -5,8 +5,11 @@ Prompt *words* are what the client controls; how many tokens they become depends
 tokenizer, so the report records the real prompt tokens from each response's usage chunk."""
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import random
+import time
+from collections.abc import Awaitable, Callable
 
 # Common English words (plus a few from the tokenizer corpus), fixed: changing this list changes
 # every benchmark's prompts. One leading space joins them, so most are one or two BPE tokens.
@@ -85,3 +88,25 @@ def parse_levels(text: str | None) -> list[int]:
     if not levels or any(n < 1 for n in levels):
         raise ValueError(f"--concurrency levels must be positive, got {text!r}")
     return levels
+
+
+async def closed_loop(prompts: list[PromptSpec], concurrency: int, one: Callable[[PromptSpec], Awaitable],
+                      on_done: Callable | None = None) -> tuple[list, float]:
+    """`concurrency` workers drain the prompt list, each sending its next request (one(prompt), which
+    returns its record, with an `index`) as soon as its last one ends. Returns the records in workload
+    order and the duration, first send to last completion."""
+    pending = iter(prompts)
+    records: list = []
+
+    async def worker() -> None:
+        for p in pending:  # a shared iterator: each prompt goes to exactly one worker
+            rec = await one(p)
+            records.append(rec)
+            if on_done is not None:
+                on_done(rec)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(prompts)))))
+    duration = time.perf_counter() - t0
+    records.sort(key=lambda r: r.index)
+    return records, duration
