@@ -86,7 +86,8 @@ def _sample_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
     g_nan = BIG
     r_m = float("-inf")
     r_s = 0.0
-    w_key = float("-inf")
+    w_xs = 0.0
+    w_ln = 0.0
     w_idx = -1
     w_x = 0.0
     for c0 in range(0, V, BLOCK_V):
@@ -104,13 +105,21 @@ def _sample_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
             r_s = r_s * tl.where(r_m == new, 1.0, tl.exp(r_m - new)) + fresh
             r_m = new
         if plain:
-            key = tl.where(ok, tl.math.div_rn(x, temp) - log_noise(state, cols), float("-inf"))
+            # keys relative to the block's max, then blocks compared by differences: a noise term
+            # never vanishes in the rounding of a huge x / T (ties at 1e30 from bias or penalties)
+            xs = tl.math.div_rn(x, temp)
+            ln = log_noise(state, cols)
+            ref = tl.where(m > float("-inf"), tl.math.div_rn(m, temp), 0.0)
+            key = tl.where(ok, (xs - ref) - ln, float("-inf"))
             k = tl.max(key, axis=0)
             i = tl.min(tl.where(ok & (key == k), cols, BIG), axis=0)
-            won = (k > w_key) | (w_idx < 0)
+            i_xs = tl.sum(tl.where(cols == i, xs, 0.0), axis=0)
+            i_ln = tl.sum(tl.where(cols == i, ln, 0.0), axis=0)
+            won = ((i_xs - w_xs) - (i_ln - w_ln) > 0) | (w_idx < 0)
             w_x = tl.where(won, tl.sum(tl.where(cols == i, x, 0.0), axis=0), w_x)
             w_idx = tl.where(won, i, w_idx)
-            w_key = tl.where(won, k, w_key)
+            w_xs = tl.where(won, i_xs, w_xs)
+            w_ln = tl.where(won, i_ln, w_ln)
     token = tl.where(g_nan < BIG, g_nan, g_idx)
 
     if hot:

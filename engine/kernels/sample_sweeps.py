@@ -179,7 +179,7 @@ def threshold(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency, repetition
 @triton.jit
 def draw(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency, repetition, V, temp, top, min_p, state,
          t_lo, t_hi, r, n, BLOCK_V: tl.constexpr):
-    """The exponential race over the kept entries: argmax of x / temp - log(E) (E = -log(U), U the
+    """The exponential race over the kept entries: argmax of (x / temp - top) - log(E) (E = -log(U), U the
     counter uniforms of the row's state), where kept means x >= t_hi, or x in [t_lo, t_hi) among
     the first r in column order (when r < n), with e >= min_p. The first column of equal keys."""
     best = float("-inf")
@@ -200,7 +200,7 @@ def draw(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency, repetition, V, 
                 rank = ties + tl.cumsum(band.to(tl.int32), axis=0) - 1
                 cand = cand & ((x >= t_hi) | (rank < r))
                 ties += tl.sum(band.to(tl.int32), axis=0)
-            key = tl.where(cand, xs - log_noise(state, cols), float("-inf"))
+            key = tl.where(cand, (xs - top) - log_noise(state, cols), float("-inf"))
             k = tl.max(key, axis=0)
             i = tl.min(tl.where(cand & (key == k), cols, BIG), axis=0)
             better = (k > best) | ((pick < 0) & (i < BIG))
