@@ -44,7 +44,9 @@ import triton.language as tl
 
 from pegainfer.engine.kernels.argmax import block_best
 from pegainfer.engine.kernels.lowbias import log_noise, stream_state
-from pegainfer.engine.kernels.sample_sweeps import draw, gather_top, shaped, threshold
+from pegainfer.engine.kernels.sample_select import MIN64, draw_sorted, threshold, top_sorted
+from pegainfer.engine.kernels.sample_sweeps import (deltas, gather, gather_top, mass, order_key, pick, pivot_sweep,
+                                                   race_before, shaped)
 
 FLOATS = ("temperature", "top_p", "min_p", "presence", "frequency", "repetition")  # SampleRows.floats columns
 INTS = ("top_k", "seed", "index", "step", "row", "history_slot", "bias_slot")  # SampleRows.ints columns
@@ -52,13 +54,16 @@ HISTORY_SEEN = 1 << 30  # history bit: the token is in the prompt; the bits belo
 MAX_LOGPROBS = 20
 BLOCK_V = 2048
 PIVOTS = 4
+CAP = 512  # candidates a row gathers and sorts at most (top-k, the top-p nucleus, the top-N)
 BIG = tl.constexpr(2147483647)
+MAX_ROUNDS = tl.constexpr(64)  # a bound for the graph's sake: a round halves the candidates' rank or better
 
 
 @triton.jit
-def _sample_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b,
-                   tok_ptr, lp_ptr, ids_ptr, lps_ptr, V, N_TOP: tl.constexpr, NP: tl.constexpr,
-                   LOGPROBS: tl.constexpr, RECORD: tl.constexpr, BLOCK_V: tl.constexpr, PIVOTS: tl.constexpr):
+def _sample_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b, scratch_ptr,
+                   tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, V, N_TOP: tl.constexpr, NP: tl.constexpr,
+                   LOGPROBS: tl.constexpr, RECORD: tl.constexpr, COUNT: tl.constexpr, BLOCK_V: tl.constexpr, PIVOTS: tl.constexpr,
+                   CAP: tl.constexpr):
     s = tl.program_id(0)
     fp = floats_ptr + s * 6
     temp = tl.load(fp)
@@ -77,19 +82,23 @@ def _sample_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
     x_ptr = logits_ptr + tl.load(ip + 4) * stride_l
     h_ptr = hist_ptr + tl.maximum(h_slot, 0) * stride_h
     b_ptr = bias_ptr + tl.maximum(b_slot, 0) * stride_b
+    s_ptr = scratch_ptr + s.to(tl.int64) * (2 * CAP)  # [CAP] sort keys of the shaped logits' candidates
+    r_ptr = s_ptr + CAP  # [CAP] those of the raw logits'
     hot = temp > 0
-    plain = hot & (top_k <= 0) & (top_p >= 1.0)  # no threshold to find: the race runs in the first sweep
+    inv_t = tl.math.div_rn(1.0, tl.where(hot, temp, 1.0))
+    filtered = hot & ((top_k > 0) | (top_p < 1.0))  # a threshold to find
+    plain = hot & (filtered == 0)  # the race runs in the first sweep
 
     # sweep 1: the greedy pick of the shaped logits, the raw log-sum-exp, the plain rows' race
-    g_val = float("-inf")
-    g_idx = -1
-    g_nan = BIG
-    r_m = float("-inf")
-    r_s = 0.0
-    w_xs = 0.0
-    w_ln = 0.0
-    w_idx = -1
-    w_x = 0.0
+    g_val = tl.full([], float("-inf"), tl.float32)
+    g_idx = tl.full([], -1, tl.int32)
+    g_nan = tl.full([], BIG, tl.int32)
+    r_m = tl.full([], float("-inf"), tl.float32)
+    r_s = tl.full([], 0.0, tl.float32)
+    w_y = tl.full([], 0.0, tl.float32)
+    w_ln = tl.full([], 0.0, tl.float32)
+    w_x = tl.full([], 0.0, tl.float32)
+    w_idx = tl.full([], -1, tl.int32)
     for c0 in range(0, V, BLOCK_V):
         cols = c0 + tl.arange(0, BLOCK_V)
         ok = cols < V
@@ -105,72 +114,131 @@ def _sample_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
             r_s = r_s * tl.where(r_m == new, 1.0, tl.exp(r_m - new)) + fresh
             r_m = new
         if plain:
-            # keys relative to the block's max, then blocks compared by differences: a noise term
-            # never vanishes in the rounding of a huge x / T (ties at 1e30 from bias or penalties)
-            xs = tl.math.div_rn(x, temp)
+            # keys relative to the block's max, blocks compared by differences: the noise never
+            # vanishes in the rounding of a huge x / T (ties at 1e30 from bias or penalties)
+            y = x * inv_t - tl.where(m > float("-inf"), m * inv_t, 0.0)
             ln = log_noise(state, cols)
-            ref = tl.where(m > float("-inf"), tl.math.div_rn(m, temp), 0.0)
-            key = tl.where(ok, (xs - ref) - ln, float("-inf"))
+            key = tl.where(ok, y - ln, float("-inf"))
             k = tl.max(key, axis=0)
             i = tl.min(tl.where(ok & (key == k), cols, BIG), axis=0)
-            i_xs = tl.sum(tl.where(cols == i, xs, 0.0), axis=0)
-            i_ln = tl.sum(tl.where(cols == i, ln, 0.0), axis=0)
-            won = ((i_xs - w_xs) - (i_ln - w_ln) > 0) | (w_idx < 0)
-            w_x = tl.where(won, tl.sum(tl.where(cols == i, x, 0.0), axis=0), w_x)
+            i_y = pick(x * inv_t, cols, i)
+            i_ln = pick(ln, cols, i)
+            won = ((i_y - w_y) - (i_ln - w_ln) > 0) | (w_idx < 0)
+            w_x = tl.where(won, pick(x, cols, i), w_x)
             w_idx = tl.where(won, i, w_idx)
-            w_xs = tl.where(won, i_xs, w_xs)
+            w_y = tl.where(won, i_y, w_y)
             w_ln = tl.where(won, i_ln, w_ln)
     token = tl.where(g_nan < BIG, g_nan, g_idx)
-
-    if hot:
-        top = tl.math.div_rn(g_val, temp)  # max(x / T): rounding division by T > 0 keeps the order
-        t_lo = float("-inf")
-        t_hi = float("-inf")
-        r = 1
-        n = 1
-        redraw = True
-        if plain:
-            token = w_idx
-            redraw = tl.exp(tl.math.div_rn(w_x, temp) - top) < min_p  # the winner fell below min-p
-        else:
-            base = -1.0  # the total mass top-p takes its share of; -1: all entries (no top-k cut)
-            k_lo = float("-inf")
-            k_r = 1
-            k_n = 1
-            for phase in range(2):  # top-k by count, then top-p by mass over what top-k kept
-                by_mass = phase == 1
-                if tl.where(by_mass, top_p < 1.0, top_k > 0):
-                    goal = tl.where(by_mass, top_p, top_k.to(tl.float32))
-                    p_lo, p_hi, p_r, p_n, m_lo, m_hi, e_v, active = threshold(
-                        x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency, repetition, V, temp, top, min_p,
-                        g_val, t_lo, goal, tl.where(by_mass, base, 1.0), by_mass, False, BLOCK_V, PIVOTS)
-                    if active:
-                        if by_mass:
-                            # both stop at the same tied value: keep no more ties than top-k allowed
-                            p_r = tl.where((k_r < k_n) & (p_lo == k_lo), tl.minimum(p_r, k_r), p_r)
-                        else:
-                            base = tl.where(p_r < p_n, m_hi + p_r.to(tl.float32) * e_v, m_lo)
-                            k_lo = p_lo
-                            k_r = p_r
-                            k_n = p_n
-                        t_lo = p_lo
-                        t_hi = p_hi
-                        r = p_r
-                        n = p_n
-        if redraw:
-            token = draw(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency, repetition, V, temp, top, min_p,
-                         state, t_lo, t_hi, r, n, BLOCK_V)
+    top = g_val * inv_t  # max(x / T): multiplying by 1 / T > 0 keeps the order
+    log_s = tl.log(r_s)
+    sweeps = tl.full([], 1, tl.int32)
+    redraw = tl.full([], 0, tl.int1)
+    if plain:
+        token = w_idx
+        redraw = mass(w_x, inv_t, top) < min_p  # the winner fell below min-p: race again among the rest
+    lo_s = tl.full([], float("-inf"), tl.float32)  # every entry top-k and top-p can keep is >= lo_s
+    c_s = tl.full([], BIG, tl.int32)  # how many entries are
+    k_lim = tl.full([], BIG, tl.int32)  # top-k, where it cuts
+    m_all = tl.full([], 0.0, tl.float32)
+    lo_r = tl.full([], float("-inf"), tl.float32)  # the top-N raw logits are >= lo_r
+    c_r = tl.full([], BIG, tl.int32)
+    want_s = filtered
+    want_r = tl.full([], N_TOP > 0, tl.int1)
+    if want_s | want_r:
+        # sweeps 2..: counts above pivots below the max, the highest pivot that holds all that top-k /
+        # top-p can keep (all the top-N) taken; where it holds more than CAP, pivots between it and the
+        # next one up, once or twice more
+        j = tl.arange(0, PIVOTS)
+        ts = g_val - temp * deltas(j, PIVOTS)  # [P] ascending
+        tr = r_m - deltas(j, PIVOTS)
+        hi_s = g_val
+        c_hi_s = tl.full([], 0, tl.int32)
+        hi_r = r_m
+        c_hi_r = tl.full([], 0, tl.int32)
+        passes = 0
+        while want_s | want_r:
+            cs, ms, c_all, m_pass, cr = pivot_sweep(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency,
+                                                    repetition, V, inv_t, top, ts, min_p, tr, want_s, want_r,
+                                                    BLOCK_V, PIVOTS)
+            sweeps += 1
+            passes += 1
+            frac = (j + 1).to(tl.float32) / (PIVOTS + 1)
+            if want_s:
+                m_all = m_pass
+                k_lim = tl.where((top_k > 0) & (top_k < c_all), top_k, BIG).to(tl.int32)
+                holds = tl.where(k_lim < BIG, cs >= k_lim, ms >= tl.where(top_p < 1.0, top_p * m_all, float("inf")))
+                js = tl.max(tl.where(holds, j, -1), axis=0)
+                up = js + 1 < PIVOTS
+                hi_s = tl.where(up, pick(ts, j, js + 1), hi_s)
+                c_hi_s = tl.where(up, pick(cs, j, js + 1), c_hi_s)
+                lo_s = tl.where(js >= 0, pick(ts, j, js), lo_s)
+                c_s = tl.where(js >= 0, pick(cs, j, js), tl.minimum(c_s, c_all))
+                want_s = (c_s > CAP) & (c_hi_s < CAP) & (lo_s > float("-inf")) & (passes < 3)
+                ts = lo_s + (hi_s - lo_s) * frac
+            if want_r:
+                jr = tl.max(tl.where(cr >= N_TOP, j, -1), axis=0)
+                up = jr + 1 < PIVOTS
+                hi_r = tl.where(up, pick(tr, j, jr + 1), hi_r)
+                c_hi_r = tl.where(up, pick(cr, j, jr + 1), c_hi_r)
+                lo_r = tl.where(jr >= 0, pick(tr, j, jr), lo_r)
+                c_r = tl.where(jr >= 0, pick(cr, j, jr), tl.minimum(c_r, V))
+                want_r = (c_r > CAP) & (lo_r > float("-inf")) & (passes < 3)
+                tr = lo_r + (hi_r - lo_r) * frac
+    fast_s = filtered & (c_s <= CAP)
+    fast_r = tl.full([], 0, tl.int1)
+    if N_TOP > 0:
+        fast_r = c_r <= CAP
+    if fast_s | fast_r:  # then: gather them, sort them, draw
+        gather(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency, repetition, V, inv_t, top, min_p,
+               lo_s, float("inf"), fast_s, s_ptr, lo_r, float("inf"), fast_r, r_ptr, CAP, BLOCK_V)
+        sweeps += 1
+        if fast_s:
+            token = draw_sorted(s_ptr, c_s, inv_t, top, k_lim, top_p, m_all, state, CAP)
+        if fast_r:
+            top_sorted(r_ptr, c_r, r_m, log_s, ids_ptr + s * N_TOP, lps_ptr + s * N_TOP, N_TOP, CAP)
+    total = m_all  # the mass top-p takes its share of
+    if filtered & (fast_s == 0):  # more than CAP candidates: rejection rounds
+        redraw = tl.full([], 1, tl.int1)
+        if (k_lim < BIG) & (top_p < 1.0):  # top-p's total is the top-k's mass: find where top-k ends
+            _, _, _, _, total, _, used = threshold(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency,
+                                                  repetition, V, inv_t, top, min_p, g_val, temp, k_lim, s_ptr,
+                                                  False, BLOCK_V, PIVOTS, CAP)
+            sweeps += used
+    if redraw:
+        # the race among the entries >= lo_s; while its winner is outside top-k / top-p (counted by the
+        # entries before it), the race among those before it (computed in the same sweep): the first
+        # winner inside is the race's winner among the kept entries, as argmax over them would be
+        goal_m = tl.where(top_p < 1.0, top_p, float("inf"))
+        _, _, win, win_x = race_before(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency, repetition, V,
+                                       inv_t, top, min_p, state, lo_s, MIN64, BLOCK_V)
+        sweeps += 1
+        rounds = tl.full([], 0, tl.int32)
+        done = filtered == 0  # plain rows: min-p's entries were the whole race
+        while done == 0:
+            cnt, before, nxt, nxt_x = race_before(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency,
+                                                  repetition, V, inv_t, top, min_p, state, lo_s,
+                                                  order_key(win_x, win), BLOCK_V)
+            sweeps += 1
+            rounds += 1
+            done = (cnt == 0) | ((cnt < k_lim) & (tl.math.div_rn(before, total) < goal_m)) | (rounds >= MAX_ROUNDS)
+            if done == 0:
+                win = nxt
+                win_x = nxt_x
+        token = win
     tl.store(tok_ptr + s, token.to(tl.int64))
 
     if LOGPROBS:
-        log_s = tl.log(r_s)
         tl.store(lp_ptr + s, (tl.load(x_ptr + token).to(tl.float32) - r_m) - log_s)
         if N_TOP > 0:
-            n_lo, n_hi, n_r, n_n, _, _, _, _ = threshold(
-                x_ptr, h_ptr, b_ptr, False, False, presence, frequency, repetition, V, 1.0, 0.0, 0.0,
-                r_m, float("-inf"), N_TOP, 1.0, False, True, BLOCK_V, PIVOTS)
-            gather_top(x_ptr, V, n_lo, n_hi, n_r, n_n, r_m, log_s, ids_ptr + s * N_TOP, lps_ptr + s * N_TOP,
-                       N_TOP, NP, BLOCK_V)
+            if fast_r == 0:  # more than CAP raw logits near the N-th: count to it, then gather
+                n_lo, n_hi, n_r, n_n, _, _, used = threshold(x_ptr, h_ptr, b_ptr, False, False, presence, frequency,
+                                                           repetition, V, 1.0, 0.0, 0.0, r_m, 1.0, N_TOP, r_ptr,
+                                                           True, BLOCK_V, PIVOTS, CAP)
+                gather_top(x_ptr, V, n_lo, n_hi, n_r, n_n, r_m, log_s, ids_ptr + s * N_TOP, lps_ptr + s * N_TOP,
+                           N_TOP, NP, BLOCK_V)
+                sweeps += used + 1
+    if COUNT:
+        tl.store(sweeps_ptr + s, sweeps)
     if RECORD:
         if has_h:
             tl.store(h_ptr + token, tl.load(h_ptr + token) + 1)
@@ -212,13 +280,14 @@ class SampleOut(NamedTuple):
 
 def sample(logits: torch.Tensor, rows: SampleRows, *, history: torch.Tensor | None = None,
            bias: torch.Tensor | None = None, logprobs: int | None = None, record: bool = False,
-           out: SampleOut | None = None, block_v: int = BLOCK_V, pivots: int = PIVOTS,
-           num_warps: int = 8) -> SampleOut:
+           out: SampleOut | None = None, sweeps: torch.Tensor | None = None, block_v: int = BLOCK_V,
+           pivots: int = PIVOTS, cap: int = CAP, num_warps: int = 8) -> SampleOut:
     """One token per draw row of `rows` from logits [R, V] (float32; rows may be strided). history:
     [H, V] int32, bias: [B, V] float32 (contiguous rows), needed when a draw names a slot of them.
     logprobs: None, or N in [0, MAX_LOGPROBS]: the chosen tokens' raw log-probs and the top N.
     record: add 1 to history[slot, token] for each draw with a history slot (slots distinct).
-    out: tensors to write into (a graph's static outputs). One launch, no host sync."""
+    out: tensors to write into (a graph's static outputs). sweeps: [S] int32, filled with how many
+    times each row was read (tests and tools/dev/sample_bench.py). One launch, no host sync."""
     (_, v), s = logits.shape, rows.floats.shape[0]
     dev = logits.device
     assert logits.stride(1) == 1 and rows.floats.shape == (s, 6) and rows.ints.shape == (s, 7)
@@ -231,6 +300,7 @@ def sample(logits: torch.Tensor, rows: SampleRows, *, history: torch.Tensor | No
     history = torch.zeros(1, 1, dtype=torch.int32, device=dev) if history is None else history
     bias = torch.zeros(1, 1, dtype=torch.float32, device=dev) if bias is None else bias
     n_top = logprobs or 0
+    assert cap & (cap - 1) == 0 and cap >= n_top, "cap: a power of two, at least the top-N"
     if out is None:
         want = logprobs is not None
         out = SampleOut(torch.empty(s, dtype=torch.int64, device=dev),
@@ -243,9 +313,12 @@ def sample(logits: torch.Tensor, rows: SampleRows, *, history: torch.Tensor | No
     ids = out.top_ids if n_top else out.tokens
     lps = out.top_logprobs if n_top else lp
     assert ids.is_contiguous() and lps.is_contiguous()
+    count = out.tokens if sweeps is None else sweeps
+    scratch = torch.empty(s, 2, cap, dtype=torch.int64, device=dev)  # [S, 2, CAP] sort keys
     _sample_kernel[(s,)](logits, logits.stride(0), rows.floats, rows.ints, history, history.stride(0), bias,
-                         bias.stride(0), out.tokens, lp, ids, lps, v, N_TOP=n_top,
+                         bias.stride(0), scratch, out.tokens, lp, ids, lps, count, v, N_TOP=n_top,
                          NP=triton.next_power_of_2(max(n_top, 1)), LOGPROBS=logprobs is not None, RECORD=record,
-                         BLOCK_V=min(block_v, triton.next_power_of_2(v)), PIVOTS=pivots, num_warps=num_warps,
+                         COUNT=sweeps is not None,
+                         BLOCK_V=min(block_v, triton.next_power_of_2(v)), PIVOTS=pivots, CAP=cap, num_warps=num_warps,
                          enable_fp_fusion=False)
     return out

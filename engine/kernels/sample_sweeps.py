@@ -1,19 +1,14 @@
 """The sweeps over one draw row that the sampler kernel (engine/kernels/sample.py) is made of: the
-shaped logits of a block of columns (logit_bias, then the penalties), the threshold search that
-turns top-k and top-p into "keep x >= t" without a sort, the exponential-race draw over what is
-kept, and the top-N raw log-probs. Each sweep reads the row in BLOCK_V tiles, in column order, in
-one program: every sum and every pick has one order per row, whatever else shares the launch.
+shaped logits of a block of columns (logit_bias, then the penalties), the pivot sweep that counts
+the entries above a few thresholds below the row's max, the gather of the entries above a threshold
+into the program's scratch (as sort keys), the exponential-race draw over a kept set given as
+thresholds, and the top-N writer for a kept set too large to gather. Each sweep reads the row in
+BLOCK_V tiles, in column order, in one program: every sum and every pick has one order per row,
+whatever else shares the launch.
 
-The kept set of top-k and top-p is a prefix of the row in the order (shaped logit descending, column
-ascending); the search finds where the prefix ends. A search sweep counts, for PIVOTS thresholds
-t inside the current band [lo, hi), the entries x >= t and their mass (e = exp(x/T - max)), and the
-band's own smallest and largest value. The band then narrows to the two pivots around the target
-(the k-th entry; the entry at which the mass before it first reaches top_p of the total), until it
-holds one entry, or only entries of one value (ties). Ties at the boundary are kept in column order,
-the lowest columns first, as many as the target allows. The first sweep's pivots sit 0.5 to 16
-nats below the row's max, where the boundaries of top-k, top-p and top-N usually are; the later
-ones split the band evenly, and the top one is the band's largest value, so every sweep
-resolves the band or drops at least one value from it."""
+Entries and their order: the shaped logit x, descending, ties by column ascending; e = exp(x / T -
+max) is an entry's unnormalised probability (x / T as x * (1 / T)); the entries a search or a
+draw considers are those with e > 0 and e >= min_p (torch zeroes the others)."""
 from __future__ import annotations
 
 import triton
@@ -25,8 +20,7 @@ LIMIT = tl.constexpr(1e30)  # engine/sampler.py LOGIT_LIMIT: shaped logits stay 
 SEEN = tl.constexpr(1 << 30)  # history bit: the token is in the prompt
 COUNT = tl.constexpr((1 << 30) - 1)  # history bits: how often the token is in the output
 BIG = tl.constexpr(2147483647)
-FINITE = tl.constexpr(3e38)
-MAX_SWEEPS = tl.constexpr(64)  # a bound for the graph's sake: a search needs ~2-5 (see the module doc)
+LOW31 = tl.constexpr(0x7FFFFFFF)
 
 
 @triton.jit
@@ -54,166 +48,128 @@ def shaped(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency, repetition, c
 
 
 @triton.jit
-def _pick(v, j, at):
+def mass(x, inv_t, top):
+    """e = exp(x / T - max): one expression, so every sweep computes the same bits."""
+    return tl.exp(x * inv_t - top)
+
+
+@triton.jit
+def pick(v, j, at):
     """v[at] of a small tensor v indexed by j."""
     return tl.sum(tl.where(j == at, v, 0), axis=0)
 
 
 @triton.jit
-def threshold(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency, repetition, V, temp, top, min_p,
-              top_x, lo, target, base, by_mass, RAW: tl.constexpr, BLOCK_V: tl.constexpr, PIVOTS: tl.constexpr):
-    """Where the kept prefix of the row ends, for the target `target * base` of the entries' count
-    (by_mass False) or mass (True) at or above the boundary; base < 0: the mass of all entries >= lo,
-    measured by the first sweep. The entries are those x >= lo with e > 0 and e >= min_p (e = exp(
-    x / temp - top)), or with RAW every raw logit x >= lo (count only). top_x: the row's largest x.
-
-    Returns (t_lo, t_hi, r, n, m_lo, m_hi, e_v, active): the kept entries are those x >= t_hi, and
-    of the n entries in [t_lo, t_hi) the first r by column (r < n only when they all tie at t_lo);
-    m_lo, m_hi: the mass at or above t_lo, t_hi; e_v: e at t_lo when the band is ties.
-    active False: the target is all entries or more (nothing cut; t_lo = t_hi = lo)."""
-    j = tl.arange(0, PIVOTS)
-    frac = (j + 1).to(tl.float32) / PIVOTS
-    if RAW:
-        scale = 1.0
-    else:
-        scale = temp
-    hi = float("inf")
-    c_hi = 0
-    m_hi = 0.0
-    a = lo
-    b = top_x
-    sweeps = 0
-    done = False
-    active = True
-    t_lo = lo
-    t_hi = lo
-    r = 1
-    n = 1
-    m_lo = 0.0
-    e_v = 0.0
-    while not done:
-        if sweeps == 0:  # geometric below the max: 16 .. 0.5 nats
-            t = top_x - scale * 0.5 * tl.exp2(5.0 * (PIVOTS - 1 - j).to(tl.float32) / (PIVOTS - 1))
-        else:  # even in (a, b], the top pivot at b
-            a = tl.clamp(a, -FINITE, FINITE)
-            b = tl.clamp(b, -FINITE, FINITE)
-            t = tl.where(j == PIVOTS - 1, b, a * (1.0 - frac) + b * frac)
-        t = tl.minimum(tl.maximum(t, lo), hi)  # [P] ascending
-        bc = 0
-        bm = 0.0
-        bmin = float("inf")
-        bmax = float("-inf")
-        pc = tl.zeros([PIVOTS], tl.int32)
-        pm = tl.zeros([PIVOTS], tl.float32)
-        for c0 in range(0, V, BLOCK_V):
-            cols = c0 + tl.arange(0, BLOCK_V)
-            ok = cols < V
-            raw, x = shaped(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency, repetition, cols, ok)
-            if RAW:
-                x = raw
-            inb = ok & (x >= lo) & (x < hi)
-            if tl.max(inb.to(tl.int32), axis=0) > 0:  # most blocks hold no entry of a narrow band
-                if RAW:
-                    e = tl.zeros([BLOCK_V], tl.float32)
-                else:
-                    e = tl.exp(tl.math.div_rn(x, temp) - top)
-                    inb = inb & (e > 0) & (e >= min_p)
-                bc += tl.sum(inb.to(tl.int32), axis=0)
-                bm += tl.sum(tl.where(inb, e, 0.0), axis=0)
-                bmin = tl.minimum(bmin, tl.min(tl.where(inb, x, float("inf")), axis=0))
-                bmax = tl.maximum(bmax, tl.max(tl.where(inb, x, float("-inf")), axis=0))
-                for p in tl.static_range(PIVOTS):
-                    ge = inb & (x >= _pick(t, j, p))
-                    pc += tl.where(j == p, tl.sum(ge.to(tl.int32), axis=0), 0)
-                    pm += tl.where(j == p, tl.sum(tl.where(ge, e, 0.0), axis=0), 0.0)
-        c_lo = c_hi + bc
-        m_at_lo = m_hi + bm
-        if base < 0:
-            base = m_at_lo  # the first sweep's band is every entry >= lo
-        goal = target * base
-        sc = c_hi + pc  # [P] entries >= t
-        sm = m_hi + pm
-        stat = tl.where(by_mass, sm, sc.to(tl.float32))
-        js = tl.max(tl.where(stat >= goal, j, -1), axis=0)  # the highest pivot still reaching the goal
-        new_lo = tl.where(js >= 0, _pick(t, j, js), lo)
-        new_clo = tl.where(js >= 0, _pick(sc, j, js), c_lo)
-        new_mlo = tl.where(js >= 0, _pick(sm, j, js), m_at_lo)
-        up = js + 1 < PIVOTS
-        new_hi = tl.where(up, _pick(t, j, js + 1), hi)
-        new_chi = tl.where(up, _pick(sc, j, js + 1), c_hi)
-        new_mhi = tl.where(up, _pick(sm, j, js + 1), m_hi)
-        sweeps += 1
-        if tl.where(by_mass, m_at_lo, c_lo.to(tl.float32)) < goal:  # first sweep: nothing to cut
-            active = False
-            done = True
-            m_lo = m_at_lo
-        elif (bmin == bmax) | (sweeps >= MAX_SWEEPS):  # one value left in the band: ties
-            e_v = tl.exp(tl.math.div_rn(bmin, temp) - top)
-            need = tl.where(by_mass, tl.math.ceil(tl.math.div_rn(goal - m_hi, e_v)), (goal - c_hi.to(tl.float32)))
-            need = tl.where(by_mass & (e_v == 0), bc.to(tl.float32), need)
-            r = tl.minimum(tl.maximum(need, 1.0), bc.to(tl.float32)).to(tl.int32)
-            n = bc
-            t_lo = tl.where(bc > 0, bmin, lo)
-            t_hi = hi
-            m_lo = m_at_lo
-            done = True
-        elif new_clo - new_chi == 1:  # one entry left between two pivots: it is the boundary
-            t_lo = new_lo
-            t_hi = new_hi
-            m_lo = new_mlo
-            m_hi = new_mhi
-            done = True
-        else:
-            a = tl.maximum(bmin, new_lo)
-            b = tl.minimum(bmax, new_hi)
-            lo = new_lo
-            hi = new_hi
-            c_hi = new_chi
-            m_hi = new_mhi
-    if not active:
-        t_lo = lo
-        t_hi = lo
-    return t_lo, t_hi, r, n, m_lo, m_hi, e_v, active
+def order_key(x, cols):
+    """int64 keys whose descending order is (x descending, column ascending): x's float bits made
+    monotone (negative floats flipped, -0.0 read as +0.0) above the column's complement."""
+    bits = (x + 0.0).to(tl.int32, bitcast=True)
+    mono = bits ^ ((bits >> 31) & LOW31)
+    return (mono.to(tl.int64) << 32) | (cols ^ LOW31).to(tl.int64)
 
 
 @triton.jit
-def draw(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency, repetition, V, temp, top, min_p, state,
-         t_lo, t_hi, r, n, BLOCK_V: tl.constexpr):
-    """The exponential race over the kept entries: argmax of (x / temp - top) - log(E) (E = -log(U), U the
-    counter uniforms of the row's state), where kept means x >= t_hi, or x in [t_lo, t_hi) among
-    the first r in column order (when r < n), with e >= min_p. The first column of equal keys."""
-    best = float("-inf")
-    pick = -1
-    ties = 0
+def deltas(j, PIVOTS: tl.constexpr):
+    """The first search's pivots below the max, ascending with j: 16 .. 0.5 nats apart from it, where
+    the boundaries of top-k, top-p and the top-N usually are."""
+    return 0.5 * tl.exp2(5.0 * (PIVOTS - 1 - j).to(tl.float32) / (PIVOTS - 1))
+
+
+@triton.jit
+def pivot_sweep(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency, repetition, V, inv_t, top, ts, min_p,
+                tr, do_s, do_r, BLOCK_V: tl.constexpr, PIVOTS: tl.constexpr):
+    """One sweep of counts: with do_s, the entries x >= ts[j] and their mass (cs, ms) and all entries'
+    (c_all, m_all); with do_r, the raw logits >= tr[j] (cr). ts, tr: [PIVOTS] ascending."""
+    j = tl.arange(0, PIVOTS)
+    cs = tl.zeros([PIVOTS], tl.int32)
+    ms = tl.zeros([PIVOTS], tl.float32)
+    cr = tl.zeros([PIVOTS], tl.int32)
+    c_all = 0
+    m_all = 0.0
+    for c0 in range(0, V, BLOCK_V):
+        cols = c0 + tl.arange(0, BLOCK_V)
+        ok = cols < V
+        raw, x = shaped(x_ptr, h_ptr, b_ptr, has_h & do_s, has_b & do_s, presence, frequency, repetition, cols, ok)
+        if do_s:
+            e = mass(x, inv_t, top)
+            ent = ok & (e > 0) & (e >= min_p)
+            c_all += tl.sum(ent.to(tl.int32), axis=0)
+            m_all += tl.sum(tl.where(ent, e, 0.0), axis=0)
+            for p in tl.static_range(PIVOTS):
+                ge = ent & (x >= pick(ts, j, p))
+                cs += tl.where(j == p, tl.sum(ge.to(tl.int32), axis=0), 0)
+                ms += tl.where(j == p, tl.sum(tl.where(ge, e, 0.0), axis=0), 0.0)
+        if do_r:
+            for p in tl.static_range(PIVOTS):
+                cr += tl.where(j == p, tl.sum((ok & (raw >= pick(tr, j, p))).to(tl.int32), axis=0), 0)
+    return cs, ms, c_all, m_all, cr
+
+
+@triton.jit
+def gather(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency, repetition, V, inv_t, top, min_p,
+           lo, hi, do_s, s_ptr, lo_r, hi_r, do_r, r_ptr, CAP: tl.constexpr, BLOCK_V: tl.constexpr):
+    """One sweep writing order_key of every entry with lo <= x < hi to s_ptr (with do_s) and of every
+    raw logit in [lo_r, hi_r) to r_ptr (with do_r), in column order, at most CAP of each."""
+    ps = 0
+    pr = 0
+    for c0 in range(0, V, BLOCK_V):
+        cols = c0 + tl.arange(0, BLOCK_V)
+        ok = cols < V
+        raw, x = shaped(x_ptr, h_ptr, b_ptr, has_h & do_s, has_b & do_s, presence, frequency, repetition, cols, ok)
+        if do_s:
+            cand = ok & (x >= lo) & (x < hi)
+            if tl.max(cand.to(tl.int32), axis=0) > 0:  # most blocks hold none
+                e = mass(x, inv_t, top)
+                cand = cand & (e > 0) & (e >= min_p)
+                pos = ps + tl.cumsum(cand.to(tl.int32), axis=0) - 1
+                tl.store(s_ptr + pos, order_key(x, cols), mask=cand & (pos < CAP))
+                ps += tl.sum(cand.to(tl.int32), axis=0)
+        if do_r:
+            cand = ok & (raw >= lo_r) & (raw < hi_r)
+            if tl.max(cand.to(tl.int32), axis=0) > 0:
+                pos = pr + tl.cumsum(cand.to(tl.int32), axis=0) - 1
+                tl.store(r_ptr + pos, order_key(raw, cols), mask=cand & (pos < CAP))
+                pr += tl.sum(cand.to(tl.int32), axis=0)
+
+
+@triton.jit
+def race_before(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency, repetition, V, inv_t, top, min_p, state,
+                lo, bound, BLOCK_V: tl.constexpr):
+    """One sweep over the entries x >= lo whose order_key is above `bound` (those before a given
+    entry in the order; MIN64: all of them): their count and mass, and the exponential race's winner
+    among them, argmax of (x / T - max) - log(E) (E = -log(U), U the counter uniforms of the row's
+    state; the first column of equal keys): (count, mass, column, x)."""
+    cnt = tl.full([], 0, tl.int32)
+    tot = tl.full([], 0.0, tl.float32)
+    best = tl.full([], float("-inf"), tl.float32)
+    win = tl.full([], -1, tl.int32)
+    win_x = tl.full([], 0.0, tl.float32)
     for c0 in range(0, V, BLOCK_V):
         cols = c0 + tl.arange(0, BLOCK_V)
         ok = cols < V
         raw, x = shaped(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency, repetition, cols, ok)
-        cand = ok & (x >= t_lo)
-        if tl.max(cand.to(tl.int32), axis=0) > 0:  # blocks wholly below the kept set draw no noise
-            xs = tl.math.div_rn(x, temp)
-            if min_p > 0:
-                e = tl.exp(xs - top)
-                cand = cand & (e >= min_p) & (e > 0)
-            if r < n:
-                band = cand & (x < t_hi)
-                rank = ties + tl.cumsum(band.to(tl.int32), axis=0) - 1
-                cand = cand & ((x >= t_hi) | (rank < r))
-                ties += tl.sum(band.to(tl.int32), axis=0)
-            key = tl.where(cand, (xs - top) - log_noise(state, cols), float("-inf"))
+        cand = ok & (x >= lo)
+        if tl.max(cand.to(tl.int32), axis=0) > 0:  # blocks wholly below lo draw no noise
+            y = x * inv_t - top
+            e = tl.exp(y)  # mass(x, inv_t, top)'s bits
+            cand = cand & (e > 0) & (e >= min_p) & (order_key(x, cols) > bound)
+            cnt += tl.sum(cand.to(tl.int32), axis=0)
+            tot += tl.sum(tl.where(cand, e, 0.0), axis=0)
+            key = tl.where(cand, y - log_noise(state, cols), float("-inf"))
             k = tl.max(key, axis=0)
             i = tl.min(tl.where(cand & (key == k), cols, BIG), axis=0)
-            better = (k > best) | ((pick < 0) & (i < BIG))
-            pick = tl.where(better, i, pick)
+            better = (k > best) | ((win < 0) & (i < BIG))
+            win_x = tl.where(better, pick(x, cols, i), win_x)
+            win = tl.where(better, i, win)
             best = tl.where(better, k, best)
-    return pick
+    return cnt, tot, win, win_x
 
 
 @triton.jit
 def gather_top(x_ptr, V, t_lo, t_hi, r, n, m, log_s, ids_ptr, lps_ptr, N: tl.constexpr, NP: tl.constexpr,
                BLOCK_V: tl.constexpr):
-    """The top-N raw log-probs (x - m) - log_s of the entries the RAW threshold kept, written to
-    ids_ptr/lps_ptr [N] in torch.topk's order: value descending, ties by column ascending."""
+    """The top-N raw log-probs (x - m) - log_s of the raw logits a threshold keeps (as draw's rule),
+    written to ids_ptr/lps_ptr [N] in torch.topk's order: value descending, ties by column."""
     got = 0
     ties = 0
     for c0 in range(0, V, BLOCK_V):

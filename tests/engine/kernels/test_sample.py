@@ -60,6 +60,39 @@ def seed_grid() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 # ---- CPU (Triton's interpreter) ----
 
+@pytest.fixture(autouse=True)
+def quick_interpreter(request, monkeypatch):
+    """Triton's interpreter patches triton.language again at every call of a @triton.jit helper (an
+    inspect.getmembers scan, ~1 ms), a no-op after the launch's first patch (patched members are
+    skipped); tl.sort's network makes thousands of such calls. Skip the repeats within a launch."""
+    if "triton_interpreter" not in request.fixturenames:
+        return
+    import inspect
+
+    import triton.language as tl
+    from triton.runtime import interpreter as ti
+    patch, patched = ti._patch_lang, set()
+
+    class Nothing:
+        def restore(self) -> None:
+            pass
+
+    def once(fn):
+        langs = frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
+        if langs and langs <= patched:
+            return Nothing()
+        scope, first = patch(fn), langs - patched
+        patched.update(first)
+        restore = scope.restore
+
+        def undo() -> None:
+            patched.difference_update(first)
+            restore()
+        scope.restore = undo
+        return scope
+    monkeypatch.setattr(ti, "_patch_lang", once)
+
+
 def test_the_triton_counter_rng_is_counter_rng_bit_for_bit(triton_interpreter):
     from pegainfer.engine.kernels.lowbias import uniform as triton_uniform
     seed, index, step = seed_grid()
@@ -67,17 +100,22 @@ def test_the_triton_counter_rng_is_counter_rng_bit_for_bit(triton_interpreter):
     assert torch.equal(got.view(torch.int32), uniform(stream_state(seed, index, step), 1000).view(torch.int32))
 
 
-def test_a_mixed_batch_draws_the_samplers_tokens(triton_interpreter):
+@pytest.mark.parametrize("cap", [32, 256], ids=["fallback", "gathered"])
+def test_a_mixed_batch_draws_the_samplers_tokens(triton_interpreter, cap):
+    """cap 256: every kept set is gathered and sorted; cap 32: the large ones go through the
+    rejection rounds (and the top-k count search before top-p)."""
     gen = torch.Generator().manual_seed(0)
     draws = mixed_draws(len(SPECS), 1000, seed=1)
     logits = torch.randn(len(SPECS), 1000, generator=gen) * 3  # V = 1000: the last block is partial
-    assert_matches_sampler(logits, draws, 5, block_v=256)
+    sweeps = torch.zeros(len(SPECS), dtype=torch.int32)
+    assert_matches_sampler(logits, draws, 5, block_v=256, cap=cap, sweeps=sweeps)
+    assert sweeps.max() <= 12, sweeps
     # fewer draws than rows, read out of order; logprobs 0: the chosen token's only
     order = [5, 2, 9, 0, 11, 7]
     picked = [Draw(r, draws[r].spec, draws[r].seed, draws[r].index, draws[r].step, draws[r].prompt_ids,
                    draws[r].output_ids) for r in order]
-    assert_matches_sampler(logits, picked, 0)
-    assert_matches_sampler(logits[:, :257], mixed_draws(len(SPECS), 257, seed=2), None, block_v=64)
+    assert_matches_sampler(logits, picked, 0, cap=cap)
+    assert_matches_sampler(logits[:, :257], mixed_draws(len(SPECS), 257, seed=2), None, block_v=64, cap=cap)
 
 
 def test_a_rows_token_is_the_same_in_any_crowd(triton_interpreter):
@@ -85,12 +123,12 @@ def test_a_rows_token_is_the_same_in_any_crowd(triton_interpreter):
     probe = Draw(0, SamplingParams(temperature=0.9, top_k=30, top_p=0.85, presence_penalty=0.3,
                                    logit_bias=((4, 2.0),), logprobs=3), -77, 1, 9, [1, 2, 3], [4, 4, 5])
     row = torch.randn(1, 300, generator=gen) * 2
-    alone = run(row, [probe], 3)
+    alone = run(row, [probe], 3, cap=64)
     for size in (2, 5, 9):
         pos = int(torch.randint(size, (1,), generator=gen))
         logits = torch.randn(size, 300, generator=gen) * 2
         logits[pos] = row[0]
-        got = run(logits, crowd_draws(probe, size, pos, 300, seed=size), 3)
+        got = run(logits, crowd_draws(probe, size, pos, 300, seed=size), 3, cap=64)
         assert got.tokens[pos] == alone.tokens[0], size
         assert torch.equal(got.logprobs[pos], alone.logprobs[0]) and torch.equal(got.top_ids[pos], alone.top_ids[0])
         assert torch.equal(got.top_logprobs[pos], alone.top_logprobs[0]), size
@@ -100,7 +138,7 @@ def draw_counts(spec: SamplingParams, draws: int, device: str, pad: int = 0) -> 
     """Tokens of `draws` steps of one seed from LOGITS (padded with pad entries of -1e4: no mass)."""
     logits = torch.tensor([LOGITS + [-1e4] * pad], device=device)
     batch = [Draw(0, spec, 12345, 0, i) for i in range(draws)]
-    tokens = run(logits, batch).tokens.cpu()
+    tokens = run(logits, batch, cap=32 if device == "cpu" else 512).tokens.cpu()
     return torch.bincount(tokens, minlength=logits.shape[1]).tolist()
 
 
@@ -135,31 +173,33 @@ def test_raw_logprobs_and_the_top_n(triton_interpreter):
     assert got.top_ids[1, :3].tolist() == [9, 300, 650]
 
 
+def tokens_of(logits: torch.Tensor, spec: SamplingParams, seeds: range, **kw) -> list[int]:
+    """The tokens of one row's logits drawn with each seed."""
+    return run(logits, [Draw(0, spec, seed, 0, 0) for seed in seeds], **kw).tokens.tolist()
+
+
 def test_edges(triton_interpreter):
     gen = torch.Generator().manual_seed(4)
-    v = 257
+    v = 257  # two blocks of 256 columns, the second holding one
     logits = torch.randn(1, v, generator=gen) * 2
     best = int(logits.argmax())
+    for spec in (SamplingParams(temperature=1.5, top_k=1), SamplingParams(temperature=2.0, top_p=1e-30),
+                 SamplingParams(temperature=1.0, min_p=1.0)):  # each keeps only the top token
+        assert tokens_of(logits, spec, range(3), block_v=256, cap=32) == [best] * 3, spec
+    # equal logits: greedy takes the first; top_k 3 keeps the three lowest columns, and so does a
+    # top_p of 0.011 (the mass before the 3rd of 257 is 2/257 < 0.011); min_p 1 keeps them all
     flat = torch.zeros(1, v)
-    edge = [SamplingParams(temperature=1.5, top_k=1), SamplingParams(temperature=2.0, top_p=1e-30),
-            SamplingParams(temperature=1.0, min_p=1.0)]
-    for spec in edge:  # each keeps only the top token
-        for step in range(3):
-            assert run(logits, [Draw(0, spec, 5, 0, step)]).tokens.item() == best, spec
-    # equal logits: top_k 3 keeps the three lowest columns, min_p 1 keeps them all, greedy the first
-    picks = {run(flat, [Draw(0, SamplingParams(temperature=1.0, top_k=3), s, 0, 0)]).tokens.item() for s in range(12)}
-    assert picks == {0, 1, 2}
-    tied = run(flat, [Draw(0, SamplingParams(temperature=1.0, top_p=0.011), 0, 0, 0)]).tokens.item()
-    assert tied in (0, 1, 2)  # 0.011 of 257 equal entries: the first three (the mass before the 3rd < 0.011)
-    assert run(flat, [Draw(0, SamplingParams(), 0, 0, 0)]).tokens.item() == 0
-    many = [run(flat, [Draw(0, SamplingParams(temperature=1.0, min_p=1.0), s, 0, 0)]).tokens.item() for s in range(8)]
-    assert len(set(many)) > 4
-    # ties straddling the top-k boundary: 0 and 1 above, 6 entries of 3.0, k = 4 keeps columns 2 and 3
+    assert tokens_of(flat, SamplingParams(), range(1)) == [0]
+    for cap in (32, 512):  # more ties than the gather holds: rejection rounds; fewer: sorted
+        assert set(tokens_of(flat, SamplingParams(temperature=1.0, top_k=3), range(12), cap=cap)) == {0, 1, 2}
+        assert set(tokens_of(flat, SamplingParams(temperature=1.0, top_p=0.011), range(12), cap=cap)) == {0, 1, 2}
+    assert len(set(tokens_of(flat, SamplingParams(temperature=1.0, min_p=1.0), range(8)))) > 4
+    # ties straddling the top-k boundary: two entries above, six of 3.0; k = 4 keeps columns 2 and 3
     step = torch.full((1, v), -5.0)
     step[0, [2, 3, 50, 80, 81, 200]] = 3.0
     step[0, [100, 150]] = 6.0
-    kept = {run(step, [Draw(0, SamplingParams(temperature=3.0, top_k=4), s, 0, 0)]).tokens.item() for s in range(40)}
-    assert kept == {2, 3, 100, 150}
+    for cap in (4, 32):
+        assert set(tokens_of(step, SamplingParams(temperature=3.0, top_k=4), range(40), cap=cap)) == {2, 3, 100, 150}
 
 
 def test_extreme_shaping_makes_no_nan(triton_interpreter):
@@ -173,6 +213,23 @@ def test_extreme_shaping_makes_no_nan(triton_interpreter):
     got = run(logits, draws, 2)
     assert got.tokens.tolist() == reference(logits, draws).tokens.tolist()
     assert torch.isfinite(got.logprobs).all() and torch.isfinite(got.top_logprobs).all()
+
+
+def test_how_often_a_row_is_read(triton_interpreter):
+    """Greedy and temperature-only rows: once; top-k and top-p with a few hundred candidates: three
+    times (the max, the counts below it, the gather that sorts and draws), four where the pivots
+    were too coarse and a second count narrows them; log-probs likewise."""
+    logits = torch.randn(5, 1000, generator=torch.Generator().manual_seed(6)) * 3
+    specs = [SamplingParams(), SamplingParams(temperature=0.8), SamplingParams(temperature=0.8, top_k=20),
+             SamplingParams(temperature=0.8, top_p=0.8), SamplingParams(temperature=0.7, top_k=40, top_p=0.9)]
+    draws = [Draw(r, spec, r, 0, 0) for r, spec in enumerate(specs)]
+    sweeps = torch.zeros(5, dtype=torch.int32)
+    run(logits, draws, cap=256, pivots=8, sweeps=sweeps)
+    assert sweeps.tolist() == [1, 1, 3, 3, 3]
+    run(logits, draws, cap=256, pivots=4, sweeps=sweeps)
+    assert sweeps.tolist() == [1, 1, 4, 3, 4]
+    run(logits[:1], [Draw(0, SamplingParams(logprobs=5), 0, 0, 0)], 5, cap=256, sweeps=sweeps)
+    assert sweeps[0] == 3
 
 
 def test_record_counts_the_chosen_token(triton_interpreter):
