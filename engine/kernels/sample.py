@@ -232,8 +232,9 @@ def _sample_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
         if N_TOP > 0:
             if fast_r == 0:  # more than CAP raw logits near the N-th: count to it, then gather
                 n_lo, n_hi, n_r, n_n, _, _, used = threshold(x_ptr, h_ptr, b_ptr, False, False, presence, frequency,
-                                                           repetition, V, 1.0, 0.0, 0.0, r_m, 1.0, N_TOP, r_ptr,
-                                                           True, BLOCK_V, PIVOTS, CAP)
+                                                           repetition, V, 1.0, 0.0, 0.0, r_m, 1.0,
+                                                           tl.full([], N_TOP, tl.int32), r_ptr, True, BLOCK_V,
+                                                           PIVOTS, CAP)
                 gather_top(x_ptr, V, n_lo, n_hi, n_r, n_n, r_m, log_s, ids_ptr + s * N_TOP, lps_ptr + s * N_TOP,
                            N_TOP, NP, BLOCK_V)
                 sweeps += used + 1

@@ -44,15 +44,15 @@ def sorted_keys(ptr, c, CAP: tl.constexpr):
 @triton.jit
 def draw_sorted(ptr, c, inv_t, top, k_lim, top_p, total, state, CAP: tl.constexpr):
     """The race among the c gathered candidates (every entry top-k and top-p can keep): the first
-    k_lim by rank, then those whose mass before them, over those, is below top_p of their total
-    (`total`: every entry's mass when top-k cuts nothing)."""
+    k_lim by rank (BIG: no top-k), then those whose mass before them, over those, is below top_p of
+    their total (`total`: every entry's mass when top-k cuts nothing)."""
     x, cols, ok = sorted_keys(ptr, c, CAP)
     i = tl.arange(0, CAP)
     kept = ok & (i < k_lim)
     y = x * inv_t - top
     e = tl.where(kept, tl.exp(y), 0.0)
     run = tl.cumsum(e, axis=0)  # [CAP]
-    total = tl.where(k_lim < c, tl.max(run, axis=0), total)
+    total = tl.where(k_lim < BIG, tl.max(run, axis=0), total)  # the scan's last entry, as torch's
     kept = kept & (tl.math.div_rn(run - e, total) < tl.where(top_p < 1.0, top_p, float("inf")))
     key = tl.where(kept, y - log_noise(state, cols), float("-inf"))
     best = tl.max(key, axis=0)

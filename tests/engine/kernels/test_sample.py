@@ -159,11 +159,14 @@ def test_raw_logprobs_and_the_top_n(triton_interpreter):
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(4, 700, generator=gen) * 4
     logits[1, [9, 300, 650]] = logits[1].max() + 1  # tied maxima: torch.topk's order is the column's
-    logits[2, 100:140] = 0.5  # a run of ties across the 20th entry
-    logits[2, :100] = torch.linspace(9, 3, 100)
+    logits[2] = -3.0
+    logits[2, :10] = torch.linspace(9, 5, 10)
+    logits[2, 100:] = 0.5  # 600 ties across the 20th entry
     draws = [Draw(r, SamplingParams(temperature=0.0 if r % 2 else 1.0, top_k=7, logprobs=20), r, 0, 0)
              for r in range(4)]
     got = run(logits, draws, 20, block_v=128)
+    tied = run(logits, draws, 20, block_v=128, cap=32)  # row 2's ties: counted, not gathered
+    assert torch.equal(tied.top_ids, got.top_ids) and torch.equal(tied.top_logprobs, got.top_logprobs)
     lp = torch.log_softmax(logits, dim=-1)
     assert torch.allclose(got.logprobs, lp.gather(1, got.tokens[:, None])[:, 0], atol=1e-5, rtol=0)
     want_lp, want_ids = lp.topk(20, dim=-1)
