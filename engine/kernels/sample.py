@@ -1,32 +1,47 @@
 """The whole token choice of a step in one launch, one program per draw row: logit_bias, the
 penalties, the greedy pick, temperature, min-p, top-k, top-p, the seeded exponential-race draw,
 the chosen token's raw log-prob and the top-N raw log-probs, with engine/sampler.py's semantics and
-order of operations, and without a sort: the row is swept in BLOCK_V tiles a few times
-(engine/kernels/sample_sweeps.py). A row's result reads only that row and its own parameters, in
-a fixed order: the same bits at every batch size and position (batch-invariant by construction).
-Every per-row parameter is a device tensor and no shape depends on the data, so the launch can be
-captured in a CUDA graph.
+order of operations, without sorting the row: it is swept in BLOCK_V tiles a few times
+(engine/kernels/sample_sweeps.py, sample_select.py). A row's result reads only that row and its own
+parameters, in a fixed order: the same bits at every batch size and position (batch-invariant by
+construction). Every per-row parameter is a device tensor and no shape depends on the data, so the
+launch can be captured in a CUDA graph.
 
-What a row costs, in sweeps of its logits: greedy rows 1; temperature (and min-p) rows 1, 2 where
-the race's winner falls below min-p; top-k and top-p rows 1 + the threshold search (2-5 sweeps,
-the later ones mostly skip blocks that hold nothing of the band) + 1 draw; log-probs add the top-N
-search and one gather.
+How a row is chosen, and how often it is read (`sweeps`):
+1. every row: the shaped logits' max and first argmax (the greedy token), the raw log-sum-exp when
+   log-probs are asked for, and for temperature-only rows the race itself. Greedy and temperature
+   rows stop here (temperature with min-p races again among min-p's entries in the rare case its
+   winner fell below the floor: 2).
+2. top-k / top-p rows (and the top-N): count the entries above PIVOTS thresholds 0.5 to 16 nats
+   below the max, and their mass; take the highest threshold above which lie all the entries top-k
+   and top-p can keep (the top-N). Where that holds more than CAP entries, count again at pivots
+   between it and the next threshold up (at most twice).
+3. gather those entries (at most CAP) into the program's scratch as sort keys, sort them there,
+   apply top-k and top-p to the sorted list as torch does (rank < k; the mass before, over the
+   top-k's total, below top_p) and race among the kept ones: 3 sweeps in all, 4 with a recount.
+4. kept sets beyond CAP (a flat distribution's nucleus, top-k above CAP): exact rejection rounds.
+   The race's winner among all entries that can be kept is the token if it is kept (counted by the
+   entries before it in the order: fewer than k, and their mass below top_p of the total); if not,
+   every kept entry comes before it, and the next candidate is the winner among those, found in the
+   same sweep. With top-k and top-p both, a count search (sample_select.threshold) first finds the
+   top-k's mass. A few rounds: each accepts with about the kept share of the candidates' mass.
 
 Semantics against engine.sampler.sample (tests/engine/kernels/test_sample.py checks them):
 - bias and penalties: the same float32 ops in the same order (FMA contraction is off), so the
   shaped logits and the greedy token are bit-identical; torch.argmax's first-of-equal-maxima rule
   (and its first NaN). A row without a bias or history slot is left untouched, where torch clamps
   every row of a batch that has any: they differ only for a raw logit beyond +-1e30 (infinite).
-- draw: argmax(x / T - log E) rather than argmax(softmax(x / T) / E): equal in law and in exact
-  arithmetic; the two roundings can pick differently only where two keys agree to ~1e-7.
-- min-p keeps e >= min_p with e = exp(x / T - max), torch keeps p >= min_p * max(p); top-k and top-p
-  rank by the shaped logit (ties by column), torch by the probability after its sort (ties in an
-  unspecified order); top-p compares the mass before an entry with top_p times the total, summed in
-  another order than torch's cumsum. So the kept sets agree unless an entry sits within float
-  rounding (~1e-6 relative) of a boundary, or ties straddle it: then this kernel keeps the tied
-  entries of lowest column, as many as top-k / top-p allow.
-- log-probs are x - max - log(sum(exp(x - max))) of the raw logits (torch's log_softmax up to
-  rounding), the top-N in torch.topk's order with ties by column ascending.
+- draw: argmax((x / T - max) - log E) rather than argmax(softmax(x / T) / E), x / T as x * (1 / T):
+  equal in law and in exact arithmetic; the roundings pick differently only where two keys agree
+  to ~1e-7 relative. E is engine.counter_rng's noise, bit for bit (engine/kernels/lowbias.py).
+- min-p keeps e >= min_p with e = exp(x / T - max), torch keeps p >= min_p * max(p); top-k and
+  top-p order by the shaped logit, ties by column ascending, torch by the probability after its
+  sort, ties in an unspecified order; top-p's total is summed in another order. So the kept sets
+  are the same unless an entry's probability or mass-before sits within float rounding (~1e-6
+  relative) of a boundary, or equal logits straddle it: then this kernel keeps the tied entries of
+  lowest column, as many as top-k / top-p allow, where torch keeps those its sort put first.
+- log-probs are x - max - log(sum(exp(x - max))) of the raw logits (torch's log_softmax within
+  ~1e-6), the top-N in torch.topk's order with ties by column ascending.
 
 Per-request state the decode graph keeps on the device: `history` [slots, V] int32, a token's count
 in the output plus HISTORY_SEEN when it is in the prompt (the penalties' input; with record=True the
@@ -213,7 +228,7 @@ def _sample_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
                                        inv_t, top, min_p, state, lo_s, MIN64, BLOCK_V)
         sweeps += 1
         rounds = tl.full([], 0, tl.int32)
-        done = filtered == 0  # plain rows: min-p's entries were the whole race
+        done = (filtered == 0) | ((k_lim >= BIG) & (top_p >= 1.0))  # nothing to check: min-p's entries were the race
         while done == 0:
             cnt, before, nxt, nxt_x = race_before(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency,
                                                   repetition, V, inv_t, top, min_p, state, lo_s,

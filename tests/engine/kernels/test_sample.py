@@ -250,6 +250,13 @@ def test_record_counts_the_chosen_token(triton_interpreter):
 
 # ---- GPU ----
 
+def test_gpu_the_triton_counter_rng_is_counter_rng_bit_for_bit(triton_gpu):
+    from pegainfer.engine.kernels.lowbias import uniform as triton_uniform
+    seed, index, step = seed_grid()
+    got = triton_uniform(seed.cuda(), index.cuda(), step.cuda(), 102400).cpu()
+    assert torch.equal(got.view(torch.int32), uniform(stream_state(seed, index, step), 102400).view(torch.int32))
+
+
 def test_gpu_mixed_batches_draw_the_samplers_tokens(triton_gpu):
     gen = torch.Generator().manual_seed(10)
     for size in (1, 12, 64, 256):
