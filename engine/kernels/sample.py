@@ -263,10 +263,11 @@ def _sample_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
 @dataclasses.dataclass(frozen=True, slots=True)
 class SampleRows:
     """Each draw's parameters on the device, one row per draw: floats [S, 6] float32 (FLOATS: a
-    temperature of 0 is greedy; top_p 1 and min_p 0 are off) and ints [S, 7] int64 (INTS: top_k <= 0
-    is off; seed, choice index and step key the counter RNG; row: the logits row the draw reads;
-    history_slot and bias_slot: the rows of `history` and `bias`, -1 for none). A graph keeps both
-    in static buffers and copies each step's values in."""
+    temperature of 0 is greedy, as DrawParams makes any below GREEDY_BELOW; top_p 1 and min_p 0 are
+    off) and ints [S, 7] int64 (INTS: top_k <= 0 is off; seed, choice index and step key the counter
+    RNG; row: the logits row the draw reads, < R; history_slot and bias_slot: the rows of `history`
+    and `bias`, -1 for none). The values are DrawParams' (engine/draw_params.py), checked there. A
+    graph keeps both in static buffers and copies each step's values in."""
     floats: torch.Tensor
     ints: torch.Tensor
 
@@ -313,8 +314,9 @@ def sample(logits: torch.Tensor, rows: SampleRows, *, history: torch.Tensor | No
     for name, t, dt in (("history", history, torch.int32), ("bias", bias, torch.float32)):
         if t is not None and (t.dtype != dt or t.dim() != 2 or t.shape[1] != v or t.stride(1) != 1):
             raise ValueError(f"{name} must be [slots, {v}] {dt} with contiguous rows, got {t.dtype} {list(t.shape)}")
-    history = torch.zeros(1, 1, dtype=torch.int32, device=dev) if history is None else history
-    bias = torch.zeros(1, 1, dtype=torch.float32, device=dev) if bias is None else bias
+    # stand-ins never read (no draw names a slot of them): empty, so a graph holds no memset for them
+    history = torch.empty(1, 1, dtype=torch.int32, device=dev) if history is None else history
+    bias = torch.empty(1, 1, dtype=torch.float32, device=dev) if bias is None else bias
     n_top = logprobs or 0
     assert cap & (cap - 1) == 0 and cap >= n_top, "cap: a power of two, at least the top-N"
     if out is None:
