@@ -77,8 +77,8 @@ MAX_ROUNDS = tl.constexpr(64)  # a bound for the graph's sake: a round halves th
 @triton.jit
 def _sample_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b, scratch_ptr,
                    tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, V, N_TOP: tl.constexpr, NP: tl.constexpr,
-                   LOGPROBS: tl.constexpr, RECORD: tl.constexpr, COUNT: tl.constexpr, BLOCK_V: tl.constexpr, PIVOTS: tl.constexpr,
-                   CAP: tl.constexpr):
+                   LOGPROBS: tl.constexpr, RECORD: tl.constexpr, COUNT: tl.constexpr, BLOCK_V: tl.constexpr,
+                   PIVOTS: tl.constexpr, CAP: tl.constexpr):
     s = tl.program_id(0)
     fp = floats_ptr + s * 6
     temp = tl.load(fp)
@@ -188,7 +188,9 @@ def _sample_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
                 c_hi_s = tl.where(up, pick(cs, j, js + 1), c_hi_s)
                 lo_s = tl.where(js >= 0, pick(ts, j, js), lo_s)
                 c_s = tl.where(js >= 0, pick(cs, j, js), tl.minimum(c_s, c_all))
-                want_s = (c_s > CAP) & (c_hi_s < CAP) & (lo_s > float("-inf")) & (passes < 3)
+                # a recount helps where what can be kept fits: top-k within CAP, fewer than CAP above the next pivot
+                fits = (c_hi_s < CAP) & ((k_lim <= CAP) | (k_lim >= BIG))
+                want_s = (c_s > CAP) & fits & (lo_s > float("-inf")) & (passes < 3)
                 ts = lo_s + (hi_s - lo_s) * frac
             if want_r:
                 jr = tl.max(tl.where(cr >= N_TOP, j, -1), axis=0)
@@ -228,14 +230,15 @@ def _sample_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
                                        inv_t, top, min_p, state, lo_s, MIN64, BLOCK_V)
         sweeps += 1
         rounds = tl.full([], 0, tl.int32)
-        done = (filtered == 0) | ((k_lim >= BIG) & (top_p >= 1.0))  # nothing to check: min-p's entries were the race
+        done = (filtered == 0) | ((k_lim >= BIG) & (top_p >= 1.0))  # nothing to check: min-p's were the race
         while done == 0:
             cnt, before, nxt, nxt_x = race_before(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency,
                                                   repetition, V, inv_t, top, min_p, state, lo_s,
                                                   order_key(win_x, win), BLOCK_V)
             sweeps += 1
             rounds += 1
-            done = (cnt == 0) | ((cnt < k_lim) & (tl.math.div_rn(before, total) < goal_m)) | (rounds >= MAX_ROUNDS)
+            kept = (cnt == 0) | ((cnt < k_lim) & (tl.math.div_rn(before, total) < goal_m))
+            done = kept | (rounds >= MAX_ROUNDS)  # the bound: never reached unless the rounds stop halving
             if done == 0:
                 win = nxt
                 win_x = nxt_x
@@ -246,10 +249,9 @@ def _sample_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
         tl.store(lp_ptr + s, (tl.load(x_ptr + token).to(tl.float32) - r_m) - log_s)
         if N_TOP > 0:
             if fast_r == 0:  # more than CAP raw logits near the N-th: count to it, then gather
-                n_lo, n_hi, n_r, n_n, _, _, used = threshold(x_ptr, h_ptr, b_ptr, False, False, presence, frequency,
-                                                           repetition, V, 1.0, 0.0, 0.0, r_m, 1.0,
-                                                           tl.full([], N_TOP, tl.int32), r_ptr, True, BLOCK_V,
-                                                           PIVOTS, CAP)
+                n_lo, n_hi, n_r, n_n, _, _, used = threshold(
+                    x_ptr, h_ptr, b_ptr, False, False, presence, frequency, repetition, V, 1.0, 0.0, 0.0, r_m, 1.0,
+                    tl.full([], N_TOP, tl.int32), r_ptr, True, BLOCK_V, PIVOTS, CAP)
                 gather_top(x_ptr, V, n_lo, n_hi, n_r, n_n, r_m, log_s, ids_ptr + s * N_TOP, lps_ptr + s * N_TOP,
                            N_TOP, NP, BLOCK_V)
                 sweeps += used + 1
