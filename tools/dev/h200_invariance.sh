@@ -24,6 +24,8 @@ if [ "$what" = tests ]; then
   echo "== linear: row blocks' bits and time (tools/dev/linear_blockm.py), vs cuBLAS (linear_bench.py)"
   timeout 100 python3 tools/dev/linear_blockm.py --out "$OUT/linear-blockm.json" 2>&1 | tail -10
   timeout 100 python3 tools/dev/linear_bench.py --out "$OUT/linear-bench.json" 2>&1 | tail -45
+  echo "== sampler kernel (issue 33): engine/kernels/sample.py against engine.sampler (tools/dev/sample_bench.py)"
+  timeout 100 python3 tools/dev/sample_bench.py --device cuda --out "$OUT/sample-bench.json" 2>&1 | tail -20
   for mode in batch-invariant no-batch-invariant; do
     echo "== bench_direct --$mode"
     timeout 150 python3 tools/bench_direct.py --preset lite --batches 1,256 --prompt-len 86 --new-tokens 64 --$mode \
