@@ -14,6 +14,7 @@ last line says the verdict and the counts, e.g. `PASS (45 checks, 12 skipped)`."
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -29,7 +30,7 @@ from tools.reliakit.scenarios import SCENARIOS, connection_burst, select
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)  # --api K would dodge the redaction
     where = p.add_mutually_exclusive_group()
     where.add_argument("--url", help="a running server, e.g. http://127.0.0.1:8000")
     where.add_argument("--spawn", action="store_true", help="start pegainfer daemons here, as each scenario needs")
@@ -37,6 +38,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="write a deterministic artifact without a server")
     p.add_argument("--scenarios", help=f"comma-separated subset of: {', '.join(SCENARIOS)} (default all)")
     p.add_argument("--trace-file", type=Path, help="with --url: the server's trace-record file (JSONL)")
+    p.add_argument("--api-key", default=os.environ.get("PEGAINFER_API_KEY"),
+                   help="with --url: the server's API key, sent as a bearer token (default: $PEGAINFER_API_KEY); "
+                        "never recorded")
     p.add_argument("--allow-skips", action="store_true",
                    help="pass even when checks or scenarios were skipped (default: the verdict is INCOMPLETE, exit 1)")
     p.add_argument("--model", help="with --spawn: checkpoint folder (default: the embedded tiny model)")
@@ -59,6 +63,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("give --model or --random-preset, not both")
     if a.trace_file and not a.url:
         p.error("--trace-file goes with --url (spawned daemons get their own)")
+    if a.api_key and not a.url:
+        a.api_key = None  # spawned daemons run without a key
     if a.ep_size < 1:
         p.error("--ep-size must be at least 1")
     try:
@@ -77,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         from tools.reliakit.dry_run import dry_record
         record = dry_record(a.selected, a.backend, a.ep_size, spawn=mode == "spawn")
     else:
+        from tools.reliakit.client import use_key
         from tools.reliakit.runner import RunConfig, Runner
+        use_key(a.api_key)
         if mode == "spawn":
             from pegainfer.ep.preflight import REFUSALS, preflight
             try:  # what the daemons would refuse (nccl without a GPU per rank), refused here in one line

@@ -114,3 +114,20 @@ def test_url_mode_joins_the_given_trace_file_and_skips_what_ends_the_server(tmp_
         assert doc["summary"]["checks"]["skipped"] == 3 and not doc["summary"]["failed"]
         code, doc = run(tmp_path, "--url", d.url, "--scenarios", "invalid_requests", "--allow-skips")
         assert code == 0 and doc["summary"]["verdict"] == "pass", failures(doc)
+
+
+def test_url_mode_against_a_server_with_an_api_key(tmp_path, tiny_model_dir):
+    """--api-key: every request of the run carries the bearer token (the raw-socket disconnect too),
+    and neither the artifact nor the recorded command holds it; without it the server is unusable."""
+    key = "sk-reliability-test-0123456789"
+    trace = tmp_path / "trace.jsonl"
+    with DaemonProcess("--model", str(tiny_model_dir), "--trace-file", str(trace), "--max-active", "4",
+                       "--max-pending", "4", "--max-model-len", "512", "--api-key", key) as d:
+        code, doc = run(tmp_path, "--url", d.url, "--trace-file", str(trace), "--api-key", key,
+                        "--scenarios", "cancel_disconnect,connection_burst", "--burst", "64x2")
+        assert code == 0 and doc["summary"]["verdict"] == "pass", failures(doc)
+        assert key not in (tmp_path / "artifact.json").read_text()
+        code, doc = run(tmp_path, "--url", d.url, "--scenarios", "cancel_disconnect")
+        assert code != 0 and doc["summary"]["verdict"] != "pass"
+    from tools.reliakit.client import use_key
+    use_key(None)

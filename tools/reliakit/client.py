@@ -19,6 +19,15 @@ from tools.reliakit.observation import RequestObservation
 
 Clock = Callable[[], float]
 EARLY_BYTES_TIMEOUT_S = 10.0
+# The bearer header every request of the run carries (tools/reliability.py --api-key, for --url
+# against a server started with --api-key); empty: none. Never written into the artifact.
+AUTH: dict[str, str] = {}
+
+
+def use_key(key: str | None) -> None:
+    AUTH.clear()
+    if key:
+        AUTH["authorization"] = f"Bearer {key}"
 
 
 def _headers(obs: RequestObservation) -> dict[str, str]:
@@ -123,8 +132,9 @@ async def close_after_early_bytes(base_url: str, obs: RequestObservation, now: C
     connection. The server has a live request and a client that is gone."""
     u = urlsplit(base_url)
     payload = _payload(obs)
+    auth = "".join(f"{name}: {value}\r\n" for name, value in AUTH.items())
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: {u.hostname}:{u.port}\r\ncontent-type: application/json\r\n"
-            f"traceparent: {obs.traceparent()}\r\ncontent-length: {len(payload)}\r\n\r\n").encode()
+            f"traceparent: {obs.traceparent()}\r\n{auth}content-length: {len(payload)}\r\n\r\n").encode()
     obs.start_s = now()
     writer = None
     try:

@@ -80,7 +80,7 @@ class Runner:
         runnable = [s for s in cfg.scenarios if not (cfg.spawn and s.min_ep_size > cfg.ep_size)]
         try:
             url, _ = await self._server(runnable[0].flags if runnable else SHARED_FLAGS)
-            async with httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S) as http:
+            async with httpx.AsyncClient(headers=c.AUTH, base_url=url, timeout=REQUEST_TIMEOUT_S) as http:
                 rec.limits = await read_limits(http)
                 rec.baseline = follow_up(rec.limits.model, "baseline")
                 await c.stream(http, rec.baseline, self.now, timeout=REQUEST_TIMEOUT_S)
@@ -102,7 +102,7 @@ class Runner:
 
     async def _scenario(self, scenario: Scenario, run: ScenarioRun) -> None:
         url, daemon = await self._server(scenario.flags)
-        async with httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S) as http:
+        async with httpx.AsyncClient(headers=c.AUTH, base_url=url, timeout=REQUEST_TIMEOUT_S) as http:
             limits = await read_limits(http)
             reason = scenario.skip_reason(limits, self.cfg.spawn)
             if reason is not None:
@@ -139,7 +139,7 @@ class Runner:
                 await asyncio.to_thread(daemon.kill)
             url, daemon = await self._server(None)
             run.server["restarted_for_follow_up"] = daemon.index
-        async with httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S) as http:
+        async with httpx.AsyncClient(headers=c.AUTH, base_url=url, timeout=REQUEST_TIMEOUT_S) as http:
             run.follow_up = follow_up(run.limits.model)
             await c.stream(http, run.follow_up, self.now, timeout=REQUEST_TIMEOUT_S)
 
@@ -149,7 +149,7 @@ class Runner:
             if self.pool.current is None:
                 return
             url = self.pool.current.url if self.pool.current.alive() else (await self._server(None))[0]
-        async with httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S) as http:
+        async with httpx.AsyncClient(headers=c.AUTH, base_url=url, timeout=REQUEST_TIMEOUT_S) as http:
             status, body = await wait_idle(http)
         self.record.final = sc.idle("final_idle", status, body)
 

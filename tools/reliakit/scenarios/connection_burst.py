@@ -54,7 +54,7 @@ async def drive(ctx: Context, planned: list[RequestObservation]) -> None:
     for start in range(0, len(planned), size):
         await wait_idle(ctx.http)  # each burst meets an idle server and opens new connections only
         limits = httpx.Limits(max_connections=size, max_keepalive_connections=0)
-        async with httpx.AsyncClient(base_url=ctx.base_url, limits=limits, timeout=REQUEST_TIMEOUT_S) as fresh:
+        async with httpx.AsyncClient(headers=c.AUTH, base_url=ctx.base_url, limits=limits, timeout=REQUEST_TIMEOUT_S) as fresh:
             await asyncio.gather(*(c.stream(fresh, x, ctx.now, timeout=REQUEST_TIMEOUT_S)
                                    for x in planned[start:start + size]))
     ctx.facts.update(bursts=SHAPE["count"], connections_per_burst=size)
