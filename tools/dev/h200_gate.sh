@@ -4,11 +4,7 @@
 # rank and fault-isolation scenarios on host-staged ep 2 (two ranks sharing the one GPU). Artifacts
 # and daemon logs go to $OUT. Usage: bash tools/dev/h200_gate.sh
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=$(bash tools/dev/devpath.sh /tmp/pegainfer-dev):$PWD:/tmp/site || exit 1
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; git log -1 --format=%H 2>/dev/null
+source tools/dev/h200_env.sh; git log -1 --format=%H 2>/dev/null
 echo "== GPU tests"
 timeout 300 python3 -m pytest -q tests/engine/kernels tests/engine/test_gpu_*.py tests/ep/test_gpu.py -p no:cacheprovider 2>&1 \
   | tail -15 | tee "$OUT/gpu-tests.txt"

@@ -11,11 +11,7 @@
 #                                              --spawn on the GPU with host-staged ep 2 (tiny model).
 # Everything it writes goes to $OUT.
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=$(bash tools/dev/devpath.sh /tmp/pegainfer-dev):$PWD:/tmp/site || exit 1
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+source tools/dev/h200_env.sh
 what=${1:-tests}
 if [ "$what" = tests ]; then
   echo "== GPU tests"
@@ -33,17 +29,10 @@ if [ "$what" = tests ]; then
   done
   exit 0
 fi
-serve() {  # $1 name, then serve flags
-  local name=$1; shift
-  python3 -m pegainfer.daemon.cli serve --random-preset lite --device cuda --port 8000 \
-    --trace-file "/tmp/trace-$name.jsonl" "$@" > "$OUT/serve-$name.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 240); do curl -sf http://127.0.0.1:8000/ready >/dev/null && break; sleep 0.5; done
-}
 i=0
 for mode in ${SERVING_ORDER-batch-invariant no-batch-invariant batch-invariant no-batch-invariant}; do
   i=$((i + 1)); echo "== serving $i --$mode"
-  serve "$i-$mode" --$mode
+  serve "$i-$mode" --trace-file "/tmp/trace-$i-$mode.jsonl" --$mode
   timeout 100 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 --profile short --prompt-words 90 \
     --max-tokens 200 --concurrency 256 --num-requests 256 --out "/tmp/warm-$i.json" >/dev/null 2>&1
   timeout 120 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 --trace-file "/tmp/trace-$i-$mode.jsonl" \
@@ -53,7 +42,7 @@ for mode in ${SERVING_ORDER-batch-invariant no-batch-invariant batch-invariant n
   kill -TERM $pid; wait $pid
 done
 echo "== reliability --url, GPU daemon (lite, --max-active 32)"
-serve rel --max-active 32
+serve rel --trace-file /tmp/trace-rel.jsonl --max-active 32
 # --allow-skips: --url skips the scenarios that end the server; the --spawn call below runs them
 timeout ${REL_URL_S:-200} python3 tools/reliability.py --url http://127.0.0.1:8000 --trace-file /tmp/trace-rel.jsonl \
   --allow-skips --burst 1024x10 --out "$OUT/reliability-url-lite-cuda.json" 2>&1 | tail -20

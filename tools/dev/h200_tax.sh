@@ -7,20 +7,10 @@
 # 1024 new streaming connections (reliability scenario connection_burst) against a fresh server.
 # Everything it writes goes to $OUT.
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=$(bash tools/dev/devpath.sh /tmp/pegainfer-dev):$PWD:/tmp/site || exit 1
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+source tools/dev/h200_env.sh
 LEVELS=${LEVELS:-64,256}
 WORKLOAD=(--profile short --prompt-words 90 --max-tokens 200 --concurrency "$LEVELS" --num-requests ${NUM:-1024})
-SERVE=(--random-preset lite --device cuda)
-serve() {  # $1 name, then serve flags
-  local name=$1; shift
-  python3 -m pegainfer.daemon.cli serve "${SERVE[@]}" --port 8000 "$@" > "$OUT/serve-$name.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 240); do curl -sf http://127.0.0.1:8000/ready >/dev/null && break; sleep 0.5; done
-}
+SERVE=(--random-preset lite --device cuda)  # for bench_replay; serve() (h200_env.sh) uses the same
 echo "== HTTP (bench_serving)"
 serve http --trace-file /tmp/trace-http.jsonl
 timeout 100 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 --profile short --prompt-words 90 \

@@ -1,0 +1,17 @@
+# Sourced by the tools/dev/h200_*.sh scripts: the GPU machine's set-up (the wheels carried in .whl/,
+# the checkout as the `pegainfer` package, $OUT) and `serve NAME FLAGS...`, which starts
+# `pegainfer serve --random-preset lite --device cuda --port 8000 FLAGS...` in the background (log in
+# $OUT/serve-NAME.log, pid in $pid) and waits for /ready.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=$(bash tools/dev/devpath.sh /tmp/pegainfer-dev):$PWD:/tmp/site || exit 1
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+
+serve() {
+  local name=$1; shift
+  python3 -m pegainfer.daemon.cli serve --random-preset lite --device cuda --port 8000 "$@" \
+    > "$OUT/serve-$name.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 240); do curl -sf http://127.0.0.1:8000/ready >/dev/null && break; sleep 0.5; done
+}
