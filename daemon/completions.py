@@ -175,7 +175,7 @@ async def _run(http: HTTPRequest, rt: Runtime, req: CompletionRequest, shape: Sh
     for i, (eid, prompt) in enumerate(zip(engine_ids, req.prompts, strict=True)):
         part = req.part(prompt)
         ids = prompt if not isinstance(prompt, str) else await rt.tokenize.encode(rt.tokenizer, prompt, req.add_bos)
-        found = _context_problem(rt, ids, part, shape)
+        found = context_problem(rt, ids, part, shape)
         if found is None and part.max_tokens is None:  # chat without a limit: the rest of the context
             part.max_tokens = rt.engine.max_model_len - len(ids)
         admitted = part if part.max_tokens is not None else dataclasses.replace(part, max_tokens=1)  # refused anyway
@@ -218,7 +218,9 @@ async def _run(http: HTTPRequest, rt: Runtime, req: CompletionRequest, shape: Sh
     return await complete(http, rt, out)
 
 
-def _context_problem(rt: Runtime, ids: list[int], req: CompletionRequest, shape: Shape) -> APIError | None:
+def context_problem(rt: Runtime, ids: list[int], req: CompletionRequest, shape: Shape) -> APIError | None:
+    """What refuses one tokenised prompt before it runs: a token id outside the vocabulary, the
+    context limit, more candidates than KV slots (tools/benchkit/replay.py applies it too)."""
     limit, max_tokens = rt.engine.max_model_len, req.max_tokens
     problem = protocol.vocabulary_problem(req, ids, rt.engine.cfg.vocab_size, tokenized=req.prompt_ids is None)
     if problem is not None:

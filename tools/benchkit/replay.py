@@ -17,7 +17,9 @@ from collections.abc import Callable
 
 from pegainfer.daemon import protocol
 from pegainfer.daemon.choices import Choices
+from pegainfer.daemon.completions import context_problem
 from pegainfer.daemon.runtime import Runtime
+from pegainfer.daemon.shapes import COMPLETION
 from pegainfer.lifecycle.rejection import Rejection
 from pegainfer.lifecycle.request import Request
 from pegainfer.lifecycle.sink import TokenSink
@@ -41,9 +43,9 @@ async def replay_one(rt: Runtime, prompt: PromptSpec, max_tokens: int, *, detoke
     rec.request_id, rec.prompt_tokens = rid, len(ids)
     request = Request(req.admit(rid, ids), rt.model_name, TokenSink(rt.settings.sink_max_buffered))
     rt.telemetry.on_request_start(rid, req, {})
-    if len(ids) + req.max_tokens > rt.engine.max_model_len:
-        rt.scheduler.reject(request, "over the context limit")
-        rec.error = f"HTTP 400: {len(ids)} prompt tokens + {req.max_tokens} exceed {rt.engine.max_model_len}"
+    if (problem := context_problem(rt, ids, req, COMPLETION)) is not None:  # the handler's own refusal
+        rt.scheduler.reject(request, problem.message, problem.code)
+        rec.error = f"HTTP {problem.status}: {problem.message}"
         return rec
     try:
         rt.scheduler.submit(request)
