@@ -134,6 +134,7 @@ class ConnectionGuard:
             self.evicted += 1
         if len(self._served) < self.budget.max_connections:
             self._served.add(conn)
+            self._fresh[conn] = self._clock()  # no request yet: the grace to send its first one starts
             verdict = Admission.SERVE
         elif self.open < self.budget.ceiling:
             self._refusing.add(conn)
@@ -153,11 +154,6 @@ class ConnectionGuard:
             if self._clock() - opened >= EVICT_GRACE_S:
                 return conn
         return None
-
-    def opened(self, conn: Evictable) -> None:
-        """`conn` was just served a place: no request yet, and the grace to send its first one."""
-        if conn in self._served:
-            self._fresh[conn] = self._clock()
 
     def idle(self, conn: Evictable) -> None:
         """`conn` has no request in progress: its last response is complete."""

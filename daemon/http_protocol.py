@@ -67,7 +67,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.app = _too_many_connections(self.guard.budget.max_connections, self.on_refused)
             self._arm(min(self.header_timeout_s, REFUSE_HEADER_TIMEOUT_S))
             return
-        self.guard.opened(self)
         self._arm(self.header_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -80,7 +80,6 @@ def test_at_the_cap_the_longest_idle_connection_makes_room():
     a, b, c = Conn("a"), Conn("b"), Conn("c")
     for x in (a, b, c):
         assert g.admit(x) is Admission.SERVE
-        g.opened(x)
         g.idle(x)  # each served a request and waits, kept alive
     g.busy(a)  # a is serving a request: never evicted
     g.idle(b)  # b finished a request: now the most recent idle one
@@ -114,8 +113,6 @@ def test_a_burst_of_new_connections_is_refused_with_503_never_evicted_unanswered
     verdicts = []
     for x in burst:  # all at once: none has sent its headers yet
         verdicts.append(g.admit(x))
-        if verdicts[-1] is Admission.SERVE:
-            g.opened(x)
     assert verdicts == [Admission.SERVE] * 4 + [Admission.REFUSE] * 60
     assert not any(x.evicted for x in burst) and g.evicted == 0 and g.dropped == 0
 
@@ -126,7 +123,6 @@ def test_a_new_connection_silent_past_the_grace_is_a_slowloris_and_makes_room():
     slow, kept = Conn("slow"), Conn("kept")
     for x in (slow, kept):
         assert g.admit(x) is Admission.SERVE
-        g.opened(x)
     g.idle(kept)  # kept served a request: an idle keep-alive connection goes first, whatever its age
     assert g.admit(Conn("a")) is Admission.SERVE and kept.evicted and not slow.evicted
     b = Conn("b")
