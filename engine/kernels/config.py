@@ -64,6 +64,10 @@ class LinearTiling:
     8,192 rows (tools/dev/linear_blockm.py, 2026-12-04), and 64-row blocks took 0.45-0.5x the time of
     16-row ones at 8,192 rows (o_proj 189 against 388 µs; cuBLAS 110).
 
+    ticket: the split's parts summed by the last program of each tile to finish (a ticket per
+    program from one atomic counter; the same additions in the same order) rather than by a second
+    launch: a launch fewer per split call, which one-row decode steps make several times a layer.
+
     The other defaults are not tuned (tools/dev/linear_bench.py --sweep times candidates)."""
     block_m: int = 16
     wide_rows: int = 256
@@ -76,6 +80,7 @@ class LinearTiling:
     programs: int = 264
     num_warps: int = 4
     num_stages: int = 3
+    ticket: bool = True
 
     def __post_init__(self) -> None:
         if self.k_chunk % self.block_k or self.block_n_max < self.block_n_min:

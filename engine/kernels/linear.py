@@ -16,7 +16,11 @@ reaches a choice:
   program each, writing float32 parts [chunks, M, N] that `_sum_kernel` adds in chunk order. Both
   make the same additions in the same order (0 + c0 + c1 + ...), so a one-row decode step can
   spread its weight read over every SM (split) while a prompt's many rows keep one launch and no
-  parts (whole), and the two give the same bits. No atomics, no host synchronisation: CUDA-graph
+  parts (whole), and the two give the same bits. With LinearTiling.ticket the split needs no
+  second launch: each program, its part written, takes a ticket from its tile's counter (one
+  atomic add, the only atomic: it sums nothing), and the program that draws the last ticket adds
+  the tile's parts in chunk order and puts the counter back to 0. Which program that is changes
+  nothing: the order of the additions is the chunks'. No host synchronisation: CUDA-graph
   capturable.
 
 `linear` picks by the KernelConfig: not batch_invariant -> F.linear (the library's fastest); on
@@ -39,6 +43,7 @@ except ImportError:  # a CPU-only install where Triton is no dependency: the tor
 
 ROWS = 16  # rows per block of the torch form
 SUM_BLOCK = 1024  # elements per program of the parts' sum
+TICKETS = 1 << 16  # tile counters per device: calls take disjoint runs of them in turn (_Tickets)
 
 
 def blocked(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -107,12 +112,14 @@ def plan(m: int, n: int, k: int, tiling: LinearTiling) -> Plan:
 
 if triton is not None:
     @triton.jit
-    def _linear_kernel(x_ptr, w_ptr, out_ptr, M, N, K, M_BLOCKS, K_BLOCKS,
-                       CHUNK_BLOCKS: tl.constexpr, PARTIAL: tl.constexpr, PRECISION: tl.constexpr,
+    def _linear_kernel(x_ptr, w_ptr, out_ptr, final_ptr, ticket_ptr, M, N, K, M_BLOCKS, K_BLOCKS,
+                       CHUNK_BLOCKS: tl.constexpr, PARTIAL: tl.constexpr, TICKET: tl.constexpr,
+                       PRECISION: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         # program (i, c): row block i % M_BLOCKS (fastest, so the programs running together share a
         # weight tile in L2), column block i // M_BLOCKS; PARTIAL: K chunk c only, its float32 sum
-        # to part [c, M, N]; else every chunk, the total rounded to out's dtype.
+        # to part [c, M, N] (out_ptr), and with TICKET the tile's last program to finish adds the
+        # parts in chunk order into final_ptr; else every chunk, the total rounded to out's dtype.
         pid = tl.program_id(0)
         rm = (pid % M_BLOCKS) * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = (pid // M_BLOCKS) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -139,8 +146,21 @@ if triton is not None:
             acc = tl.where(end, 0.0, acc)
         ok = m_ok[:, None] & n_ok[None, :]
         if PARTIAL:
-            part = out_ptr + tl.program_id(1).to(tl.int64) * M * N
-            tl.store(part + rm[:, None].to(tl.int64) * N + rn[None, :], total, mask=ok)
+            at = rm[:, None].to(tl.int64) * N + rn[None, :]
+            tl.store(out_ptr + tl.program_id(1).to(tl.int64) * M * N + at, total, mask=ok)
+            if TICKET:
+                # every thread's part is written before the ticket (the barrier, then the atomic's
+                # release); the last ticket's reads follow its acquire and skip L1 (.cg), which may
+                # hold an earlier call's parts
+                tl.debug_barrier()
+                chunks = tl.num_programs(1)
+                drawn = tl.atomic_add(ticket_ptr + pid, 1, sem="acq_rel", scope="gpu")
+                if drawn == chunks - 1:
+                    total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                    for c in range(0, chunks):
+                        total = total + tl.load(out_ptr + c * M * N + at, mask=ok, other=0.0, cache_modifier=".cg")
+                    tl.store(final_ptr + at, total.to(final_ptr.dtype.element_ty), mask=ok)
+                    tl.atomic_xchg(ticket_ptr + pid, 0, sem="relaxed", scope="gpu")
         else:
             tl.store(out_ptr + rm[:, None].to(tl.int64) * N + rn[None, :], total.to(out_ptr.dtype.element_ty),
                      mask=ok)
@@ -157,6 +177,36 @@ if triton is not None:
             total = total + tl.load(src, mask=ok, other=0.0)
             src += MN
         tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+class _Tickets:
+    """The split's tile counters: TICKETS int32 zeros per device, made on first use, handed out in
+    runs of a call's tile count, one run after the other, wrapping at the end. Each call leaves its
+    run at zero, and two calls that run at once (the shared experts' stream beside the main one)
+    hold different runs unless TICKETS counters were handed out between their launches."""
+
+    def __init__(self):
+        self.counters: dict[torch.device, torch.Tensor] = {}
+        self.next: dict[torch.device, int] = {}
+
+    def take(self, device: torch.device, tiles: int) -> torch.Tensor | None:
+        """A run of `tiles` zeroed counters, or None where tiles exceed TICKETS or the counters
+        would be made inside a CUDA graph's capture (then the second launch sums the parts)."""
+        buf = self.counters.get(device)
+        if buf is None:
+            if tiles > TICKETS or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+                return None
+            buf = self.counters[device] = torch.zeros(TICKETS, dtype=torch.int32, device=device)
+        if tiles > TICKETS:
+            return None
+        at = self.next.get(device, 0)
+        if at + tiles > TICKETS:
+            at = 0
+        self.next[device] = at + tiles
+        return buf[at:at + tiles]
+
+
+_tickets = _Tickets()
 
 
 def triton_linear(x: torch.Tensor, w: torch.Tensor, tiling: LinearTiling) -> torch.Tensor:
@@ -181,13 +231,15 @@ def triton_linear(x: torch.Tensor, w: torch.Tensor, tiling: LinearTiling) -> tor
     p = plan(m, n, k, tiling)
     m_blocks = _cdiv(m, tiling.block_m)
     dst = torch.empty(p.chunks, m, n, dtype=torch.float32, device=x.device) if p.split else out  # [chunks, M, N]
-    _linear_kernel[(m_blocks * _cdiv(n, p.block_n), p.chunks if p.split else 1)](
-        x, w, dst, m, n, k, m_blocks, _cdiv(k, tiling.block_k),
-        CHUNK_BLOCKS=tiling.k_chunk // tiling.block_k, PARTIAL=p.split,
+    tiles = m_blocks * _cdiv(n, p.block_n)
+    tickets = _tickets.take(x.device, tiles) if p.split and tiling.ticket else None
+    _linear_kernel[(tiles, p.chunks if p.split else 1)](
+        x, w, dst, out, dst if tickets is None else tickets, m, n, k, m_blocks, _cdiv(k, tiling.block_k),
+        CHUNK_BLOCKS=tiling.k_chunk // tiling.block_k, PARTIAL=p.split, TICKET=tickets is not None,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # tf32: the default, unused for bf16
         BLOCK_M=tiling.block_m, BLOCK_N=p.block_n, BLOCK_K=tiling.block_k,
         num_warps=tiling.num_warps, num_stages=tiling.num_stages)
-    if p.split:
+    if p.split and tickets is None:
         _sum_kernel[(_cdiv(m * n, SUM_BLOCK),)](dst, out, m * n, p.chunks, BLOCK=SUM_BLOCK)
     return out
 

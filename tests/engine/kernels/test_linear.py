@@ -120,6 +120,34 @@ def test_both_walks_and_any_column_block_give_the_same_bits(triton_interpreter, 
 
 
 @triton_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_tickets_sum_as_the_second_launch_does_and_leave_the_counters_at_zero(triton_interpreter, request,
+                                                                                   gen, dtype):
+    if dtype == torch.bfloat16:
+        request.getfixturevalue("bf16_as_gpu")
+    w = (torch.randn(96, 200, generator=gen) * 0.05).to(dtype)
+    split = dataclasses.replace(SMALL, programs=10**6)
+    launches = dataclasses.replace(split, ticket=False)
+    for m in (1, 5, 33):
+        x = torch.randn(m, 200, generator=gen).to(dtype)
+        assert L.plan(m, 96, 200, split).split
+        assert torch.equal(L.triton_linear(x, w, split), L.triton_linear(x, w, launches))
+        assert torch.equal(L.triton_linear(x, w, split), L.triton_linear(x, w, dataclasses.replace(SMALL, programs=1)))
+    assert int(L._tickets.counters[torch.device("cpu")].abs().sum()) == 0
+
+
+def test_tickets_are_handed_out_in_turn_and_wrap(monkeypatch):
+    monkeypatch.setattr(L, "TICKETS", 10)
+    t = L._Tickets()
+    cpu = torch.device("cpu")
+    a, b = t.take(cpu, 4), t.take(cpu, 4)
+    assert a.data_ptr() != b.data_ptr() and a.shape == (4,)
+    c = t.take(cpu, 4)  # 8 + 4 > 10: back to the start
+    assert c.data_ptr() == a.data_ptr()
+    assert t.take(cpu, 11) is None  # more than there are: the second launch sums
+
+
+@triton_only
 def test_the_crowd_check_catches_an_order_chosen_by_row_count(triton_interpreter, gen):
     """The invariance check can fail: a kernel whose K chunks were chosen by M (as a library's
     split-K is) changes a row's bits."""
@@ -192,3 +220,20 @@ def test_gpu_kernel_replays_in_a_cuda_graph(triton_gpu, rows):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, L.triton_linear(x, w, k.linear))
+
+
+@pytest.mark.parametrize("nk", LITE, ids=[f"n{n}-k{k}" for n, k in LITE])
+def test_gpu_tickets_give_the_second_launchs_bits_every_time(triton_gpu, nk):
+    """The last program's sum reads every other program's part: a missing release or a stale L1 line
+    would show as a different total in some of many repeats."""
+    n, k = nk
+    t = KernelConfig().linear
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = _lite_weights(n, k, torch.bfloat16, g)
+    launches = dataclasses.replace(t, ticket=False)
+    for rows in (1, 4):
+        x = torch.randn(rows, k, device="cuda", generator=g).to(torch.bfloat16)
+        want = L.triton_linear(x, w, launches)
+        outs = [L.triton_linear(x, w, t) for _ in range(50)]
+        assert all(torch.equal(o, want) for o in outs), (rows, L.plan(rows, n, k, t))
+    assert int(L._tickets.counters[w.device].abs().sum()) == 0
