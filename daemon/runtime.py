@@ -161,7 +161,7 @@ class Runtime:
         self.engine, self.tokenizer, self.chat_template = engine, tok, template
         self.bridge = EngineBridge(loop, self)
         self.gpu = GpuThread(engine, self.bridge.emit, max_prefill_tokens=s.max_prefill_tokens,
-                             overlap=s.async_scheduling)
+                             mixed_step_tokens=s.mixed_step_tokens, overlap=s.async_scheduling)
         self.scheduler = Scheduler(self.bridge, max_active=engine.cache.num_slots, max_pending=s.max_pending,
                                    observer=self.telemetry)
         self.bridge.connect(self.gpu, self.scheduler)
