@@ -21,7 +21,8 @@ from pegainfer.engine.cuda_graphs import DecodeGraphs, bucket  # noqa: E402
 from pegainfer.engine.engine import EngineSpec, build_engine  # noqa: E402
 from pegainfer.engine.kernels.config import KernelConfig  # noqa: E402
 from pegainfer.engine.prefill_graphs import PrefillGraphs  # noqa: E402
-from pegainfer.engine.warmup import warm_up  # noqa: E402
+from pegainfer.engine.contract import MAX_LOGPROBS  # noqa: E402
+from pegainfer.engine.warmup import warm_requests, warm_up  # noqa: E402
 from tests.engine.model_builds import rebuild  # noqa: E402
 
 
@@ -100,6 +101,17 @@ def test_warm_up_captures_every_key_then_runs_its_requests(tiny, fused, monkeypa
     assert captured == [("decode", *k) for k in dg.keys()] + [("prefill", *k) for k in pg.keys()]
     assert report.decode_keys == tuple(dg.keys()) and report.prefill_keys == tuple(pg.keys())
     assert len(ran) == 1 and report.requests == len(ran[0]) == 1  # no Triton here: one greedy request
+
+
+def test_with_the_triton_kernels_the_requests_cover_every_top_n_and_the_chunked_path(tiny, fused, monkeypatch):
+    monkeypatch.setattr(tiny, "model", fused)
+    batches = warm_requests(tiny, max_prefill_tokens=512)
+    tops = {(b[0].sampling.logprobs, b[0].sampling.presence_penalty) for b in batches[1:]}
+    assert tops == {(k, p) for k in (None, *range(MAX_LOGPROBS + 1)) for p in (0.0, 0.5)}
+    assert all(len(b) == 1 for b in batches[1:])  # each its own batch: its top-N is the batch's largest
+    first = {a.request_id: a for a in batches[0]}
+    assert len(first["warmup-long"].prompt_ids) == 612 and first["warmup-sampled"].n == 2
+    assert {len(a.prompt_ids) for k, a in first.items() if k.startswith("warmup-echo")} == {1, 17, 32, 40}
 
 
 def test_warm_up_requests_run_and_give_their_slots_back(tiny):
