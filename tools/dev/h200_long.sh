@@ -7,7 +7,9 @@
 #   4. the mixed load: c=16, ~4k-token prompts (1800 words), 64 requests (TTFT p99, TPOT p99), with the
 #      default --mixed-step-tokens;
 #   5. a restart on the same compile cache: its start-up parts; then, time allowing, the mixed load
-#      again with --mixed-step-tokens 8192 (about the budget before issue 28) for comparison.
+#      again with --mixed-step-tokens 8192 (about the budget before issue 28) for comparison;
+#   6. time allowing, tests/engine/test_gpu_prefill.py (later chunks in bank graphs bit-equal to the
+#      eager path; no graph captured after the warm-up).
 # Prints one line per measurement; the JSON reports and server logs go to $OUT.
 # Words -> tokens: about 2.25 tokens a word with the lite preset's tokenizer (2048 words ~ 4.6k tokens).
 set -uo pipefail
@@ -67,6 +69,12 @@ if [ $SECONDS -lt 400 ]; then
   serve mixed8192 "${FLAGS[@]}" --mixed-step-tokens 8192; mixed mixed-8192; kill -TERM $pid; wait $pid
 else
   echo "== 5b. skipped: ${SECONDS}s used"
+fi
+if [ $SECONDS -lt 440 ]; then
+  echo "== 6. GPU tests: bank graphs' bits, no capture after the warm-up (tiny model)"
+  timeout 90 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu_prefill.py -rf 2>&1 | tail -8
+else
+  echo "== 6. GPU tests skipped: ${SECONDS}s used (run: pytest tests/engine/test_gpu_prefill.py)"
 fi
 echo "== warm-up lines:"; grep -h '"warmup_done"\|"startup_time"' "$OUT"/serve-*.log | cut -c1-400
 echo "== tracebacks in daemon logs:"; grep -l Traceback "$OUT"/serve-*.log 2>/dev/null || echo none
