@@ -98,6 +98,8 @@ def build_app(rt: Runtime) -> Starlette:
                 "backend": rt.engine.backend_name if rt.engine else rt.settings.backend,
                 "maturity": _maturity(rt), "ep_size": rt.settings.ep_size,
                 "batch_invariant": _batch_invariant(rt)}
+        if rt.startup is not None:
+            body["startup"] = rt.startup  # seconds: load, capture, warmup_requests, total (to ready)
         if rt.scheduler is not None:
             body["scheduler"] = rt.scheduler.snapshot()
         # the same counts as pegainfer:requests_rejected_total{stage}: "front" before the scheduler

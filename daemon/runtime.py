@@ -13,6 +13,7 @@ import contextlib
 import enum
 import gc
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,11 +27,11 @@ from pegainfer.daemon.settings import Settings
 from pegainfer.daemon.tokenize_pool import TokenizePool
 from pegainfer.daemon.unknown_fields import UnknownFields
 from pegainfer.engine.engine import Engine, EngineSpec, build_engine, default_model_dir, log_event
-from pegainfer.engine.generate import generate
 from pegainfer.engine.kernels.config import KernelConfig
 from pegainfer.engine.loop import GpuThread
 from pegainfer.engine.contract import Shutdown
 from pegainfer.engine.tokenizer import Tokenizer
+from pegainfer.engine.warmup import warm_up
 from pegainfer.lifecycle.scheduler import Scheduler
 from pegainfer.telemetry.hub import Telemetry
 
@@ -103,6 +104,7 @@ class Runtime:
         self.scheduler: Scheduler | None = None
         self.exit_code = 0
         self.load_error: str | None = None
+        self.startup: dict | None = None  # how long start-up took, by part (/ready, the startup_time log line)
         self.started = time.monotonic()
         self.started_wall = time.time()
         self._drain_task: asyncio.Task | None = None
@@ -128,10 +130,12 @@ class Runtime:
                           kernels=KernelConfig(batch_invariant=s.batch_invariant))
 
     def _build(self) -> tuple[Engine, Tokenizer, ChatTemplate]:
-        """Runs in a worker thread: load weights, start ranks, one warm-up step."""
+        """Runs in a worker thread: load weights, start ranks, then compile every kernel and capture
+        every graph the server can use (engine.warmup)."""
         if self.settings.debug_load_delay:
             time.sleep(self.settings.debug_load_delay)
         s = self.settings
+        t0 = time.monotonic()
         ranks = f", {s.ep_size} ranks" if s.ep_size > 1 else ""
         self._status(f"loading weights: {self.model_name} ({s.backend} backend{ranks}, {s.device})")
         folder = self.model_dir or _preset_tokenizer_dir(self.settings.random_preset)
@@ -142,8 +146,13 @@ class Runtime:
                   problem=template.problem)
         with self.notifier.load_progress(s.ep_size) if self.notifier else contextlib.nullcontext():
             engine = build_engine(self.spec())
-        self._status("warming up")
-        generate(engine, [[tok.bos_id if tok.bos_id is not None else 0]], 2, ignore_eos=True)
+        t1 = time.monotonic()
+        self._status("warming up: compiling kernels and capturing graphs")
+        report = warm_up(engine, max_prefill_tokens=s.max_prefill_tokens, mixed_step_tokens=s.mixed_step_tokens)
+        self.startup = {"load_s": round(t1 - t0, 3), "capture_s": round(report.capture_s, 3),
+                        "warmup_requests_s": round(report.requests_s, 3),
+                        "graphs": len(report.decode_keys) + len(report.prefill_keys),
+                        "compile_cache_dir": s.compile_cache_dir}
         return engine, tok, template
 
     async def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -161,7 +170,7 @@ class Runtime:
         self.engine, self.tokenizer, self.chat_template = engine, tok, template
         self.bridge = EngineBridge(loop, self)
         self.gpu = GpuThread(engine, self.bridge.emit, max_prefill_tokens=s.max_prefill_tokens,
-                             overlap=s.async_scheduling)
+                             mixed_step_tokens=s.mixed_step_tokens, overlap=s.async_scheduling)
         self.scheduler = Scheduler(self.bridge, max_active=engine.cache.num_slots, max_pending=s.max_pending,
                                    observer=self.telemetry)
         self.bridge.connect(self.gpu, self.scheduler)
@@ -172,6 +181,9 @@ class Runtime:
         self.scheduler.set_ready(True)
         if self.phase is Phase.LOADING:
             self.move(Phase.READY)
+        self.startup["total_s"] = round(time.monotonic() - self.started, 3)  # the runtime's start to ready
+        self.startup["process_s"] = process_age_s()  # the process's start (imports included) to ready
+        log_event("startup_time", **self.startup)
         log_event("serving", host=s.host, port=s.port, model=self.model_name, backend=engine.backend_name,
                   maturity=engine.maturity, batch_invariant=engine.batch_invariant,
                   max_active=engine.cache.num_slots, max_pending=s.max_pending,
@@ -293,6 +305,16 @@ class Runtime:
             self.notifier.ready()
         if stopping:
             self.notifier.stopping()
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux: /proc), or None where that cannot be read."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return round(uptime - ticks / os.sysconf("SC_CLK_TCK"), 3)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _preset_tokenizer_dir(preset: str) -> str:

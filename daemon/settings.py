@@ -53,6 +53,10 @@ class Settings:
     max_pending: int = _f(64, "requests waiting for a slot before 429")
     max_prefill_tokens: int = _f(8192, "prompt tokens per engine step; longer prompts are prefilled in chunks "
                                        "while running requests keep decoding")
+    mixed_step_tokens: int = _f(2048, "tokens per engine step while requests decode: the decode rows plus the "
+                                      "prompt chunks beside them (vLLM's max_num_batched_tokens), so that a long "
+                                      "prompt adds a bounded time to the streams' steps; a prompt gets at least 64 "
+                                      "tokens a step, and --max-prefill-tokens while nobody decodes")
     async_scheduling: bool = _f(True, "launch decode step N+1 before reading step N's tokens (vLLM's "
                                       "--async-scheduling, SGLang's overlap scheduler); --no-async-scheduling "
                                       "reads each step first")
@@ -60,6 +64,10 @@ class Settings:
                                      "in a fixed order; vLLM's VLLM_BATCH_INVARIANT, SGLang's "
                                      "--enable-deterministic-inference, here the default); "
                                      "--no-batch-invariant lets kernels be chosen by row count")
+    compile_cache_dir: str | None = _f(None, "folder of compiled kernels kept across restarts (sets TRITON_CACHE_DIR "
+                                             "and TORCHINDUCTOR_CACHE_DIR; created if missing), so that a restart "
+                                             "skips compiling (default: Triton's own, ~/.triton/cache)",
+                                       metavar="DIR")
     max_model_len: int | None = _f(None, "context limit in tokens (default: min(model limit, 4096))")
     max_tokens_default: int = _f(16, "max_tokens when a request gives none")
     drain_timeout: float = _f(30.0, "seconds in-flight requests get to finish on SIGTERM")
@@ -195,7 +203,7 @@ def resolve_sourced(args: argparse.Namespace, environ: dict[str, str] | None = N
 def _validate(s: Settings) -> None:
     if s.max_active is not None and s.max_active < 1:
         raise SettingsError(f"max_active must be at least 1, got {s.max_active}")
-    for name in ("ep_size", "max_prefill_tokens", "max_tokens_default", "max_body_bytes", "sink_max_buffered",
+    for name in ("ep_size", "max_prefill_tokens", "mixed_step_tokens", "max_tokens_default", "max_body_bytes", "sink_max_buffered",
                  "tokenizer_workers"):
         if getattr(s, name) < 1:
             raise SettingsError(f"{name} must be at least 1, got {getattr(s, name)}")

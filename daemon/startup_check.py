@@ -1,10 +1,12 @@
 """What `pegainfer serve` and `generate` check on this host before the port is bound or anything
 loads: that --model is a checkpoint folder whose config.json pegainfer can run, that the CUDA device
-asked for is there, and that the EP backend can run here (ep.preflight). A failure is one line that
+asked for is there, that the EP backend can run here (ep.preflight), and that --compile-cache-dir is
+a folder it can write (made if missing). A failure is one line that
 names the setting and where it came from; the CLI exits 2 (a usage error: restarting will not fix
 it, and the systemd unit's RestartPreventExitStatus=2 does not retry it)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -44,10 +46,36 @@ def check_device(device: str, source: str = "--device") -> None:
         raise SettingsError(f"{source}: {device} is not available: {count} CUDA GPU(s) visible")
 
 
+def check_compile_cache_dir(path: str, source: str = "--compile-cache-dir") -> Path:
+    """`path` is a folder this process can write compiled kernels into; made (with its parents) if
+    missing. Returns it, absolute."""
+    folder = Path(path).expanduser().absolute()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise SettingsError(f"{source}: {folder} is not a folder") from None
+    except OSError as e:
+        raise SettingsError(f"{source}: {folder} cannot be made: {e.strerror or e}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise SettingsError(f"{source}: {folder} is not writable by this user")
+    return folder
+
+
+def use_compile_cache(folder: Path) -> None:
+    """Point Triton's kernel cache (and torch inductor's, should anything compile through it) at
+    `folder`, before anything compiles; expert ranks inherit the environment."""
+    os.environ["TRITON_CACHE_DIR"] = str(folder / "triton")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder / "inductor")
+
+
 def check_startup(s: Settings, where: dict[str, str]) -> None:
-    """Everything about `s` that needs this host, before the port is bound (daemon.serve)."""
+    """Everything about `s` that needs this host, before the port is bound (daemon.serve); then the
+    compile caches go to --compile-cache-dir, before anything compiles."""
     # A test-only backend, nccl without a GPU per rank: its own message, which names the way out.
     preflight(s.backend, s.device, s.ep_size, remote_ranks=s.ep_master_addr is not None)
     check_device(s.device, where.get("device", flag("device")))
     if s.model is not None:
         check_model_dir(s.model, where.get("model", flag("model")))
+    if s.compile_cache_dir is not None:
+        use_compile_cache(check_compile_cache_dir(s.compile_cache_dir,
+                                                  where.get("compile_cache_dir", flag("compile_cache_dir"))))

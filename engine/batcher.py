@@ -6,7 +6,11 @@ running sequences into one StepPlan per step and a StepResult back into the cont
 
 Every decoding sequence gets its token each step; prompts share the step's prefill budget in
 arrival order, so a long prompt is fed in chunks while the others keep decoding (prompt log-probs
-are computed chunk by chunk too).
+are computed chunk by chunk too). The prefill budget is max_prefill_tokens while nobody decodes; while
+sequences decode, a step's tokens (its decode rows and its prompt chunks together) stay within
+mixed_step_tokens, as vLLM's chunked prefill under max_num_batched_tokens, so that a long prompt
+costs the decoding streams beside it a bounded step time; prompts always get at least
+MIN_PROMPT_CHUNK tokens, so that decode rows filling the budget cannot starve them.
 
 A request of n choices is n sequences sharing one prefill: the first sequence prefills, all n draw
 their first token from its last row (each with its own seed stream), then the n-1 siblings take a
@@ -46,12 +50,17 @@ class StepOutcome:
     dropped: int = 0  # rows whose sequence ended while the step was in flight
 
 
+MIN_PROMPT_CHUNK = 64  # prompt tokens a step still takes when decode rows fill mixed_step_tokens
+MIXED_STEP_TOKENS = 2048  # the default step budget while sequences decode (not yet measured on the GPU)
+
+
 class Batcher:
     def __init__(self, capacity: Capacity, eos_id: int | None, *, max_prefill_tokens: int = 8192,
-                 overlap: bool = True):
+                 overlap: bool = True, mixed_step_tokens: int = MIXED_STEP_TOKENS):
         self.capacity = capacity
         self.eos_id = eos_id
         self.max_prefill_tokens = max_prefill_tokens
+        self.mixed_step_tokens = mixed_step_tokens  # decode rows + prompt tokens of a step while any decode
         self.overlap = overlap  # let plain greedy decode steps run overlapped
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: dict[tuple[str, int], Sequence] = {}  # (request id, choice index) -> sequence
@@ -111,11 +120,11 @@ class Batcher:
 
     # ---- steps ------------------------------------------------------------------------------------
     def plan(self, launch: bool = False) -> StepPlan:
-        """The next step over the running sequences. Only the step's first prompt is cut (a later
-        chunk runs eagerly and takes the step's other prompts with it); one that would not fit whole
+        """The next step over the running sequences. Only the step's first prompt is cut to the step's
+        prompt budget (prompt_budget; a pure decode step never works it out); one that would not fit whole
         waits for the next step, with those behind it (FCFS). Scheduling a row advances its
         sequence's cached count. launch: the step may run overlapped if it is plain greedy decode."""
-        full = budget = self.max_prefill_tokens
+        full = budget = -1  # the step's prompt budget (prompt_budget), worked out at its first prompt row
         rows, seqs, owners, draw_rows, forks = [], [], [], [], []
         wants: dict[int, PromptWant] = {}
         held = False  # a prompt was held back: the later ones wait behind it
@@ -128,12 +137,14 @@ class Batcher:
                 n_decode += 1
                 if s.forks:
                     decoding = False
-            elif held or budget <= 0:
-                continue  # its next prompt chunk waits for a later step
-            elif plen - start > budget and budget < full:
-                held = True  # it would be cut beside other prompts
-                continue
             else:
+                if full < 0:  # the step's first prompt: its budget is known now, and it may be cut to it
+                    full = budget = self.prompt_budget()
+                elif held or budget <= 0:
+                    continue  # its next prompt chunk waits for a later step
+                elif plen - start > budget and budget < full:
+                    held = True  # it would be cut beside other prompts
+                    continue
                 ids = s.prompt_ids[start:start + budget]
                 budget -= len(ids)
                 decoding = False
@@ -167,6 +178,14 @@ class Batcher:
                         forks=tuple(forks), seqs=seqs, owners=owners, decode_rows=n_decode, prefill_tokens=prefill,
                         positions_max=max(ends - 1, 0),
                         launchable=launch and self.overlap and plain and decoding and bool(rows))
+
+    def prompt_budget(self) -> int:
+        """The prompt tokens of the next step: max_prefill_tokens with nobody decoding, else what
+        mixed_step_tokens leaves beside the decode rows (at least MIN_PROMPT_CHUNK)."""
+        n_decode = sum(len(s.prompt_ids) <= s.cached for s in self.running.values())
+        if not n_decode:
+            return self.max_prefill_tokens
+        return min(self.max_prefill_tokens, max(self.mixed_step_tokens - n_decode, MIN_PROMPT_CHUNK))
 
     def successor(self, prev: StepPlan) -> StepPlan | None:
         """The step after `prev`, to launch before prev is read, or None (overlap off, a request waits

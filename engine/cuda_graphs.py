@@ -1,5 +1,5 @@
 """CUDA graphs for the decode step: one graph per (batch bucket, attention-length bucket, output),
-captured on first use into one shared memory pool, replayed with the step's rows copied into static
+captured into one shared memory pool before serving (engine.warmup; a key it missed, on first use), replayed with the step's rows copied into static
 input buffers. Rows beyond the real batch point at a scratch KV slot and are ignored. The output is
 either the greedy token of each row (the fast path) or the [B, V] logits, for steps that sample or
 report log-probs; every logits graph writes into one shared buffer, so their number costs no memory."""
@@ -120,6 +120,17 @@ class DecodeGraphs:
         self.pool = torch.cuda.graph_pool_handle() if self.on_cuda else None
         self.graphs: dict[tuple[int, int, bool], tuple] = {}
         self.logits_out: torch.Tensor | None = None  # [max_batch, V], allocated with the first logits graph
+
+    def keys(self) -> list[tuple[int, int, bool]]:
+        """Every graph a step can ask for: (batch bucket, attention-length bucket, logits); what
+        engine.warmup captures before the server is ready."""
+        return [(b, n, lg) for b in self.batch_buckets for n in self.length_buckets for lg in (False, True)]
+
+    def warm(self, keys: list[tuple[int, int, bool]]) -> None:
+        """Capture these graphs now (on the scratch slot: no request's KV is touched)."""
+        for k in keys:
+            if k not in self.graphs:
+                self._capture(*k)
 
     def run(self, rows: list[RowInput], logits: bool = False):
         """rows: decode rows only (one token each). Returns the greedy tokens (list[int]), or with

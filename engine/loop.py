@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from pegainfer.engine.admission import admit
-from pegainfer.engine.batcher import Batcher, StepOutcome
+from pegainfer.engine.batcher import MIXED_STEP_TOKENS, Batcher, StepOutcome
 from pegainfer.engine.contract import (
     Admit,
     Cancel,
@@ -56,11 +56,11 @@ class InFlight:
 
 class GpuThread:
     def __init__(self, engine: Engine, emit: Callable[[Event], None], *, max_prefill_tokens: int = 8192,
-                 overlap: bool = True):
+                 mixed_step_tokens: int = MIXED_STEP_TOKENS, overlap: bool = True):
         self.engine = engine
         self._send = emit  # every event goes out through _emit, which attaches the snapshot
         self.batcher = Batcher(SlotCapacity(engine.cache), engine.eos_id, max_prefill_tokens=max_prefill_tokens,
-                               overlap=overlap)
+                               mixed_step_tokens=mixed_step_tokens, overlap=overlap)
         self.meter = StepMeter(engine.counters, engine.spec.device)
         self.in_flight: InFlight | None = None
         self.overlapped_steps = 0  # steps launched while the one before was still in flight

@@ -26,10 +26,11 @@ CONTRACT = "engine.contract"
 TELEMETRY_MAY_USE = ("opentelemetry", "prometheus_client", "pythonjsonlogger")  # spans, metrics, log lines
 EP_MAY_USE = ("engine.kernels", CONTRACT)
 # What the daemon wires together from engine/ besides the contract: the builder and its spec and
-# errors, the GPU thread, the tokenizer, offline generation, the structured log, capacity defaults,
-# the kernel configuration (built from settings).
+# errors, the GPU thread, the tokenizer, offline generation, the start-up warm-up, the structured log,
+# capacity defaults, the kernel configuration (built from settings).
 # Request data never comes from these: it is the contract's.
-DAEMON_WIRES = ("engine.engine", "engine.loop", "engine.tokenizer", "engine.generate", "engine.startup_log",
+DAEMON_WIRES = ("engine.engine", "engine.loop", "engine.tokenizer", "engine.generate", "engine.warmup",
+                "engine.startup_log",
                 "engine.config", "engine.weights", "engine.kv_capacity", "engine.default_model", "engine.ep_setup",
                 "engine.kernels.config")
 

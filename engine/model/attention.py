@@ -23,7 +23,7 @@ from pegainfer.engine.kernels.config import KernelConfig
 from pegainfer.engine.kernels.linear import linear
 from pegainfer.engine.kv_cache import MLACache
 from pegainfer.engine.model import blocked_attention
-from pegainfer.engine.model.inputs import DecodeInputs
+from pegainfer.engine.model.inputs import DecodeInputs, PrefillInputs
 from pegainfer.engine.model.norm import add_norm, torch_rms_norm
 from pegainfer.engine.model.rope import Rope
 
@@ -169,6 +169,21 @@ class MLAttention:
                 [self.nope, self.v_dim], dim=-1)  # [T, nh, 128] each, views
             return self._out(packed_causal_attention(q, k_nope, k_pe, v, positions, self.scale))
         return self._out(self._attend(q.unsqueeze(0), kv.unsqueeze(0), mask=mask, causal=one_prompt)[0])
+
+    def prefill_banked(self, x: torch.Tensor, inp: PrefillInputs, cache: MLACache) -> torch.Tensor:
+        """Prompt chunks over their earlier cache, graph-safe (the Triton `prompt_attention`, so
+        fused_prefill only): the new tokens' latents written to the cache, then every token attends
+        over its prompt's keys expanded from the bank gathered out of the cache (inp.bank_slots,
+        bank_pos [N]; inp.bases [T]). The reference's computation (`_reference_invariant`) with its
+        bank at fixed size: the bank rows past a prompt's context are never read, and the linear that
+        expands the bank gives each row the same bits at any row count, so a chunk run here and one run
+        eagerly agree bit for bit. x: [T, H] -> [T, H]."""
+        if not self.fused_prefill:
+            raise RuntimeError("prompt chunks over the cache run in a graph only with the Triton prompt attention")
+        q_nope, q_pe, _ = self._project(x, inp.positions, inp.slots, cache)
+        q = torch.cat([q_nope, q_pe], dim=-1)  # [T, nh, 192]
+        bank = cache.data[self.layer][inp.bank_slots, inp.bank_pos]  # [N, 576]
+        return self._out(self._invariant(q, bank, inp.positions, inp.bases, None))
 
     def decode_absorbed(self, x: torch.Tensor | None, inp: DecodeInputs, cache: MLACache,
                         qkv: torch.Tensor | None = None) -> torch.Tensor:

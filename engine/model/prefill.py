@@ -1,4 +1,5 @@
-"""The prefill step for fresh prompts as one graph-capturable function: every prompt's tokens packed
+"""The prefill step as one graph-capturable function (prompt chunks over their earlier cache too, with
+PrefillInputs' key bank: MLAttention.prefill_banked, the Triton prompt attention): every prompt's tokens packed
 into one sequence, attention kept inside each prompt, MoE without host synchronisation, and the
 greedy choice for each prompt's last token on the device (or, for steps that sample, the logits of
 each prompt's last token). One function for the phase; inside it attention is the Triton
@@ -34,11 +35,16 @@ def prefill_logits(model: DeepseekV2, inp: PrefillInputs, cache: MLACache, one_p
     where the Triton packed-prompt kernel runs."""
     mask = None
     attn = model.layers[0].attn
-    if not (one_prompt or attn.fused_prefill or attn.invariant):  # the batch-invariant forms need no mask
+    if not (one_prompt or attn.fused_prefill or attn.invariant or inp.bases is not None):  # the batch-invariant forms need no mask
         same_row = inp.row_ids[:, None] == inp.row_ids[None, :]  # [T, T]
         causal = inp.positions[None, :] <= inp.positions[:, None]  # [T, T] key position <= query position
         mask = (same_row & causal)[None, None]  # [1, 1, T, T]
     x = F.embedding(inp.token_ids, model.embed)  # [T, H]
+    banked = inp.bases is not None  # prompt chunks over their earlier cache
     for layer in model.layers:
-        x = layer.run(x, lambda h, a=layer.attn: a.prefill_packed(h, inp.positions, inp.slots, mask, cache, one_prompt))
+        if banked:
+            x = layer.run(x, lambda h, a=layer.attn: a.prefill_banked(h, inp, cache))
+        else:
+            x = layer.run(x, lambda h, a=layer.attn: a.prefill_packed(h, inp.positions, inp.slots, mask, cache,
+                                                                      one_prompt))
     return model.head(x[inp.last_index])  # [R, V]

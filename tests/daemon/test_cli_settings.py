@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from pegainfer.daemon.cli import main
-from pegainfer.daemon.settings import SettingsError, resolve
-from pegainfer.daemon.startup_check import check_device, check_model_dir
+from pegainfer.daemon.settings import Settings, SettingsError, resolve, resolve_sourced
+from pegainfer.daemon.startup_check import check_compile_cache_dir, check_device, check_model_dir, check_startup
 from tests.daemon_process import ROOT
 
 
@@ -33,6 +33,7 @@ def held_port():
 def test_bad_settings_exit_2_with_one_line_before_binding(tmp_path, held_port):
     empty = tmp_path / "empty"
     empty.mkdir()
+    (empty / "x").write_text("a file, not a folder")
     serve = [sys.executable, "-m", "pegainfer.daemon.cli", "serve", "--port", str(held_port)]
     # (TOML files, the other flags and nccl on CPU: the same code, in process below and in test_serving.py)
     cases = {  # name: (argv, extra environment, what the one line says)
@@ -44,6 +45,8 @@ def test_bad_settings_exit_2_with_one_line_before_binding(tmp_path, held_port):
         "model": (serve + ["--model", str(empty)], {}, [f"--model: {empty} is not a model folder", "no config.json",
                                                          "no tokenizer.json"]),
         "env": (serve, {"PEGAINFER_LOG_LEVEL": "verbose"}, ["environment PEGAINFER_LOG_LEVEL: 'verbose'"]),
+        "compile cache": (serve + ["--compile-cache-dir", str(empty / "x" / "y")],
+                          {"PEGAINFER_COMPILE_CACHE_DIR": str(tmp_path)}, [f"--compile-cache-dir: {empty}/x/y cannot"]),
         "generate": ([sys.executable, "-m", "pegainfer.daemon.cli", "generate", "--model", str(empty), "--prompt",
                       "hi", "--max-tokens", "2"], {}, ["is not a model folder"]),
     }
@@ -84,6 +87,34 @@ def test_every_source_is_checked_the_same_way(name, value, says, tmp_path):
         assert says in str(e.value), str(e.value)
         if name != "max_pending":  # the range checks predate the source labels
             assert str(e.value).startswith(f"{label}: "), str(e.value)
+
+
+def test_the_compile_cache_dir_comes_from_every_source_is_made_and_set_for_triton(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    config = tmp_path / "s.toml"
+    config.write_text(f'compile_cache_dir = "{tmp_path}/toml"\n')
+    sources = {"flag": (argparse.Namespace(compile_cache_dir=str(tmp_path / "flag")), {}),
+               "env": (argparse.Namespace(), {"PEGAINFER_COMPILE_CACHE_DIR": str(tmp_path / "env")}),
+               "toml": (argparse.Namespace(config=str(config)), {})}
+    for name, (args, environ) in sources.items():
+        s, where = resolve_sourced(args, environ)
+        assert s.compile_cache_dir == str(tmp_path / name)
+        check_startup(s, where)
+        assert (tmp_path / name).is_dir() and os.environ["TRITON_CACHE_DIR"] == str(tmp_path / name / "triton")
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / name / "inductor")
+    (tmp_path / "file").write_text("")
+    s, where = resolve_sourced(argparse.Namespace(), {"PEGAINFER_COMPILE_CACHE_DIR": str(tmp_path / "file")})
+    with pytest.raises(SettingsError, match=r"^environment PEGAINFER_COMPILE_CACHE_DIR: .*file is not a folder$"):
+        check_startup(s, where)
+    assert Settings().compile_cache_dir is None and Settings().mixed_step_tokens == 2048
+    with pytest.raises(SettingsError, match="mixed_step_tokens must be at least 1"):
+        resolve(argparse.Namespace(mixed_step_tokens="0"), {})
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        with pytest.raises(SettingsError, match="is not writable"):
+            check_compile_cache_dir(str(locked))
 
 
 def test_good_values_pass_and_the_log_level_is_case_blind():

@@ -39,10 +39,11 @@ class Seen:
 
 
 def serve(engine, admits: list[Admit], *, overlap: bool = True, max_prefill_tokens: int = 8192,
-          later: list[Admit] = (), after_steps: int = 3) -> Seen:
+          later: list[Admit] = (), after_steps: int = 3, mixed_step_tokens: int = 2048) -> Seen:
     """Admit everything at once (`later` after `after_steps` steps), collect until all finished."""
     events: queue.SimpleQueue = queue.SimpleQueue()
-    gpu = GpuThread(engine, events.put, max_prefill_tokens=max_prefill_tokens, overlap=overlap)
+    gpu = GpuThread(engine, events.put, max_prefill_tokens=max_prefill_tokens, overlap=overlap,
+                    mixed_step_tokens=mixed_step_tokens)
     for a in admits:
         gpu.submit(a)
     gpu.start()

@@ -51,6 +51,15 @@ def test_a_request_arriving_while_others_decode_is_the_same(engine, alone):
     assert_probes_equal(got, alone, "joining rows that decode")
 
 
+def test_a_request_beside_prompts_cut_by_the_mixed_step_budget_is_the_same(engine, alone):
+    """mixed_step_tokens 70 beside decode rows: each step takes at most 64 prompt tokens, so the crowd's
+    longer prompts are cut into chunks while one probe decodes, and the other probe waits behind them."""
+    others = crowd(9, seed=5, vocab=engine.cfg.vocab_size)
+    assert sum(len(a.prompt_ids) for a in others) > 3 * 64  # several steps of cut prompts
+    got = serve(engine, [PROBES[0]], later=[*others, PROBES[1]], after_steps=2, mixed_step_tokens=70)
+    assert_probes_equal(got, alone, "beside prompts cut by mixed_step_tokens 70")
+
+
 def test_the_opt_out_still_serves_the_same_greedy_tokens_alone(tiny_model_dir):
     """--no-batch-invariant: the library's kernels by row count; alone, float32 on the CPU, the
     greedy tokens match the invariant engine's (the arithmetic differs only in summation order)."""

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from pegainfer.engine.batcher import Batcher, StepOutcome
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pegainfer.engine.batcher import MIN_PROMPT_CHUNK, MIXED_STEP_TOKENS, Batcher, StepOutcome
 from pegainfer.engine.contract import Admit, SamplingParams
 from pegainfer.engine.kv_capacity import SlotCapacity
 from pegainfer.engine.step_plan import Fork, StepPlan
@@ -16,9 +19,11 @@ from tests.engine.fake_engine import EOS, FakeEngine
 HOT = SamplingParams(temperature=1.0, seed=7)
 
 
-def make(slots: int = 4, budget: int = 8192, overlap: bool = True, scripts: dict | None = None):
-    eng = FakeEngine(slots, scripts=scripts)
-    return eng, Batcher(SlotCapacity(eng.cache), EOS, max_prefill_tokens=budget, overlap=overlap)
+def make(slots: int = 4, budget: int = 8192, overlap: bool = True, scripts: dict | None = None,
+         mixed: int = MIXED_STEP_TOKENS, max_len: int = 64):
+    eng = FakeEngine(slots, max_len=max_len, scripts=scripts)
+    return eng, Batcher(SlotCapacity(eng.cache), EOS, max_prefill_tokens=budget, overlap=overlap,
+                        mixed_step_tokens=mixed)
 
 
 def add(eng: FakeEngine, b: Batcher, rid: str, prompt: list[int], max_tokens: int, **kw) -> None:
@@ -85,6 +90,69 @@ def test_a_prompt_that_would_be_cut_beside_earlier_ones_waits_with_those_behind_
     add(eng, b, "p4", [4] * 20, 2)  # the step's first prompt: cut to the whole budget
     _, plan, _ = step(eng, b)
     assert rows(plan)[-1] == ("p4", [4] * 8, 0) and plan.prefill_tokens == 8 and plan.decode_rows == 3
+
+
+def test_while_others_decode_a_long_prompt_is_chunked_within_the_mixed_step_budget():
+    eng, b = make(slots=8, budget=1000, mixed=100, max_len=512)
+    for i in range(3):
+        add(eng, b, f"d{i}", [5 + i], 50)
+    step(eng, b)
+    prompt = [100 + i % 800 for i in range(400)]
+    add(eng, b, "long", prompt, 2)
+    fed = []
+    while len(fed) < len(prompt):
+        _, plan, out = step(eng, b)
+        assert sorted(s.request_id for s, r in zip(plan.seqs, plan.rows) if not r.prompt) == ["d0", "d1", "d2"]
+        assert plan.decode_rows == 3 and plan.decode_rows + plan.prefill_tokens <= 100
+        fed += rows(plan)[-1][1]
+    assert fed == prompt and len(eng.runner.plans) == 1 + 5  # 97 tokens a step beside 3 decode rows
+    assert [len(p.rows[-1].token_ids) for p in eng.runner.plans[1:]] == [97, 97, 97, 97, 12]
+    assert tokens(out)[("long", 0)] == 10  # the token came with the last chunk
+
+
+def test_with_nobody_decoding_a_prompt_takes_max_prefill_tokens_and_decode_rows_cannot_starve_it():
+    eng, b = make(slots=8, budget=300, mixed=100, max_len=1024)
+    add(eng, b, "alone", [7] * 1000, 2)
+    _, plan, _ = step(eng, b)
+    assert plan.prefill_tokens == 300 and plan.decode_rows == 0  # the mixed budget only binds beside decode rows
+    eng, b = make(slots=8, budget=300, mixed=4, max_len=256)
+    for i in range(6):  # more decode rows than the budget
+        add(eng, b, f"d{i}", [5], 50)
+    step(eng, b)
+    add(eng, b, "p", list(range(200)), 2)
+    _, plan, _ = step(eng, b)
+    assert plan.decode_rows == 6 and plan.prefill_tokens == MIN_PROMPT_CHUNK
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(1, 300), st.integers(1, 6), st.integers(0, 3)), min_size=1, max_size=8),
+       st.integers(72, 200), st.integers(1, 400))
+def test_the_mixed_budget_is_never_exceeded_and_every_decoding_stream_is_in_every_step(reqs, mixed, max_prefill):
+    """Requests (prompt length, max tokens, arrival step) arrive over time: every step carries every
+    sequence that decodes, its tokens stay within mixed_step_tokens whenever any decodes (the floor aside:
+    at most 8 decode rows here, so mixed - rows >= MIN_PROMPT_CHUNK), within max_prefill_tokens otherwise,
+    and every prompt is fed whole, in order."""
+    eng, b = make(slots=8, budget=max_prefill, mixed=mixed, max_len=512)
+    fed: dict[str, list[int]] = {}
+    prompts = {f"r{i}": [100 + i] * n for i, (n, _, _) in enumerate(reqs)}
+    t = 0
+    while t < 4 or b.busy:
+        for i, (n, m, at) in enumerate(reqs):
+            if at == t:
+                add(eng, b, f"r{i}", prompts[f"r{i}"], m)
+        b.admit()
+        decoding = {s.key for s in b.running.values() if not s.prefilling}
+        plan = b.plan()
+        assert {s.key for s, r in zip(plan.seqs, plan.rows) if not r.prompt} == decoding
+        limit = mixed if decoding else max_prefill
+        assert plan.prefill_tokens <= max_prefill and plan.decode_rows + plan.prefill_tokens <= max(limit, 1)
+        for s, r in zip(plan.seqs, plan.rows):
+            if r.prompt:
+                assert r.start_pos == len(fed.get(s.request_id, []))
+                fed.setdefault(s.request_id, []).extend(r.token_ids)
+        b.settle(plan, eng.runner.run(plan))
+        t += 1
+    assert fed == prompts
 
 
 @pytest.mark.parametrize("sampling", [HOT, SamplingParams()], ids=["sampled", "greedy"])

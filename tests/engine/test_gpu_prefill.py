@@ -67,3 +67,40 @@ def test_a_pack_in_one_graph_matches_each_prompt_alone(engine):
     finally:
         for s in slots:
             engine.cache.release(s)
+
+
+def test_a_later_chunk_in_a_bank_graph_has_the_eager_bits(engine):
+    """A prompt's second chunk, over its first chunk's cached latents, in a bank graph and eagerly
+    (the reference path, with the same Triton prompt attention): the same logits bit for bit."""
+    pg, cache, model = engine.runner.prefill_graphs, engine.cache, engine.model
+    prompt = _prompts()[2]  # 300 tokens
+    a, b = cache.allocate(), cache.allocate()
+    try:
+        pg.run([RowInput(a, prompt[:120], 0, prompt=True)])
+        cache.data[:, b, :120] = cache.data[:, a, :120]
+        rest = RowInput(a, prompt[120:], 120, prompt=True)
+        assert pg.fits([rest]) and pg.key([rest], True)[1] > 0  # a bank graph
+        got = pg.run([rest], logits=True).clone()
+        from pegainfer.engine.batch import Batch
+        eager = model.forward(Batch.build([RowInput(b, prompt[120:], 120, prompt=True)], cache.data.device), cache)
+        assert torch.equal(got[:1], eager)
+        assert torch.equal(cache.data[:, a, :300], cache.data[:, b, :300])
+    finally:
+        cache.release(a)
+        cache.release(b)
+
+
+def test_after_the_warm_up_no_step_captures_a_graph(engine):
+    """engine.warmup captures every key first: a chunked prompt beside decode rows, sampled and greedy,
+    then finds every graph it needs already there."""
+    from pegainfer.engine.contract import Admit, SamplingParams
+    from pegainfer.engine.warmup import run_requests, warm_up
+    report = warm_up(engine, max_prefill_tokens=engine.spec.max_prefill_tokens)
+    dg, pg = engine.runner.graphs, engine.runner.prefill_graphs
+    assert set(dg.graphs) == set(report.decode_keys) and set(pg.graphs) == set(report.prefill_keys)
+    before = (len(dg.graphs), len(pg.graphs))
+    p = _prompts()
+    run_requests(engine, [Admit("d", p[1], 40, True), Admit("long", p[0] * 30, 3, True),
+                          Admit("s", p[3], 5, True, SamplingParams(temperature=0.7, seed=1, logprobs=2))],
+                 max_prefill_tokens=1024, mixed_step_tokens=256)
+    assert (len(dg.graphs), len(pg.graphs)) == before

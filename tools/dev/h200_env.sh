@@ -1,7 +1,7 @@
 # Sourced by the tools/dev/h200_*.sh scripts: the GPU machine's set-up (the wheels carried in .whl/,
 # the checkout as the `pegainfer` package, $OUT) and `serve NAME FLAGS...`, which starts
 # `pegainfer serve --random-preset lite --device cuda --port 8000 FLAGS...` in the background (log in
-# $OUT/serve-NAME.log, pid in $pid) and waits for /ready.
+# $OUT/serve-NAME.log, pid in $pid) and waits for /ready (READY_TRIES half-seconds, default 240).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=$(bash tools/dev/devpath.sh /tmp/pegainfer-dev):$PWD:/tmp/site || exit 1
 export PYTHONUNBUFFERED=1
@@ -13,5 +13,5 @@ serve() {
   python3 -m pegainfer.daemon.cli serve --random-preset lite --device cuda --port 8000 "$@" \
     > "$OUT/serve-$name.log" 2>&1 &
   pid=$!
-  for _ in $(seq 240); do curl -sf http://127.0.0.1:8000/ready >/dev/null && break; sleep 0.5; done
+  for _ in $(seq ${READY_TRIES:-240}); do curl -sf http://127.0.0.1:8000/ready >/dev/null && break; sleep 0.5; done
 }
