@@ -71,7 +71,7 @@ class Launched:
         self.turn, self.n = turn, n
 
 
-class _EagerGraph:
+class EagerGraph:
     """Off CUDA: the step function itself, run on every replay (the same buffers, no capture), so the
     graphs' inputs, feed and outputs are exercised on the CPU too."""
 
@@ -107,8 +107,8 @@ class DecodeGraphs:
         self.own_feed = np.arange(m, 2 * m, dtype=np.int64)
         # two sets of pinned host buffers, used in turn: the next step's inputs are written while the
         # previous step's copies may still be queued on the stream
-        self.host = [_host((5 * m,), self.on_cuda) for _ in range(2)]
-        self.host_out = [_host((m,), self.on_cuda) for _ in range(2)]  # the step's tokens, read back
+        self.host = [host_buffer((5 * m,), self.on_cuda) for _ in range(2)]
+        self.host_out = [host_buffer((m,), self.on_cuda) for _ in range(2)]  # the step's tokens, read back
         self.host_out_np = [h.numpy() for h in self.host_out]
         self.done = [torch.cuda.Event() for _ in range(2)] if self.on_cuda else [None, None]
         self.turn = 0
@@ -221,7 +221,7 @@ class DecodeGraphs:
             return decode_step(self.model, inp, self.cache, out=out_buf)
 
         if not self.on_cuda:
-            self.graphs[(b, length, logits)] = (_EagerGraph(fn), out_buf)
+            self.graphs[(b, length, logits)] = (EagerGraph(fn), out_buf)
             return self.graphs[(b, length, logits)]
         torch.cuda.current_stream().synchronize()  # the step's host->device copy must land first
         saved = self.flat.clone()  # the inputs and the previous step's tokens (a feed may read them)
@@ -236,7 +236,7 @@ class DecodeGraphs:
         return graph, out
 
 
-def _host(shape: tuple[int, ...], pinned: bool) -> torch.Tensor:
+def host_buffer(shape: tuple[int, ...], pinned: bool) -> torch.Tensor:
     t = torch.zeros(shape, dtype=torch.int64)
     return t.pin_memory() if pinned else t
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from pegainfer.engine.batch import RowInput
-from pegainfer.engine.cuda_graphs import _EagerGraph, _host, bucket, capture, wait_and_read, write_into
+from pegainfer.engine.cuda_graphs import EagerGraph, bucket, capture, host_buffer, wait_and_read, write_into
 from pegainfer.engine.kv_cache import MLACache
 from pegainfer.engine.model.inputs import PrefillInputs
 from pegainfer.engine.model.model import DeepseekV2
@@ -55,15 +55,15 @@ class PrefillGraphs:
         dev = cache.data.device
         self.on_cuda = dev.type == "cuda"
         n, nb = self.buckets[-1], self.bank_buckets[-1]
-        self.host = _host((5, n), self.on_cuda)  # ids, pos, slot, row, base (bank graphs)
+        self.host = host_buffer((5, n), self.on_cuda)  # ids, pos, slot, row, base (bank graphs)
         # the bank's slots then positions, as one contiguous [2, bank bucket] block per bucket at the
         # front of a flat buffer, so that its host->device copy stays a plain asynchronous one
-        self.host_bank = _host((2 * nb,), self.on_cuda)
-        self.host_last = _host((self.max_rows,), self.on_cuda)
+        self.host_bank = host_buffer((2 * nb,), self.on_cuda)
+        self.host_last = host_buffer((self.max_rows,), self.on_cuda)
         self.host_np, self.host_last_np = self.host.numpy(), self.host_last.numpy()  # the same memory
         self.host_bank_np = self.host_bank.numpy()
         self.arange = np.arange(nb, dtype=np.int64)
-        self.host_out = _host((self.max_rows,), self.on_cuda)
+        self.host_out = host_buffer((self.max_rows,), self.on_cuda)
         self.static = torch.zeros(5, n, dtype=torch.int64, device=dev)
         self.static_bank = torch.zeros(2 * nb, dtype=torch.int64, device=dev)
         self.static_last = torch.zeros(self.max_rows, dtype=torch.int64, device=dev)
@@ -194,7 +194,7 @@ class PrefillGraphs:
                                      self.model.kernels.capture_priority)
             else:  # off CUDA (the CPU tests): the step itself on every replay, into one output buffer
                 out = fn(self.model, inp, self.cache, one).clone()
-                graph = _EagerGraph(lambda: write_into(out, fn(self.model, inp, self.cache, one)))
+                graph = EagerGraph(lambda: write_into(out, fn(self.model, inp, self.cache, one)))
         self.static[:, :t].copy_(saved)
         self.static_bank.copy_(saved_bank)
         self.static_last.copy_(saved_last)
