@@ -107,12 +107,11 @@ class DeviceSampler:
                                    f"{len(d.output_ids)} tokens the host knows")
             row = self.history[slot]  # [V]
             row.zero_()
-            dev = row.device
             if d.prompt_ids:
-                row[torch.tensor(d.prompt_ids, dtype=torch.int64, device=dev)] = HISTORY_SEEN
+                row[_device(d.prompt_ids, torch.int64, row.device)] = HISTORY_SEEN
             if d.output_ids:
-                ids = torch.tensor(d.output_ids, dtype=torch.int64, device=dev)
-                row.index_add_(0, ids, torch.ones(len(ids), dtype=torch.int32, device=dev))
+                ids = _device(d.output_ids, torch.int64, row.device)
+                row.index_add_(0, ids, torch.ones(len(ids), dtype=torch.int32, device=row.device))
             self.owner[slot] = d.output_ids
         self.recorded[slot] = d.step + 1  # the step adds its token
         return slot
@@ -121,8 +120,7 @@ class DeviceSampler:
         if self.bias_owner[slot] is not d.output_ids:
             row = self.bias[slot]  # [V]
             row.zero_()
-            row[torch.tensor(p.bias_ids, dtype=torch.int64, device=row.device)] = torch.tensor(
-                p.bias_values, dtype=torch.float32, device=row.device)
+            row[_device(p.bias_ids, torch.int64, row.device)] = _device(p.bias_values, torch.float32, row.device)
             self.bias_owner[slot] = d.output_ids
         return slot
 
@@ -204,6 +202,13 @@ def _lp_views(block: torch.Tensor, m: int, n: int) -> tuple[torch.Tensor, torch.
     """(top ids [m, n] int64, top log-probs [m, n] float32, chosen log-probs [m] float32)."""
     rest = block[n * m:].view(torch.float32)
     return block[:n * m].view(m, n), rest[:n * m].view(m, n), rest[n * m:n * m + m]
+
+
+def _device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host list on the device without waiting for the stream (a step may be in flight): through
+    pinned memory, which torch's caching host allocator keeps until the copy has run."""
+    t = torch.tensor(values, dtype=dtype)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
 
 
 def _zeros(n: int, dtype: torch.dtype, pinned: bool) -> torch.Tensor:

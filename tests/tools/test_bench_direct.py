@@ -119,3 +119,23 @@ def test_a_transport_that_cannot_run_here_is_refused_before_loading(backend, say
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("bench_direct: error: ") and says in line and "host-staged" in line
     assert not out.exists()
+
+
+def test_sampling_profiles_run_each_row_with_its_parameters(tiny_model_dir, tmp_path):
+    """--sampling mix on the CPU (host-sampled steps, one at a time): seeded, so the same tokens on
+    every iteration, and not the greedy ones; the report names the profile. --compare-hf (greedy
+    only) refuses a sampled profile."""
+    common = ["--model", str(tiny_model_dir), "--device", "cpu", "--batches", "10", "--prompt-len", "6",
+              "--new-tokens", "6", "--warmup", "0", "--iters", "2"]
+    got = {}
+    for profile in ("greedy", "mix"):
+        out = tmp_path / f"{profile}.json"
+        assert bench_direct.main([*common, "--sampling", profile, "--out", str(out)]) == 0
+        got[profile] = json.loads(out.read_text())
+    mix = got["mix"]
+    assert mix["workload"]["sampling"]["profile"] == "mix" and mix["workload"]["greedy"] is False
+    assert mix["batches"][0]["deterministic"] and mix["batches"][0]["decode_steps"] == 2 * 5
+    assert mix["batches"][0]["token_hash"] != got["greedy"]["batches"][0]["token_hash"]
+    with pytest.raises(SystemExit) as e:
+        bench_direct.parse_args([*common, "--sampling", "mix", "--compare-hf", "--out", str(tmp_path / "x.json")])
+    assert e.value.code == 2
