@@ -127,15 +127,15 @@ def test_sampling_profiles_run_each_row_with_its_parameters(tiny_model_dir, tmp_
     only) refuses a sampled profile."""
     common = ["--model", str(tiny_model_dir), "--device", "cpu", "--batches", "10", "--prompt-len", "6",
               "--new-tokens", "6", "--warmup", "0", "--iters", "2"]
-    got = {}
-    for profile in ("greedy", "mix"):
-        out = tmp_path / f"{profile}.json"
-        assert bench_direct.main([*common, "--sampling", profile, "--out", str(out)]) == 0
-        got[profile] = json.loads(out.read_text())
-    mix = got["mix"]
-    assert mix["workload"]["sampling"]["profile"] == "mix" and mix["workload"]["greedy"] is False
-    assert mix["batches"][0]["deterministic"] and mix["batches"][0]["decode_steps"] == 2 * 5
-    assert mix["batches"][0]["token_hash"] != got["greedy"]["batches"][0]["token_hash"]
-    with pytest.raises(SystemExit) as e:
-        bench_direct.parse_args([*common, "--sampling", "mix", "--compare-hf", "--out", str(tmp_path / "x.json")])
-    assert e.value.code == 2
+    out = tmp_path / "profiles.json"
+    assert bench_direct.main([*common, "--sampling", "greedy,mix", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert [p["profile"] for p in r["workload"]["sampling"]] == ["greedy", "mix"] and r["workload"]["greedy"] is False
+    greedy, mix = r["batches"]
+    assert (greedy["sampling"], mix["sampling"]) == ("greedy", "mix")
+    assert mix["deterministic"] and mix["decode_steps"] == 2 * 5 and mix["token_hash"] != greedy["token_hash"]
+    assert "| 10 (mix) |" in out.with_suffix(".md").read_text()
+    for bad in (["--sampling", "mix", "--compare-hf"], ["--sampling", "greedy,hot"]):
+        with pytest.raises(SystemExit) as e:
+            bench_direct.parse_args([*common, *bad, "--out", str(tmp_path / "x.json")])
+        assert e.value.code == 2

@@ -140,7 +140,7 @@ def _error_message(text: str) -> str:
 
 
 async def run_level(base_url: str, model: str, prompts: list[PromptSpec], concurrency: int, max_tokens: int,
-                    timeout: float, api_key: str | None = None,
+                    timeout: float, api_key: str | None = None, *,
                     on_done: Callable[[RequestRecord], None] | None = None,
                     sampling: str = "greedy") -> tuple[list[RequestRecord], float]:
     """Closed loop: `concurrency` workers drain the prompt list. Returns the records (in workload
