@@ -4,6 +4,7 @@
 #      up to 256 rows, a CUDA graph's replays), the sampler inside the captured decode graph against
 #      engine.sampler on mixed batches (tests/engine/test_gpu_device_sampler.py), and bitwise batch
 #      invariance through it (tests/engine/test_gpu_batch_invariance.py, crowds of 63 and 254);
+#      then tools/dev/sample_bench.py: the kernel's device time per batch and mix;
 #   2. bench_direct, random Lite weights: every sampling profile at batch 1, 64 and 256 on one engine;
 #   3. bench_serving against `pegainfer serve --random-preset lite --device cuda`: each profile at
 #      c=1 and c=64 (and greedy and mix at c=256), after one warm pass that captures the graphs;
@@ -17,13 +18,16 @@ PROFILES="greedy top-p penalties logprobs mix"
 if [ "$what" = all ] || [ "$what" = tests ]; then
   echo "== GPU tests (sampler kernel, sampler in the decode graph, batch invariance through it)"
   crowd=tests/engine/test_gpu_batch_invariance.py::test_a_request_is_the_same_alone_and_in_a_crowd_on_the_gpu
-  timeout ${TEST_S:-170} python3 -m pytest -q -p no:cacheprovider tests/engine/kernels/test_sample.py \
+  timeout ${TEST_S:-150} python3 -m pytest -q -p no:cacheprovider tests/engine/kernels/test_sample.py \
     tests/engine/test_gpu_device_sampler.py "$crowd[63-True-8192]" "$crowd[254-True-8192]" -rf 2>&1 \
     | tail -25 | tee "$OUT/gpu-tests.txt"
+  echo "== the sampler kernel's device time against engine.sampler (tools/dev/sample_bench.py)"
+  timeout ${KERNEL_S:-45} python3 tools/dev/sample_bench.py --device cuda --logits peaked --out "$OUT/sample-bench.json" \
+    2>&1 | tail -12
 fi
 if [ "$what" = all ] || [ "$what" = direct ]; then
   echo "== bench_direct, every profile at batch 1, 64, 256 (lite, overlapped as the daemon runs)"
-  timeout ${DIRECT_S:-130} python3 tools/bench_direct.py --preset lite --batches 1,64,256 --prompt-len 86 \
+  timeout ${DIRECT_S:-110} python3 tools/bench_direct.py --preset lite --batches 1,64,256 --prompt-len 86 \
     --new-tokens 32 --warmup 1 --iters 2 --sampling greedy,top-p,penalties,logprobs,mix \
     --out "$OUT/direct-sampling.json" 2>&1 | grep -E "TPOT|rror" | tail -16
 fi
