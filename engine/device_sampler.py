@@ -64,8 +64,8 @@ class DeviceSampler:
 
     # ---- the host, before a replay ----------------------------------------------------------------
     def fill(self, rows: list[RowInput], draws: list[Draw], turn: int, b: int) -> dict[int, str]:
-        """Write the parameters of draws[i], which reads graph row i (rows[i]'s KV slot), padded to b
-        rows, and copy them in; bring the history and bias rows the draws name up to date. Returns
+        """Write the parameters of draws[i], which reads graph row i (rows[i]'s KV slot; its Draw.row,
+        the plan's row, is not read), padded to b rows, and copy them in; bring the history and bias rows the draws name up to date. Returns
         the draws that failed on their own values (index -> why): they run greedy, unrecorded."""
         n = len(draws)
         if n != len(rows):

@@ -172,8 +172,8 @@ class ModelRunner:
             raise RuntimeError("a decode row is drawn from other than once")
         if len(decode) == len(rows):  # a decode step: draw i reads row i
             return self._sampled(self.graphs.launch(rows, None, draws), draws)
-        handle = self.graphs.launch([rows[r] for r in decode], None,
-                                    [dataclasses.replace(draws[i], row=j) for j, i in enumerate(on_device)])
+        # draw j of on_device reads graph row j (the device sampler goes by position, not Draw.row)
+        handle = self.graphs.launch([rows[r] for r in decode], None, [draws[i] for i in on_device])
         prompt = [r for r in range(len(rows)) if r not in at]
         pos = {r: j for j, r in enumerate(prompt)}  # prompt row -> its row in the host step
         others = [i for i in range(len(draws)) if draws[i].row not in at]
