@@ -5,7 +5,7 @@ decode tok/s per batch size, optionally beside HF transformers with the same wei
     python tools/bench_direct.py (--model DIR | --preset tiny|lite) [--device cuda] [--dtype bfloat16]
         [--backend local] [--ep-size 1] [--batches 1,4,8] [--prompt-len 128] [--new-tokens 64]
         [--warmup 2] [--iters 3] [--compare-hf] [--attribution] [--no-async-scheduling]
-        [--sampling greedy,top-p,penalties,logprobs,mix] --out FILE.json
+        [--sampling greedy,top-p,penalties,logprobs,mix] [--device-sampler auto|off] --out FILE.json
 
 Decode runs as the daemon runs it by default (--async-scheduling: step N+1 launched before step N's
 tokens are read); --no-async-scheduling times each step between device synchronizes. --sampling gives
@@ -65,6 +65,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sampling", default="greedy",
                    help=f"comma-separated profiles of the rows' sampling parameters, each timed at every batch "
                         f"size on one engine ({', '.join(SAMPLING)}: tools/benchkit/sampling.py; default greedy)")
+    p.add_argument("--device-sampler", choices=["auto", "off"], default="auto",
+                   help="sampled rows chosen inside the decode graph (auto, the default) or by engine.sampler on "
+                        "the graph's logits (off: the path before issue 33, the A/B's other side)")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
     try:
@@ -125,7 +128,7 @@ def run_engine_side(a: argparse.Namespace, spec: EngineSpec) -> tuple[dict, obje
             print(f"{profile} batch {b:>4}: prefill {row['prefill_ms_median']:.2f} ms, TPOT p50 {row['tpot_ms_p50']:.2f} ms, "
                   f"{row['decode_tok_s']:.1f} tok/s", file=sys.stderr)
         info = {"model": a.model or f"random preset {a.preset} (seed {a.seed})", "device": a.device,
-                "samples_on_device": engine.runner.samples_on_device,
+                "samples_on_device": engine.runner.samples_on_device, "device_sampler": a.device_sampler,
                 "dtype": str(spec.torch_dtype()).removeprefix("torch."), "backend": engine.backend_name,
                 "maturity": engine.maturity, "batch_invariant": engine.batch_invariant, "ep_size": a.ep_size,
                 "max_model_len": engine.max_model_len,
@@ -162,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = EngineSpec(model_dir=a.model, random_preset=a.preset, seed=a.seed, device=a.device, dtype=a.dtype,
                       backend=a.backend, ep_size=a.ep_size, max_model_len=a.prompt_len + a.new_tokens,
-                      num_slots=max(a.batch_sizes), kernels=KernelConfig(batch_invariant=a.batch_invariant))
+                      num_slots=max(a.batch_sizes), kernels=KernelConfig(batch_invariant=a.batch_invariant),
+                      device_sampler=a.device_sampler)
     engine_info, cfg, rows = run_engine_side(a, spec)
     samples_on_device = engine_info["samples_on_device"]
     hf_setup = None

@@ -10,6 +10,8 @@
 #      c=1 and c=64 (and greedy and mix at c=256), after one warm pass that captures the graphs;
 #   4. tools/dev/sampling_targets.py: the tables and issue 33's targets (met / MISSED).
 # Usage: bash tools/dev/h200_sampling.sh [all|tests|direct|serving]   (default all)
+#        AB=1 bash tools/dev/h200_sampling.sh direct   adds bench_direct with --device-sampler off (the
+#        path before issue 33) for an in-process A/B (not in the default call: it would pass 9 minutes)
 # Everything it writes goes to $OUT; the section time limits are env knobs (TEST_S, DIRECT_S, ...).
 set -uo pipefail
 source tools/dev/h200_env.sh
@@ -30,6 +32,12 @@ if [ "$what" = all ] || [ "$what" = direct ]; then
   timeout ${DIRECT_S:-110} python3 tools/bench_direct.py --preset lite --batches 1,64,256 --prompt-len 86 \
     --new-tokens 32 --warmup 1 --iters 2 --sampling greedy,top-p,penalties,logprobs,mix \
     --out "$OUT/direct-sampling.json" 2>&1 | grep -E "TPOT|rror" | tail -16
+  if [ "${AB:-0}" = 1 ]; then  # the path before issue 33 (logits out of the graph, engine.sampler), same workload
+    echo "== bench_direct --device-sampler off (A/B)"
+    timeout ${DIRECT_S:-110} python3 tools/bench_direct.py --preset lite --batches 1,64,256 --prompt-len 86 \
+      --new-tokens 32 --warmup 1 --iters 2 --sampling top-p,penalties,logprobs,mix --device-sampler off \
+      --out "$OUT/direct-sampling-off.json" 2>&1 | grep -E "TPOT|rror" | tail -12
+  fi
 fi
 if [ "$what" = all ] || [ "$what" = serving ]; then
   echo "== serving, one lite daemon, each profile (200 output tokens, 90-word prompts)"
