@@ -18,12 +18,13 @@ copy of its KV cache rows (the plan's forks) and decode on their own slots. The 
 event comes once its last sequence has ended.
 
 Overlapped decode (the daemon's --async-scheduling, as vLLM's async scheduling and SGLang's overlap
-scheduler): while every running sequence decodes greedily and nobody waits for capacity, a step is
-`launchable`, and the step after one in flight is its `successor`: its input ids are the step in
+scheduler): while every running sequence decodes (greedily, or with any sampling parameters where
+the runner chooses tokens inside the decode graph: `sampled_overlap`) and nobody waits for capacity,
+a step is `launchable`, and the step after one in flight is its `successor`: its input ids are the step in
 flight's tokens, taken on the device; its rows are that step's minus those that reach max_tokens
 there. A sequence that ends for another reason (EOS, a stop token, a stop string, a cancel) is
 learned one step late: its token from the successor is dropped. Admission, prefill, forks and
-sampling steps run one at a time, with nothing in flight, so freed capacity is never handed out
+steps sampled on the host run one at a time, with nothing in flight, so freed capacity is never handed out
 while a launched step may still write to it."""
 from __future__ import annotations
 
@@ -56,12 +57,16 @@ MIXED_STEP_TOKENS = 2048  # the default step budget while sequences decode (not 
 
 class Batcher:
     def __init__(self, capacity: Capacity, eos_id: int | None, *, max_prefill_tokens: int = 8192,
-                 overlap: bool = True, mixed_step_tokens: int = MIXED_STEP_TOKENS):
+                 overlap: bool = True, sampled_overlap: bool = False,
+                 mixed_step_tokens: int = MIXED_STEP_TOKENS):
         self.capacity = capacity
         self.eos_id = eos_id
         self.max_prefill_tokens = max_prefill_tokens
         self.mixed_step_tokens = mixed_step_tokens  # decode rows + prompt tokens of a step while any decode
         self.overlap = overlap  # let plain greedy decode steps run overlapped
+        # sampled decode steps too: the runner chooses their tokens on the device (a launched step's
+        # successor learns its penalties' history there), ModelRunner.samples_on_device
+        self.sampled_overlap = sampled_overlap
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: dict[tuple[str, int], Sequence] = {}  # (request id, choice index) -> sequence
 
@@ -177,7 +182,8 @@ class Batcher:
         return StepPlan(rows, draws=draws, draw_rows=None if one_per_row else draw_rows, prompt_wants=wants,
                         forks=tuple(forks), seqs=seqs, owners=owners, decode_rows=n_decode, prefill_tokens=prefill,
                         positions_max=max(ends - 1, 0),
-                        launchable=launch and self.overlap and plain and decoding and bool(rows))
+                        launchable=launch and self.overlap and (plain or self.sampled_overlap) and decoding
+                        and one_per_row and not wants and bool(rows))
 
     def prompt_budget(self) -> int:
         """The prompt tokens of the next step: max_prefill_tokens with nobody decoding, else what
@@ -207,8 +213,12 @@ class Batcher:
                     top = start
         if not seqs:
             return None
-        return StepPlan(rows, feed=feed, seqs=seqs, owners=seqs, decode_rows=len(rows), positions_max=top,
-                        launchable=True)
+        draws = None
+        if prev.draws is not None and not all(s.plain for s in seqs):  # counting the token in flight
+            draws = [Draw(i, s.sampling, s.seed, s.index, len(s.output_ids) + 1, s.prompt_ids, s.output_ids, s.params)
+                     for i, s in enumerate(seqs)]
+        return StepPlan(rows, draws=draws, feed=feed, seqs=seqs, owners=seqs, decode_rows=len(rows),
+                        positions_max=top, launchable=True)
 
     def settle(self, plan: StepPlan, result: StepResult) -> StepOutcome:
         """A step run to the end: forked siblings start decoding, requests the result failed are
@@ -244,12 +254,17 @@ class Batcher:
         finished: list[Finished] = []
         live = []
         running = self.running
-        for seq, tok in zip(plan.seqs, result.tokens):
+        dropped = []
+        for i, why in result.failed.items():  # a draw of a device-sampled step failed on its own values
+            seq = plan.seqs[i]
+            if running.get(seq.key) is seq and self.drop(seq.request_id):
+                dropped.append(Failed(seq.request_id, f"the engine could not serve this request: {why}"))
+        for seq, tok, lp, top in zip(plan.seqs, result.tokens, result.logprobs, result.top_logprobs):
             if running.get(seq.key) is not seq:
-                continue  # it ended (or was cancelled) while this step was in flight
+                continue  # it ended (or was cancelled, or failed) while this step was in flight
             live.append(seq)
-            self._take(seq, tok, None, (), tokens, finished)
-        return StepOutcome(tokens, finished, [], [], live, len(live), len(plan.rows) - len(live))
+            self._take(seq, tok, lp, top, tokens, finished)
+        return StepOutcome(tokens, finished, dropped, [], live, len(live), len(plan.rows) - len(live))
 
     def _take(self, seq: Sequence, tok: int, logprob, top, tokens: list[Token], finished: list[Finished]) -> None:
         """Give a chosen token to its sequence: its Token event, and the request's Finished when that

@@ -1,8 +1,12 @@
 """CUDA graphs for the decode step: one graph per (batch bucket, attention-length bucket, output),
-captured into one shared memory pool before serving (engine.warmup; a key it missed, on first use), replayed with the step's rows copied into static
-input buffers. Rows beyond the real batch point at a scratch KV slot and are ignored. The output is
-either the greedy token of each row (the fast path) or the [B, V] logits, for steps that sample or
-report log-probs; every logits graph writes into one shared buffer, so their number costs no memory."""
+captured into one shared memory pool before serving (engine.warmup; a key it missed, on first use),
+replayed with the step's rows copied into static input buffers. Rows beyond the real batch point at
+a scratch KV slot and are ignored. The output (the graph's kind) is the greedy token of each row
+("tokens", the fast path); or each row's token chosen on the device by engine.device_sampler from
+its own sampling parameters ("sample", and "sample_lp" with the log-probs: issue 33), written where
+the greedy tokens go, so an overlapped step may be fed from either; or the [B, V] logits ("logits",
+for engine.sampler on the host: prompt log-prob steps, or the device sampler off), which every logits
+graph writes into one shared buffer."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -11,11 +15,13 @@ import numpy as np
 import torch
 
 from pegainfer.engine.batch import RowInput
+from pegainfer.engine.device_sampler import DeviceSampler
 from pegainfer.engine.kernels.config import KernelConfig
 from pegainfer.engine.kv_cache import MLACache
 from pegainfer.engine.model.decode import decode_logits, decode_step
 from pegainfer.engine.model.inputs import DecodeInputs
 from pegainfer.engine.model.model import DeepseekV2
+from pegainfer.engine.sampler import Draw
 from pegainfer.engine.startup_log import log_event
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
@@ -63,12 +69,16 @@ def bucket(n: int, buckets: tuple[int, ...] | list[int]) -> int:
     raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
 
 
-class Launched:
-    """A greedy decode step on its way: which pinned buffer its tokens land in, and how many rows."""
-    __slots__ = ("turn", "n")
+SAMPLERS = ("auto", "kernel", "reference", "off")  # DecodeGraphs' `sampler`
 
-    def __init__(self, turn: int, n: int):
-        self.turn, self.n = turn, n
+
+class Launched:
+    """A decode step on its way: which pinned buffer its tokens land in, how many rows, its kind, and
+    the draws that failed on their own values (device-sampled steps)."""
+    __slots__ = ("turn", "n", "kind", "failed")
+
+    def __init__(self, turn: int, n: int, kind: str = "tokens", failed: dict[int, str] | None = None):
+        self.turn, self.n, self.kind, self.failed = turn, n, kind, failed or {}
 
 
 class EagerGraph:
@@ -83,7 +93,13 @@ class EagerGraph:
 
 
 class DecodeGraphs:
-    def __init__(self, model: DeepseekV2, cache: MLACache, max_batch: int, scratch_slot: int):
+    def __init__(self, model: DeepseekV2, cache: MLACache, max_batch: int, scratch_slot: int, *,
+                 sampler: str = "auto"):
+        """sampler: how sampled rows choose their tokens: "auto" (the Triton kernel inside the graph on
+        CUDA, engine.sampler on the same device state elsewhere), "kernel", "reference", or "off"
+        (the graph returns logits and engine.sampler runs on the host, as before issue 33)."""
+        if sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
         self.model = model
         self.cache = cache
         self.scratch_slot = scratch_slot
@@ -118,15 +134,22 @@ class DecodeGraphs:
         # (a slice included) costs microseconds on every step
         self.views: dict[tuple[int, int], tuple] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.on_cuda else None
-        self.graphs: dict[tuple[int, int, bool], tuple] = {}
+        self.graphs: dict[tuple[int, int, str], tuple] = {}
         self.logits_out: torch.Tensor | None = None  # [max_batch, V], allocated with the first logits graph
+        self.sampler = None if sampler == "off" else DeviceSampler(
+            cache.data.shape[1], model.lm_head.shape[0], m, dev,
+            kernel=sampler == "kernel" or (sampler == "auto" and self.on_cuda))
 
-    def keys(self) -> list[tuple[int, int, bool]]:
-        """Every graph a step can ask for: (batch bucket, attention-length bucket, logits); what
+    def kinds(self) -> tuple[str, ...]:
+        """The outputs a step can ask for: the device sampler's two only where it is on."""
+        return ("tokens", "logits") if self.sampler is None else ("tokens", "logits", "sample", "sample_lp")
+
+    def keys(self) -> list[tuple[int, int, str]]:
+        """Every graph a step can ask for: (batch bucket, attention-length bucket, kind); what
         engine.warmup captures before the server is ready."""
-        return [(b, n, lg) for b in self.batch_buckets for n in self.length_buckets for lg in (False, True)]
+        return [(b, n, kind) for b in self.batch_buckets for n in self.length_buckets for kind in self.kinds()]
 
-    def warm(self, keys: list[tuple[int, int, bool]]) -> None:
+    def warm(self, keys: list[tuple[int, int, str]]) -> None:
         """Capture these graphs now (on the scratch slot: no request's KV is touched)."""
         for k in keys:
             if k not in self.graphs:
@@ -136,14 +159,27 @@ class DecodeGraphs:
         """rows: decode rows only (one token each). Returns the greedy tokens (list[int]), or with
         logits=True the graph's static [n, V] logits (the caller copies them before the next replay)."""
         if logits:
-            return self._replay(rows, None, logits=True)
+            return self._replay(rows, None, "logits")
         return self.collect(self.launch(rows))
 
-    def launch(self, rows: list[RowInput], feed: list[int] | None = None) -> Launched:
-        """Start the greedy step of decode rows and return without waiting for it. feed[i] = j >= 0:
-        row i's input is row j's token of the step launched just before (greedy too), taken on the
-        device; -1 (or no feed): the host's id in rows[i].token_ids."""
-        return self._replay(rows, feed, logits=False)
+    def launch(self, rows: list[RowInput], feed: list[int] | None = None, draws: list[Draw] | None = None
+               ) -> Launched:
+        """Start the step of decode rows and return without waiting for it. feed[i] = j >= 0: row i's
+        input is row j's token of the step launched just before (greedy or device-sampled), taken on
+        the device; -1 (or no feed): the host's id in rows[i].token_ids. draws: one per row, in order,
+        chosen by the device sampler (None: the greedy token)."""
+        if draws is None:
+            return self._replay(rows, feed, "tokens")
+        if self.sampler is None:
+            raise RuntimeError("these graphs have no device sampler (sampler='off')")
+        lp = any(d.spec.logprobs is not None for d in draws)
+        return self._replay(rows, feed, "sample_lp" if lp else "sample", draws)
+
+    def logprobs(self, launched: Launched, draws: list[Draw]) -> tuple[list[float | None], list[tuple]]:
+        """A collected device-sampled step's log-probs, per draw (None and () where none were asked)."""
+        if launched.kind != "sample_lp":
+            return [None] * len(draws), [()] * len(draws)
+        return self.sampler.logprobs(launched.turn, draws, launched.failed)
 
     def collect(self, launched: Launched) -> list[int]:
         """The launched step's tokens; waits for it with the GIL released."""
@@ -152,7 +188,7 @@ class DecodeGraphs:
             done.synchronize()
         return self.host_out_np[launched.turn][: launched.n].tolist()
 
-    def _replay(self, rows: list[RowInput], feed: list[int] | None, logits: bool):
+    def _replay(self, rows: list[RowInput], feed: list[int] | None, kind: str, draws: list[Draw] | None = None):
         n = len(rows)
         b = bucket(n, self.batch_buckets)
         pos = [r.start_pos for r in rows]
@@ -175,16 +211,19 @@ class DecodeGraphs:
             h[4, :n] = np.where(f >= 0, f, self.own_feed[:n])
         self._pad(h, n, b)
         static.copy_(host, non_blocking=True)
-        graph, out = self.graphs.get((b, length, logits)) or self._capture(b, length, logits)
+        failed = self.sampler.fill(rows, draws, turn, b) if draws is not None else None
+        graph, out = self.graphs.get((b, length, kind)) or self._capture(b, length, kind)
         graph.replay()
-        self.tokens_fresh = not logits
-        if logits:
+        self.tokens_fresh = kind != "logits"
+        if kind == "logits":
             return out[:n]
         host_out.copy_(tokens, non_blocking=True)  # the padded rows' tokens too
+        if kind == "sample_lp":
+            self.sampler.read_back(turn)
         done = self.done[turn]
         if done is not None:
             done.record()
-        return Launched(turn, n)
+        return Launched(turn, n, kind, failed)
 
     def _views(self, b: int, turn: int) -> tuple:
         views = self.views.get((b, turn))
@@ -208,7 +247,8 @@ class DecodeGraphs:
         ids = self.flat.index_select(0, s[4])
         return DecodeInputs(ids, s[1], s[2], s[3], length)
 
-    def _capture(self, b: int, length: int, logits: bool) -> tuple:
+    def _capture(self, b: int, length: int, kind: str) -> tuple:
+        logits = kind == "logits"
         if logits and self.logits_out is None:
             head = self.model.lm_head  # [V, H]
             self.logits_out = torch.empty(self.max_batch, head.shape[0], dtype=head.dtype, device=head.device)
@@ -218,21 +258,31 @@ class DecodeGraphs:
             inp = self._inputs(b, length)
             if logits:
                 return write_into(out_buf, decode_logits(self.model, inp, self.cache))
-            return decode_step(self.model, inp, self.cache, out=out_buf)
+            if kind == "tokens":
+                return decode_step(self.model, inp, self.cache, out=out_buf)
+            return self.sampler.choose(decode_logits(self.model, inp, self.cache), out_buf, kind == "sample_lp")
 
         if not self.on_cuda:
-            self.graphs[(b, length, logits)] = (EagerGraph(fn), out_buf)
-            return self.graphs[(b, length, logits)]
+            self.graphs[(b, length, kind)] = (EagerGraph(fn), out_buf)
+            return self.graphs[(b, length, kind)]
         torch.cuda.current_stream().synchronize()  # the step's host->device copy must land first
         saved = self.flat.clone()  # the inputs and the previous step's tokens (a feed may read them)
+        # the step's sampling parameters; the warm-up samples the padding rows only (greedy, no
+        # history slot: the capture's two runs record nothing)
+        saved_params = self.sampler.params.clone() if self.sampler is not None else None
         static, host, h, _, _ = self._views(b, self.turn)
         self._pad(h, 0, b)  # warm up on the scratch slot only: real caches stay untouched
         static.copy_(host)
+        if saved_params is not None:
+            self.sampler.pad(self.turn, 0, b)
+            self.sampler.params.copy_(self.sampler.host[self.turn])
         with self.model.routes.uncounted():  # the warm-up step is no step of the engine's
             graph, out = capture(fn, self.pool, self.model.kernels.capture_priority)
         self.flat.copy_(saved)
-        self.graphs[(b, length, logits)] = (graph, out)
-        log_event("cuda_graph_captured", batch=b, length=length, logits=logits, graphs=len(self.graphs))
+        if saved_params is not None:
+            self.sampler.params.copy_(saved_params)
+        self.graphs[(b, length, kind)] = (graph, out)
+        log_event("cuda_graph_captured", batch=b, length=length, kind=kind, graphs=len(self.graphs))
         return graph, out
 
 

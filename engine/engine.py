@@ -54,6 +54,9 @@ class EngineSpec:
     ep_master_port: int | None = None
     ep_chunk_bytes: int | None = None  # nccl backend: largest single collective (default 64 MiB)
     cuda_graphs: bool = True  # capture the decode step on CUDA when the EP backend is graph-safe
+    # how the decode graph chooses sampled rows' tokens (engine/cuda_graphs.py SAMPLERS): "auto", the
+    # device sampler inside the graph (issue 33); "off", logits out to engine.sampler (the A/B's other side)
+    device_sampler: str = "auto"
     # every kernel choice (engine/kernels/config.py); its `triton`: the Triton decode step, prompt
     # attention and expert kernels on CUDA (bf16). The prompt path's MoE combine uses its Triton
     # kernel wherever Triton imports, for every backend alike (ep/plan.py)
@@ -138,7 +141,7 @@ def build_engine(spec: EngineSpec) -> Engine:
     cache = MLACache(cfg.num_hidden_layers, slots, max_len, cfg.cache_width, device, dtype)
     graphs = prefill_graphs = None
     if device.type == "cuda" and spec.cuda_graphs and backend.caps.graph_safe:
-        graphs = DecodeGraphs(model, cache, slots, cache.scratch_slot)
+        graphs = DecodeGraphs(model, cache, slots, cache.scratch_slot, sampler=spec.device_sampler)
         prefill_graphs = PrefillGraphs(model, cache, graphs.pool, max_tokens=spec.max_prefill_tokens)
     log_event("decode_path", cuda_graphs=graphs is not None, triton_kernels=kernels.triton,
               batch_invariant=kernels.batch_invariant,

@@ -60,7 +60,8 @@ class GpuThread:
         self.engine = engine
         self._send = emit  # every event goes out through _emit, which attaches the snapshot
         self.batcher = Batcher(SlotCapacity(engine.cache), engine.eos_id, max_prefill_tokens=max_prefill_tokens,
-                               mixed_step_tokens=mixed_step_tokens, overlap=overlap)
+                               mixed_step_tokens=mixed_step_tokens, overlap=overlap,
+                               sampled_overlap=engine.runner.samples_on_device)
         self.meter = StepMeter(engine.counters, engine.spec.device)
         self.in_flight: InFlight | None = None
         self.overlapped_steps = 0  # steps launched while the one before was still in flight
@@ -211,7 +212,7 @@ class GpuThread:
         self.decode_batch_max = max(self.decode_batch_max, len(prev.plan.rows))
         # the record names the requests the step served; rows counts the dropped ones too
         record = self._record(prev.plan, result, out, prev.started_ns, prev.t0)
-        self._emit(StepEvents(out.tokens, out.finished, [], [], record, []))
+        self._emit(StepEvents(out.tokens, out.finished, out.failed, [], record, []))
 
     def _record(self, plan: StepPlan, result: StepResult, out: StepOutcome, started_ns: int, t0: float
                 ) -> StepRecord:

@@ -2,20 +2,26 @@
 On CUDA the one-token (decode) rows replay a captured graph; prompt rows run a prefill graph or
 eagerly beside them.
 
-Three entry points: run(plan) runs a step and reads its tokens; launch(plan) starts a plain greedy
-decode step without waiting, and collect(launched) reads it (overlapped decode: the GPU thread
+Three entry points: run(plan) runs a step and reads its tokens; launch(plan) starts a decode step
+(greedy, or device-sampled) without waiting, and collect(launched) reads it (overlapped decode: the GPU thread
 launches step N+1, its ids fed from step N's tokens on the device, before it reads step N).
 
-Two ways out of the forward: when every draw of the step is plain greedy (temperature 0, no
+Three ways out of the forward: when every draw of the step is plain greedy (temperature 0, no
 penalties, no log-probs) the graphs return the argmax they compute on the device, exactly as before
-sampling existed; otherwise the same graphs return their logits and engine.sampler chooses every
-draw in one batched call (under engine.request_guard: one request's faulty values fail that request
-alone). A step with rows that want prompt log-probs (echo with logprobs) runs eagerly and turns the
+sampling existed. Otherwise the decode rows' draws are chosen on the device inside the decode graph
+(engine.device_sampler, issue 33: no logits leave the graph, and such a step may be launched and
+collected like a greedy one), and the prompt rows' draws (a request's first token) by
+engine.sampler on their logits. Without a device sampler (no graphs, or sampler "off") every draw
+goes to engine.sampler in one batched call. engine.sampler runs under engine.request_guard: one
+request's faulty values fail that request alone; the device sampler takes values checked on the
+host (engine/draw_params.py) and fails a draw it cannot convert alone. A step with rows that want prompt log-probs (echo with logprobs) runs eagerly and turns the
 hidden states of those chunks into log-probs a slice of positions at a time. After the forward, the
 plan's forks copy a shared prefill's KV rows to its siblings' slots."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+
+import dataclasses
 
 import torch
 
@@ -32,12 +38,13 @@ from pegainfer.engine.step_plan import Fork, StepPlan, StepResult
 
 
 class LaunchedStep:
-    """A greedy decode step on its way (ModelRunner.launch): its tokens' handle, its device timing
-    and its counters, read by ModelRunner.collect."""
-    __slots__ = ("handle", "events", "counters")
+    """A decode step on its way (ModelRunner.launch): its tokens' handle, its device timing, its
+    counters and its draws (None: greedy), read by ModelRunner.collect."""
+    __slots__ = ("handle", "events", "counters", "draws")
 
-    def __init__(self, handle: Launched | list[int], events: Events | None, counters: Callable[[], object] | None):
-        self.handle, self.events, self.counters = handle, events, counters
+    def __init__(self, handle: Launched | list[int], events: Events | None, counters: Callable[[], object] | None,
+                 draws: list[Draw] | None = None):
+        self.handle, self.events, self.counters, self.draws = handle, events, counters, draws
 
 
 class ModelRunner:
@@ -49,6 +56,11 @@ class ModelRunner:
         self.graphs = graphs
         self.prefill_graphs = prefill_graphs
         self._eager_last: list[int] | None = None  # the last eager launch's tokens (what a feed reads)
+
+    @property
+    def samples_on_device(self) -> bool:
+        """Decode rows' draws are chosen inside the decode graph: sampled steps may be launched."""
+        return self.graphs is not None and self.graphs.sampler is not None
 
     def run(self, plan: StepPlan, meter: StepMeter | None = None) -> StepResult:
         """The step with a token chosen per draw (several draws may read one row: the first step of
@@ -80,20 +92,36 @@ class ModelRunner:
         return sampled if meter is None else sampled._replace(gpu_s=gpu_s, counters=counters)
 
     def launch(self, plan: StepPlan, meter: StepMeter | None = None) -> LaunchedStep:
-        """Start a plain greedy step of decode rows without waiting for its tokens (collect() reads
-        them), so the host can prepare the next step while this one runs; plan.feed may take input
-        ids from the tokens of the step launched just before, which the host has not read yet."""
+        """Start a step of decode rows without waiting for its tokens (collect() reads them), so the
+        host can prepare the next step while this one runs; plan.feed may take input ids from the
+        tokens of the step launched just before, which the host has not read yet. A plan with draws
+        (one per row, in order) needs the device sampler (samples_on_device)."""
         events = meter.start() if meter is not None else None
-        handle = self._launch(plan.rows, plan.feed)
+        if plan.draws is None:
+            handle = self._launch(plan.rows, plan.feed)
+        elif not self.samples_on_device:
+            raise RuntimeError("a sampled step is launched only where the decode graph samples on the device")
+        else:
+            handle = self.graphs.launch(plan.rows, plan.feed, plan.draws)
         counters = meter.stop_launched(events) if meter is not None else None
-        return LaunchedStep(handle, events, counters)
+        return LaunchedStep(handle, events, counters, plan.draws)
 
     def collect(self, launched: LaunchedStep) -> StepResult:
-        """The greedy tokens of a launched step (one per row), with its timing and counters."""
-        tokens = self._collect(launched.handle)
+        """The tokens of a launched step (one per row), with its log-probs, timing and counters."""
         gpu_s = StepMeter.seconds(launched.events)
         counters = launched.counters() if launched.counters is not None else None
-        return StepResult.greedy(tokens, gpu_s, counters)
+        if launched.draws is None:
+            return StepResult.greedy(self._collect(launched.handle), gpu_s, counters)
+        return self._sampled(launched.handle, launched.draws)._replace(gpu_s=gpu_s, counters=counters)
+
+    def _sampled(self, handle: Launched, draws: list[Draw]) -> StepResult:
+        """A device-sampled step's result, once it is done (a failed draw's token is -1)."""
+        tokens = self.graphs.collect(handle)
+        failed = handle.failed
+        for i in failed:
+            tokens[i] = -1
+        chosen, tops = self.graphs.logprobs(handle, draws)
+        return StepResult(tokens, chosen, tops, {}, True, failed, {})
 
     # ---- the device side (tools/benchkit/fake_device.py stands in for _greedy, _launch, _collect) --
     def _greedy(self, rows: list[RowInput]) -> list[int]:
@@ -132,6 +160,37 @@ class ModelRunner:
         return handle if isinstance(handle, list) else self.graphs.collect(handle)
 
     def _sample(self, rows: list[RowInput], draws: list[Draw], wants: Mapping[int, PromptWant]) -> StepResult:
+        """The decode rows' draws on the device (launched first), the prompt rows' by engine.sampler
+        (_host_sample, on those rows alone), merged back in the plan's order."""
+        decode = _split(rows)[0] if self.samples_on_device else []
+        at = {r: j for j, r in enumerate(decode)}  # decode row -> its graph row
+        on_device = [i for i, d in enumerate(draws) if d.row in at]
+        if not on_device:
+            return self._host_sample(rows, draws, wants)
+        self._eager_last = None
+        if [draws[i].row for i in on_device] != decode:  # one draw per decode row, in row order
+            raise RuntimeError("a decode row is drawn from other than once")
+        if len(decode) == len(rows):  # a decode step: draw i reads row i
+            return self._sampled(self.graphs.launch(rows, None, draws), draws)
+        # draw j of on_device reads graph row j (the device sampler goes by position, not Draw.row)
+        handle = self.graphs.launch([rows[r] for r in decode], None, [draws[i] for i in on_device])
+        prompt = [r for r in range(len(rows)) if r not in at]
+        pos = {r: j for j, r in enumerate(prompt)}  # prompt row -> its row in the host step
+        others = [i for i in range(len(draws)) if draws[i].row not in at]
+        host = self._host_sample([rows[r] for r in prompt],
+                                 [dataclasses.replace(draws[i], row=pos[draws[i].row]) for i in others],
+                                 {pos[r]: w for r, w in wants.items()})
+        dev = self._sampled(handle, [draws[i] for i in on_device])
+        n = len(draws)
+        tokens, chosen, tops = [-1] * n, [None] * n, [()] * n
+        for part, idx in ((dev, on_device), (host, others)):
+            for j, i in enumerate(idx):
+                tokens[i], chosen[i], tops[i] = part.tokens[j], part.logprobs[j], part.top_logprobs[j]
+        failed = {on_device[j]: why for j, why in dev.failed.items()} | {others[j]: why for j, why in host.failed.items()}
+        return StepResult(tokens, chosen, tops, {prompt[j]: e for j, e in host.prompt.items()}, True, failed,
+                          {prompt[j]: why for j, why in host.failed_rows.items()})
+
+    def _host_sample(self, rows: list[RowInput], draws: list[Draw], wants: Mapping[int, PromptWant]) -> StepResult:
         if wants:
             logits, prompt, failed_rows = self._prompt_step(rows, wants)  # [R, V]
         else:

@@ -57,7 +57,7 @@ class StepPlan(NamedTuple):
     decode_rows: int = 0  # rows of one token after the prompt
     prefill_tokens: int = 0
     positions_max: int = 0  # the largest position a row writes
-    launchable: bool = False  # a plain greedy decode step that may run overlapped (ModelRunner.launch)
+    launchable: bool = False  # a decode step that may run overlapped (ModelRunner.launch): greedy, or sampled on the device
 
     @classmethod
     def greedy(cls, rows: list[RowInput]) -> StepPlan:

@@ -36,7 +36,7 @@ SAMPLED = SamplingParams(temperature=0.8, top_p=0.9, top_k=20, min_p=0.05, prese
 class WarmupReport:
     capture_s: float  # capturing every graph (with the compiles of their first runs)
     requests_s: float  # the warm-up requests (the sampler's and the eager steps' compiles)
-    decode_keys: tuple  # the decode graphs captured: (batch, length, logits)
+    decode_keys: tuple  # the decode graphs captured: (batch, length, kind)
     prefill_keys: tuple  # the prefill graphs captured: (tokens, bank, logits, one prompt)
     requests: int
 

@@ -4,10 +4,14 @@ decode tok/s per batch size, optionally beside HF transformers with the same wei
 
     python tools/bench_direct.py (--model DIR | --preset tiny|lite) [--device cuda] [--dtype bfloat16]
         [--backend local] [--ep-size 1] [--batches 1,4,8] [--prompt-len 128] [--new-tokens 64]
-        [--warmup 2] [--iters 3] [--compare-hf] [--attribution] [--no-async-scheduling] --out FILE.json
+        [--warmup 2] [--iters 3] [--compare-hf] [--attribution] [--no-async-scheduling]
+        [--sampling greedy,top-p,penalties,logprobs,mix] [--device-sampler auto|off] --out FILE.json
 
 Decode runs as the daemon runs it by default (--async-scheduling: step N+1 launched before step N's
-tokens are read); --no-async-scheduling times each step between device synchronizes.
+tokens are read); --no-async-scheduling times each step between device synchronizes. --sampling gives
+row r a profile's parameters for index r (tools/benchkit/sampling.py; default greedy), each profile
+timed at every batch size on the one engine; a sampled run is overlapped only where the decode graph
+samples on the device (CUDA), as the daemon runs it.
 
 Writes FILE.json (report_intent "direct_diagnostic") and a markdown summary FILE.md beside it."""
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pegainfer.ep.preflight import REFUSALS, preflight  # noqa: E402
 from tools.benchkit import hardware, hf_side, report  # noqa: E402
 from tools.benchkit.attribution import profile_steps  # noqa: E402
 from tools.benchkit.direct import DecodeRun, batch_prompts, run_ours, summarise, synchronizer  # noqa: E402
+from tools.benchkit.sampling import PROFILES as SAMPLING, describe as describe_sampling  # noqa: E402
 
 ATTRIBUTION_STEPS = 16
 
@@ -57,6 +62,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="overlapped decode, as the daemon's default (off: each step between synchronizes)")
     p.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
                    help="the daemon's default (off: kernels chosen by row count, the A/B's other side)")
+    p.add_argument("--sampling", default="greedy",
+                   help=f"comma-separated profiles of the rows' sampling parameters, each timed at every batch "
+                        f"size on one engine ({', '.join(SAMPLING)}: tools/benchkit/sampling.py; default greedy)")
+    p.add_argument("--device-sampler", choices=["auto", "off"], default="auto",
+                   help="sampled rows chosen inside the decode graph (auto, the default) or by engine.sampler on "
+                        "the graph's logits (off: the path before issue 33, the A/B's other side)")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
     try:
@@ -65,6 +76,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--batches must be comma-separated integers, got {a.batches!r}")
     if not a.batch_sizes or min(a.batch_sizes) < 1:
         p.error("--batches needs positive sizes")
+    a.samplings = [x.strip() for x in a.sampling.split(",") if x.strip()]
+    if not a.samplings or any(x not in SAMPLING for x in a.samplings):
+        p.error(f"--sampling takes profiles among {', '.join(SAMPLING)}, got {a.sampling!r}")
+    if a.compare_hf and a.samplings != ["greedy"]:
+        p.error("--compare-hf times HF's greedy generation: use it with --sampling greedy")
     if a.prompt_len < 1 or a.new_tokens < 2 or a.iters < 1 or a.warmup < 0:
         p.error("need --prompt-len >= 1, --new-tokens >= 2 (one decode step at least), --iters >= 1, --warmup >= 0")
     return a
@@ -101,16 +117,18 @@ def run_engine_side(a: argparse.Namespace, spec: EngineSpec) -> tuple[dict, obje
         cfg = engine.cfg
         sync, on_gpu = synchronizer(a.device), a.device.startswith("cuda")
         rows = []
-        for b in a.batch_sizes:
-            row = measure(lambda n: run_ours(engine, row_prompts(a, cfg, n), a.new_tokens, sync, a.async_scheduling),
-                          b, a.warmup, a.iters)
+        for profile, b in [(x, b) for x in a.samplings for b in a.batch_sizes]:
+            row = measure(lambda n: run_ours(engine, row_prompts(a, cfg, n), a.new_tokens, sync, a.async_scheduling,
+                                             profile), b, a.warmup, a.iters)
+            row["sampling"] = profile
             if a.attribution:
                 row["attribution"] = attribution(engine, row_prompts(a, cfg, b), min(a.new_tokens - 1, ATTRIBUTION_STEPS),
                                                  sync, on_gpu)
             rows.append(row)
-            print(f"batch {b:>4}: prefill {row['prefill_ms_median']:.2f} ms, TPOT p50 {row['tpot_ms_p50']:.2f} ms, "
+            print(f"{profile} batch {b:>4}: prefill {row['prefill_ms_median']:.2f} ms, TPOT p50 {row['tpot_ms_p50']:.2f} ms, "
                   f"{row['decode_tok_s']:.1f} tok/s", file=sys.stderr)
         info = {"model": a.model or f"random preset {a.preset} (seed {a.seed})", "device": a.device,
+                "samples_on_device": engine.runner.samples_on_device, "device_sampler": a.device_sampler,
                 "dtype": str(spec.torch_dtype()).removeprefix("torch."), "backend": engine.backend_name,
                 "maturity": engine.maturity, "batch_invariant": engine.batch_invariant, "ep_size": a.ep_size,
                 "max_model_len": engine.max_model_len,
@@ -147,8 +165,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = EngineSpec(model_dir=a.model, random_preset=a.preset, seed=a.seed, device=a.device, dtype=a.dtype,
                       backend=a.backend, ep_size=a.ep_size, max_model_len=a.prompt_len + a.new_tokens,
-                      num_slots=max(a.batch_sizes), kernels=KernelConfig(batch_invariant=a.batch_invariant))
+                      num_slots=max(a.batch_sizes), kernels=KernelConfig(batch_invariant=a.batch_invariant),
+                      device_sampler=a.device_sampler)
     engine_info, cfg, rows = run_engine_side(a, spec)
+    samples_on_device = engine_info["samples_on_device"]
     hf_setup = None
     if a.compare_hf:
         gc.collect()
@@ -169,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         "batch_invariant": engine_info["batch_invariant"],
         "workload": {"prompt_len": a.prompt_len, "new_tokens": a.new_tokens, "warmup": a.warmup, "iters": a.iters,
                      "batches": a.batch_sizes, "prompt_seed": a.seed,
-                     "prompts": "the same in every row" if a.same_prompt else "one per row", "greedy": True, "ignore_eos": True,
+                     "prompts": "the same in every row" if a.same_prompt else "one per row", "greedy": a.samplings == ["greedy"], "sampling": [describe_sampling(x) for x in a.samplings],
+                     "samples_on_device": samples_on_device, "ignore_eos": True,
                      "async_scheduling": a.async_scheduling},
         "hf_setup": hf_setup,
         "batches": rows,

@@ -5,6 +5,10 @@ vLLM, SGLang), with vllm bench serve's metric definitions (tools/benchkit/metric
         [--num-requests N] [--repeats N] --out FILE.json [--trace-file PATH [--trace-wait S]] [--plot-dir DIR]
         [--claim TEXT] [--model NAME] [--max-tokens N] [--prompt-words N] [--seed S] [--timeout S]
         [--warmup N] [--api-key KEY] [--no-progress]
+        [--sampling greedy|top-p|penalties|logprobs|mix]
+
+--sampling picks the requests' sampling parameters by their index (tools/benchkit/sampling.py;
+default greedy): a profile is the same mix at every concurrency level.
 
 Closed loop: at each concurrency level N workers send requests back to back until the level's
 requests are used up. Writes FILE.json (with every request's own latencies) and a markdown summary
@@ -29,6 +33,7 @@ from tools.benchkit.client import ServerError, list_models, run_level  # noqa: E
 from tools.benchkit.metrics import across_repeats, summarise, worst_marker  # noqa: E402
 from tools.benchkit.progress import Progress, wanted  # noqa: E402
 from tools.benchkit.redact import redact_url  # noqa: E402
+from tools.benchkit.sampling import PROFILES as SAMPLING, describe as describe_sampling  # noqa: E402
 from tools.benchkit.workload import PROFILES, make_prompts, parse_levels, requests_per_level  # noqa: E402
 
 ERRORS_KEPT = 5  # per run, in the report
@@ -49,6 +54,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, help="output tokens per request (default: the profile's)")
     p.add_argument("--prompt-words", type=int, help="words per prompt for every request (default: the profile's)")
     p.add_argument("--seed", type=int, default=0, help="prompt text seed")
+    p.add_argument("--sampling", choices=list(SAMPLING), default="greedy",
+                   help="the requests' sampling parameters (tools/benchkit/sampling.py; default greedy)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a request may take in all")
     p.add_argument("--warmup", type=int, default=2, help="requests sent (one at a time) before measuring")
     p.add_argument("--api-key", help=f"bearer token for the server (default: ${KEY_ENV}); never recorded")
@@ -91,7 +98,7 @@ def run_sweep(a: argparse.Namespace, model: str, max_tokens: int) -> tuple[dict,
     with Progress(total, enabled=wanted(a.no_progress)) as bar:
         bar.stage("warmup")
         warm_records = asyncio.run(run_level(a.base_url, model, warm, 1, max_tokens, a.timeout, a.api_key,
-                                             on_done=lambda r: bar.advance()))[0] if warm else []
+                                             on_done=lambda r: bar.advance(), sampling=a.sampling))[0] if warm else []
         warmup = {"requests": len(warm), "failed": sum(not r.ok for r in warm_records),
                   "errors": [r.error for r in warm_records if r.error][:ERRORS_KEPT]}
         levels = [_level(a, model, max_tokens, n, bar) for n in a.levels]
@@ -106,7 +113,7 @@ def _level(a: argparse.Namespace, model: str, max_tokens: int, n: int, bar: Prog
         bar.stage(f"concurrency {n}" + (f" run {rep + 1}/{a.repeats}" if a.repeats > 1 else ""))
         started_ns = time.time_ns()
         records, duration = asyncio.run(run_level(a.base_url, model, prompts, n, max_tokens, a.timeout,
-                                                  a.api_key, on_done=lambda r: bar.advance()))
+                                                  a.api_key, on_done=lambda r: bar.advance(), sampling=a.sampling))
         runs.append({"repeat": rep, "metrics": summarise(records, duration),
                      "window_ns": [started_ns, time.time_ns()],
                      "request_ids": [r.request_id for r in records],
@@ -152,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         "server": server,
         "auth": {"bearer": a.api_key is not None, "from": a.key_from},  # never the key itself
         "client_host": {**hardware.host(), "gpus": hardware.nvidia_smi_gpus()},
-        "workload": {"profile": a.profile, "summary": f"{a.profile}: {words}", "prompt_words": a.prompt_words
+        "workload": {"profile": a.profile, "summary": f"{a.profile}: {words}; sampling {a.sampling}",
+                     "sampling": describe_sampling(a.sampling), "prompt_words": a.prompt_words
                      or list(profile.words), "max_tokens": max_tokens, "seed": a.seed, "repeats": a.repeats,
                      "num_requests": a.num_requests, "concurrency": a.levels, "timeout_s": a.timeout,
                      "warmup": warmup, "ignore_eos": True, "stream": True},

@@ -30,6 +30,8 @@ class ScriptRunner:
     engine.request_guard reports them; `fault` (a device fault) is raised by the next step. Every plan it
     was given is kept, and every fork it copied."""
 
+    samples_on_device = False  # sampled steps run one at a time (ModelRunner.samples_on_device)
+
     def __init__(self, scripts: dict | None = None):
         self.scripts = scripts or {}
         self.fail_draws: dict[str, str] = {}

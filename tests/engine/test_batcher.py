@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pegainfer.engine.batcher import MIN_PROMPT_CHUNK, MIXED_STEP_TOKENS, Batcher, StepOutcome
 from pegainfer.engine.contract import Admit, SamplingParams
 from pegainfer.engine.kv_capacity import SlotCapacity
-from pegainfer.engine.step_plan import Fork, StepPlan
+from pegainfer.engine.step_plan import Fork, StepPlan, StepResult
 from tests.engine.fake_engine import EOS, FakeEngine
 
 HOT = SamplingParams(temperature=1.0, seed=7)
@@ -339,3 +339,39 @@ def test_the_plan_and_the_result_are_immutable():
         plan.rows = []
     with pytest.raises(AttributeError):
         result.tokens = []
+
+
+def test_sampled_decode_steps_run_overlapped_where_the_device_samples():
+    """With sampled_overlap (the runner samples inside the decode graph) a sampled decode step is
+    launchable; its successor's draws count the token still in flight (the penalties' history of a
+    launched step is kept on the device); a chain of plain greedy rows drops back to the fast path;
+    a draw that fails in a launched step drops its request alone."""
+    eng = FakeEngine(4)
+    b = Batcher(SlotCapacity(eng.cache), EOS, overlap=True, sampled_overlap=True)
+    add(eng, b, "s", [4, 5], 9, sampling=SamplingParams(temperature=0.8, presence_penalty=0.5, seed=3))
+    add(eng, b, "g", [6], 2)
+    add(eng, b, "x", [7], 9, sampling=HOT)
+    step(eng, b)
+    plan = b.plan(launch=True)
+    assert plan.launchable and [d.step for d in plan.draws] == [1, 1, 1] and [d.row for d in plan.draws] == [0, 1, 2]
+    nxt = b.successor(plan)  # g's in-flight token is its last: s and x go on
+    s = b.running[("s", 0)]
+    assert [q.request_id for q in nxt.seqs] == ["s", "x"] and nxt.feed == [0, 2]
+    assert [(d.row, d.step) for d in nxt.draws] == [(0, 2), (1, 2)] and nxt.draws[0].output_ids is s.output_ids
+    out = b.settle_launched(plan, StepResult.greedy([21, 22, 23]))
+    assert len(out.tokens) == 3 and not out.failed
+    failed = StepResult([-1, 31], [None, None], [(), ()], failed={0: "ValueError: its temperature"})
+    out = b.settle_launched(nxt, failed._replace(sampled=True))
+    assert [f.request_id for f in out.failed] == ["s"] and [t.request_id for t in out.tokens] == ["x"]
+    assert list(b.running) == [("x", 0)] and b.capacity.used == 1
+    off = Batcher(SlotCapacity(FakeEngine(4).cache), EOS, overlap=True)  # the host samples: one at a time
+    add(eng, off, "h", [1], 5, sampling=HOT)
+    off.admit()
+    off.settle(p := off.plan(), eng.runner.run(p))
+    assert not off.plan(launch=True).launchable
+    add(eng, b, "p", [9], 9)  # plain greedy rows only: the chain's successor has no draws
+    b.drop("x")
+    b.admit()
+    b.settle(p := b.plan(), eng.runner.run(p))
+    plain = b.plan(launch=True)
+    assert plain.launchable and plain.draws is None and b.successor(plain).draws is None

@@ -82,9 +82,12 @@ def test_every_decode_step_asks_for_a_warmed_key(tiny):
     rng = random.Random(0)
     for _ in range(500):
         n, top = rng.randint(1, 37), rng.randint(0, tiny.cache.max_len - 1)
-        key = (bucket(n, dg.batch_buckets), bucket(top + 1, dg.length_buckets), rng.random() < 0.5)
+        key = (bucket(n, dg.batch_buckets), bucket(top + 1, dg.length_buckets), rng.choice(dg.kinds()))
         assert key in keys
-    assert len(keys) == 2 * len(dg.batch_buckets) * len(dg.length_buckets)
+    assert len(keys) == len(dg.kinds()) * len(dg.batch_buckets) * len(dg.length_buckets)
+    # the device sampler's kinds are warmed where it is on, and only there
+    assert set(dg.kinds()) == ({"tokens", "logits", "sample", "sample_lp"} if dg.sampler is not None
+                               else {"tokens", "logits"})
 
 
 def test_warm_up_captures_every_key_then_runs_its_requests(tiny, fused, monkeypatch):

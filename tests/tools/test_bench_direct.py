@@ -119,3 +119,23 @@ def test_a_transport_that_cannot_run_here_is_refused_before_loading(backend, say
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("bench_direct: error: ") and says in line and "host-staged" in line
     assert not out.exists()
+
+
+def test_sampling_profiles_run_each_row_with_its_parameters(tiny_model_dir, tmp_path):
+    """--sampling mix on the CPU (host-sampled steps, one at a time): seeded, so the same tokens on
+    every iteration, and not the greedy ones; the report names the profile. --compare-hf (greedy
+    only) refuses a sampled profile."""
+    common = ["--model", str(tiny_model_dir), "--device", "cpu", "--batches", "10", "--prompt-len", "6",
+              "--new-tokens", "6", "--warmup", "0", "--iters", "2"]
+    out = tmp_path / "profiles.json"
+    assert bench_direct.main([*common, "--sampling", "greedy,mix", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert [p["profile"] for p in r["workload"]["sampling"]] == ["greedy", "mix"] and r["workload"]["greedy"] is False
+    greedy, mix = r["batches"]
+    assert (greedy["sampling"], mix["sampling"]) == ("greedy", "mix")
+    assert mix["deterministic"] and mix["decode_steps"] == 2 * 5 and mix["token_hash"] != greedy["token_hash"]
+    assert "| 10 (mix) |" in out.with_suffix(".md").read_text()
+    for bad in (["--sampling", "mix", "--compare-hf"], ["--sampling", "greedy,hot"]):
+        with pytest.raises(SystemExit) as e:
+            bench_direct.parse_args([*common, *bad, "--out", str(tmp_path / "x.json")])
+        assert e.value.code == 2

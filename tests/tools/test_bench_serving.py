@@ -31,6 +31,9 @@ TOKENS = 4
 KEY = "sk-test-9f8e7d6c5b4a"
 
 
+BODIES: list[dict] = []  # every completions request the fake server was sent
+
+
 def fake_app() -> Starlette:
     counters: dict[str, int] = {}
 
@@ -41,6 +44,7 @@ def fake_app() -> Starlette:
 
     async def completions(http: Request) -> Response:
         body = await http.json()
+        BODIES.append(body)
         model = body["model"]
         if model == "secured" and http.headers.get("authorization") != f"Bearer {KEY}":
             return JSONResponse({"error": {"message": "invalid api key"}}, status_code=401)
@@ -370,3 +374,22 @@ def test_plots_start_at_zero(tmp_path):
         bottom, top = figure(levels, stem).axes[0].get_ylim()
         assert bottom == 0 and top >= 910  # the whole error bar still fits
     assert [p.name for p in plot_levels(levels, tmp_path)] == [f"{s}.png" for s in FIGURES]
+
+
+def test_a_sampling_profile_sets_each_request_by_its_index(fake_server, tmp_path):
+    """--sampling mix: of every 10 requests 5 greedy, 3 temperature + top_p, 2 penalties with log-probs,
+    each sampled one with its own seed; the report names the profile."""
+    BODIES.clear()
+    r = bench(tmp_path, "--base-url", fake_server, "--profile", "short", "--model", "steady", "--concurrency", "2",
+              "--num-requests", "10", "--warmup", "0", "--sampling", "mix", "--no-progress")
+    assert r["workload"]["sampling"]["profile"] == "mix" and "sampling mix" in r["workload"]["summary"]
+    assert len(BODIES) == 10
+    kinds = sorted(str((b["temperature"], b.get("top_p"), b.get("top_k"), b.get("presence_penalty"),
+                        b.get("logprobs"))) for b in BODIES)
+    assert kinds == sorted([str((0.0, None, None, None, None))] * 5 + [str((0.7, None, 50, 0.5, 5))] * 2
+                           + [str((0.7, 0.9, None, None, None))] * 3)
+    seeds = [b["seed"] for b in BODIES if b["temperature"] > 0]
+    assert len(set(seeds)) == 5 and all("seed" not in b for b in BODIES if b["temperature"] == 0)
+    assert all(b["ignore_eos"] and b["stream"] for b in BODIES)
+    with pytest.raises(SystemExit):
+        bench_serving.parse_args(["--base-url", fake_server, "--profile", "short", "--sampling", "hot", "--out", "x"])

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 
 from tools.benchkit.metrics import RequestRecord
+from tools.benchkit.sampling import fields as sampling_fields
 from tools.benchkit.workload import PromptSpec, closed_loop
 
 
@@ -35,10 +36,11 @@ def list_models(base_url: str, api_key: str | None = None, timeout: float = 30.0
     return data
 
 
-def request_body(model: str, prompt: str, max_tokens: int) -> dict:
-    """Greedy, exactly max_tokens tokens (ignore_eos), usage in the stream for the real token counts."""
-    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-            "stream_options": {"include_usage": True}, "ignore_eos": True}
+def request_body(model: str, prompt: str, max_tokens: int, sampling: dict | None = None) -> dict:
+    """Exactly max_tokens tokens (ignore_eos), usage in the stream for the real token counts; greedy
+    unless `sampling` gives the request's sampling fields (tools/benchkit/sampling.py)."""
+    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, **(sampling or {}),
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
 
 
 async def send(client: httpx.AsyncClient, url: str, body: dict, index: int, timeout: float,
@@ -138,14 +140,16 @@ def _error_message(text: str) -> str:
 
 
 async def run_level(base_url: str, model: str, prompts: list[PromptSpec], concurrency: int, max_tokens: int,
-                    timeout: float, api_key: str | None = None,
-                    on_done: Callable[[RequestRecord], None] | None = None) -> tuple[list[RequestRecord], float]:
+                    timeout: float, api_key: str | None = None, *,
+                    on_done: Callable[[RequestRecord], None] | None = None,
+                    sampling: str = "greedy") -> tuple[list[RequestRecord], float]:
     """Closed loop: `concurrency` workers drain the prompt list. Returns the records (in workload
-    order) and the benchmark duration (first send to last completion)."""
+    order) and the benchmark duration (first send to last completion). sampling: the profile whose
+    fields each request takes by its index (tools/benchkit/sampling.py)."""
     url = base_url.rstrip("/") + "/v1/completions"
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
         async def one(p: PromptSpec) -> RequestRecord:
-            return await send(client, url, request_body(model, p.text, max_tokens), p.index, timeout,
-                              auth_headers(api_key))
+            body = request_body(model, p.text, max_tokens, sampling_fields(sampling, p.index))
+            return await send(client, url, body, p.index, timeout, auth_headers(api_key))
         return await closed_loop(prompts, concurrency, one, on_done)

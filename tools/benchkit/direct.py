@@ -1,5 +1,6 @@
-"""The direct (in-process) measurement: one greedy generation over the engine, the prefill step and
-every decode step timed wall-clock, and the summary of several such runs at one batch size. Decode
+"""The direct (in-process) measurement: one generation over the engine (greedy, or each row with its
+sampling profile's parameters: tools/benchkit/sampling.py), the prefill step and every decode step
+timed wall-clock, and the summary of several such runs at one batch size. Decode
 runs step by step (each step between device synchronizes) or overlapped as the daemon's
 --async-scheduling runs it (step N+1 launched before step N's tokens are read, its ids taken on the
 device; each step timed from one step's tokens in host memory to the next's). The HF side produces
@@ -17,9 +18,12 @@ from collections.abc import Callable
 import torch
 
 from pegainfer.engine.batch import RowInput
+from pegainfer.engine.draw_params import DrawParams
 from pegainfer.engine.engine import Engine
+from pegainfer.engine.sampler import Draw
 from pegainfer.engine.step_plan import StepPlan
 from tools.benchkit.metrics import percentile
+from tools.benchkit.sampling import sampling_params
 
 
 @dataclasses.dataclass(slots=True)
@@ -53,13 +57,26 @@ def batch_prompts(vocab_size: int, special_ids: list[int | None], length: int, s
 
 
 class DecodeRun:
-    """One generation at one batch size: prefill() once, then decode() for each further token."""
+    """One generation at one batch size: prefill() once, then decode() for each further token. With a
+    sampling profile row r draws with the profile's parameters for index r (its choices as the
+    served path makes them: the device sampler inside the decode graph where there is one)."""
 
-    def __init__(self, engine: Engine, prompts: list[list[int]], sync: Callable[[], None]):
+    def __init__(self, engine: Engine, prompts: list[list[int]], sync: Callable[[], None], sampling: str = "greedy"):
         self.engine, self.prompts, self.batch, self.sync = engine, prompts, len(prompts), sync
         self.slots: list[int] = []
-        self.tokens: list[list[int]] = []
+        self.tokens: list[list[int]] = [[] for _ in prompts]  # each row's output, appended in place
         self.pos = 0
+        vocab = engine.cfg.vocab_size
+        specs = [sampling_params(sampling, r) for r in range(self.batch)]
+        self.specs = None if all(s.plain_greedy for s in specs) else [
+            (s, DrawParams.of(s, s.seed or 0, vocab)) for s in specs]
+
+    def draws(self, ahead: int = 0) -> list[Draw] | None:
+        """Each row's draw this step (ahead: tokens still in flight before it); None when greedy."""
+        if self.specs is None:
+            return None
+        return [Draw(r, s, p.seed, 0, len(out) + ahead, prompt, out, p)
+                for r, ((s, p), prompt, out) in enumerate(zip(self.specs, self.prompts, self.tokens))]
 
     def __enter__(self) -> DecodeRun:
         self.slots = [self.engine.cache.allocate() for _ in range(self.batch)]
@@ -73,10 +90,11 @@ class DecodeRun:
         rows = [RowInput(s, p, 0) for s, p in zip(self.slots, self.prompts)]
         self.sync()
         t0 = time.perf_counter()
-        first = self.engine.runner.run(StepPlan.greedy(rows)).tokens  # [B]
+        first = self.engine.runner.run(StepPlan(rows, draws=self.draws())).tokens  # [B]
         self.sync()
         dt = time.perf_counter() - t0
-        self.tokens = [[t] for t in first]
+        for out, t in zip(self.tokens, first):
+            out.append(t)
         self.pos = len(self.prompts[0])  # every prompt has the same length
         return dt
 
@@ -87,13 +105,13 @@ class DecodeRun:
         self.sync()
         t = time.perf_counter()
         launched = runner.launch(StepPlan([RowInput(s, [out[-1]], self.pos)
-                                           for s, out in zip(self.slots, self.tokens)]))
+                                           for s, out in zip(self.slots, self.tokens)], draws=self.draws()))
         times = []
         for i in range(steps):
             nxt = None
             if i + 1 < steps:  # the next step's ids are this step's tokens, still on the device
                 nxt = runner.launch(StepPlan([RowInput(s, [0], self.pos + 1) for s in self.slots],
-                                             feed=list(range(self.batch))))
+                                             draws=self.draws(ahead=1), feed=list(range(self.batch))))
             for out, tok in zip(self.tokens, runner.collect(launched).tokens):
                 out.append(tok)
             now = time.perf_counter()
@@ -107,7 +125,7 @@ class DecodeRun:
         rows = [RowInput(s, [out[-1]], self.pos) for s, out in zip(self.slots, self.tokens)]
         self.sync()
         t0 = time.perf_counter()
-        nxt = self.engine.runner.run(StepPlan.greedy(rows)).tokens  # [B]
+        nxt = self.engine.runner.run(StepPlan(rows, draws=self.draws())).tokens  # [B]
         self.sync()
         dt = time.perf_counter() - t0
         for out, t in zip(self.tokens, nxt):
@@ -117,8 +135,11 @@ class DecodeRun:
 
 
 def run_ours(engine: Engine, prompts: list[list[int]], new_tokens: int, sync: Callable[[], None],
-             overlap: bool = False) -> Timing:
-    with DecodeRun(engine, prompts, sync) as run:
+             overlap: bool = False, sampling: str = "greedy") -> Timing:
+    """overlap: launched steps; a sampled run has them only where the decode graph samples on the
+    device (ModelRunner.samples_on_device), as the daemon's batcher does."""
+    with DecodeRun(engine, prompts, sync, sampling) as run:
+        overlap = overlap and (run.specs is None or engine.runner.samples_on_device)
         prefill = run.prefill()
         steps = run.decode_overlapped(new_tokens - 1) if overlap else [run.decode() for _ in range(new_tokens - 1)]
         return Timing(prefill, steps, run.tokens)

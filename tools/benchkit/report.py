@@ -105,6 +105,14 @@ def serving_markdown(r: dict) -> str:
 
 
 # ---- direct -------------------------------------------------------------------------------------
+def _sampling(workload: dict) -> str:
+    """The direct run's sampling: greedy, or its profiles (tools/benchkit/sampling.py)."""
+    profiles = workload.get("sampling") or []
+    if not profiles or [p["profile"] for p in profiles] == ["greedy"]:
+        return "greedy"
+    return "sampling " + "; ".join(f"{p['profile']} ({p['summary']})" for p in profiles)
+
+
 def direct_markdown(r: dict) -> str:
     e, st = r["engine"], r["stack"]
     lines = _header(r, f"Direct benchmark: {e['model']} on {e['device']} ({e['dtype']})")
@@ -115,7 +123,7 @@ def direct_markdown(r: dict) -> str:
         f"- Versions: torch {st['torch']} (CUDA {st.get('cuda') or '-'}), transformers {st.get('transformers') or '-'}",
         f"- Workload: prompt {r['workload']['prompt_len']} tokens "
         f"({r['workload'].get('prompts', 'the same in every row')}), "
-        f"{r['workload']['new_tokens']} new tokens, greedy; warmup {r['workload']['warmup']}, "
+        f"{r['workload']['new_tokens']} new tokens, {_sampling(r['workload'])}; warmup {r['workload']['warmup']}, "
         f"iters {r['workload']['iters']}",
         "- In-process, no HTTP: one prefill step with every row's prompt, then one step per decode token, "
         + ("overlapped as the daemon's --async-scheduling (each step launched before the one before it is read; "
@@ -126,10 +134,12 @@ def direct_markdown(r: dict) -> str:
         "tokens = HF | token hash |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
+    sampled = any(b.get("sampling", "greedy") != "greedy" for b in r["batches"])  # name each row's profile
     for b in r["batches"]:
         hf = b.get("hf") or {}
         same = "-" if not hf else ("yes" if hf.get("tokens_match") else "no")
-        lines.append(f"| {b['batch']} | {fmt(b['prefill_ms_median'], 2)} | {fmt(b['tpot_ms_p50'], 2)} | "
+        batch = f"{b['batch']} ({b['sampling']})" if sampled else b["batch"]
+        lines.append(f"| {batch} | {fmt(b['prefill_ms_median'], 2)} | {fmt(b['tpot_ms_p50'], 2)} | "
                      f"{fmt(b['tpot_ms_mean'], 2)} | {fmt(b['decode_tok_s'])} | {fmt(hf.get('tpot_ms_p50'), 2)} | "
                      f"{fmt(b.get('hf_over_ours_tpot'), 2)} | {same} | `{b['token_hash'][:16]}` |")
     for b in r["batches"]:
