@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One device call (the `device` tool's `run`, carrying .whl/) over what several issues merged without
+# a GPU, in priority order, each section skipped when the call's time would not hold it (BUDGET_S,
+# default 540 s):
+#   1. the lite daemon as served by default (batch invariant, device sampler): its start-up time to
+#      /ready, then the reliability gate --url against it (--max-active 32; issue 26's output hash
+#      stability on the GPU), tracebacks counted;
+#   2. the GPU tests of the merged parts: batch invariance through the graphs, the device sampler in
+#      the decode graph and its kernel, the prefill bank graphs and warm-up, the linear's tickets;
+#   3. bench_direct at batch 1 with each sampling profile on one engine (issue 33's c=1 shape);
+#   4. bench_serving short profile at c=256, batch invariant against --no-batch-invariant (issue 26's cost).
+# Everything it writes goes to $OUT.
+set -uo pipefail
+source tools/dev/h200_env.sh
+export READY_TRIES=${READY_TRIES:-480}
+t0=$(date +%s); budget=${BUDGET_S:-540}
+left() { echo $(( budget - $(date +%s) + t0 )); }
+echo "== 1. serve (defaults, --max-active 32) and the reliability gate --url"
+serve rel --trace-file /tmp/trace-rel.jsonl --max-active 32
+echo "ready after $(( $(date +%s) - t0 )) s"; grep -E 'startup_time|warmup_done' "$OUT/serve-rel.log" | cut -c1-600
+timeout $(( $(left) > 170 ? 170 : $(left) )) python3 tools/reliability.py --url http://127.0.0.1:8000 \
+  --trace-file /tmp/trace-rel.jsonl --allow-skips --burst 256x2 --out "$OUT/reliability-url-lite-cuda.json" 2>&1 | tail -14
+kill -TERM $pid; wait $pid
+echo "== 2. GPU tests at $(( $(date +%s) - t0 )) s"
+timeout $(( $(left) - 200 > 60 ? $(left) - 200 : 60 )) python3 -m pytest -q -p no:cacheprovider -rf \
+  tests/engine/test_gpu_device_sampler.py tests/engine/test_gpu_prefill.py tests/engine/test_gpu_batch_invariance.py \
+  tests/engine/kernels/test_sample.py "tests/engine/kernels/test_linear.py::test_gpu_tickets_give_the_second_launchs_bits_every_time" \
+  2>&1 | tail -25 | tee "$OUT/gpu-tests.txt"
+if [ "$(left)" -gt 80 ]; then
+  echo "== 3. bench_direct batch 1, each sampling profile, at $(( $(date +%s) - t0 )) s"
+  timeout 75 python3 tools/bench_direct.py --preset lite --batches 1 --prompt-len 86 --new-tokens 64 \
+    --sampling greedy,top-p,penalties,logprobs --out "$OUT/direct-sampling-b1.json" 2>&1 | grep -E "TPOT|rror" | tail -6
+fi
+for mode in batch-invariant no-batch-invariant; do
+  [ "$(left)" -gt 90 ] || { echo "== 4. serving --$mode: skipped (time)"; continue; }
+  echo "== 4. serving c=256 --$mode at $(( $(date +%s) - t0 )) s"
+  serve "$mode" --$mode
+  timeout 40 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 --profile short --prompt-words 90 \
+    --max-tokens 200 --concurrency 256 --num-requests 256 --no-progress --out /tmp/warm.json >/dev/null 2>&1
+  timeout 50 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 --profile short --prompt-words 90 \
+    --max-tokens 200 --concurrency 256 --num-requests 768 --no-progress \
+    --claim "one H200, random Lite weights (bf16), local backend, greedy; --$mode" --out "$OUT/serving-$mode.json" 2>&1 | tail -2
+  kill -TERM $pid; wait $pid
+done
+echo "== tracebacks in daemon logs:"; grep -c Traceback "$OUT"/serve-*.log
