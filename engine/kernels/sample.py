@@ -58,6 +58,7 @@ import triton
 import triton.language as tl
 
 from pegainfer.engine.kernels.sample_row import sample_row
+from pegainfer.engine.kernels.sample_split import launch
 
 FLOATS = ("temperature", "top_p", "min_p", "presence", "frequency", "repetition")  # SampleRows.floats columns
 INTS = ("top_k", "seed", "index", "step", "row", "history_slot", "bias_slot")  # SampleRows.ints columns
@@ -116,17 +117,21 @@ class SampleOut(NamedTuple):
 def sample(logits: torch.Tensor, rows: SampleRows, *, history: torch.Tensor | None = None,
            bias: torch.Tensor | None = None, logprobs: int | None = None, record: bool = False,
            out: SampleOut | None = None, sweeps: torch.Tensor | None = None, block_v: int = BLOCK_V,
-           pivots: int = PIVOTS, cap: int = CAP, num_warps: int = 8) -> SampleOut:
+           pivots: int = PIVOTS, cap: int = CAP, num_warps: int = 8, chunks: int = 0, split_pivots: int = 8
+           ) -> SampleOut:
     """One token per draw row of `rows` from logits [R, V] (float32; rows may be strided). history:
     [H, V] int32, bias: [B, V] float32 (contiguous rows), needed when a draw names a slot of them.
     logprobs: None, or N in [0, MAX_LOGPROBS]: the chosen tokens' raw log-probs and the top N.
     record: add 1 to history[slot, token] for each draw with a history slot (slots distinct).
     out: tensors to write into (a graph's static outputs). sweeps: [S] int32, filled with how many
-    times each row was read (tests and tools/dev/sample_bench.py). One launch, no host sync."""
+    times each row was read (tests and tools/dev/sample_bench.py). chunks 0: one launch, a program
+    per row; chunks > 0: each row over min(chunks, tiles) programs of block_v-column tiles, in four
+    launches (engine/kernels/sample_split.py; split_pivots its count thresholds). KernelConfig.sample
+    holds these knobs for the decode graph. No host sync."""
     (_, v), s = logits.shape, rows.floats.shape[0]
     dev = logits.device
     assert logits.stride(1) == 1 and rows.floats.shape == (s, 6) and rows.ints.shape == (s, 7)
-    assert rows.floats.is_contiguous() and rows.ints.is_contiguous() and pivots >= 2
+    assert rows.floats.is_contiguous() and rows.ints.is_contiguous() and pivots >= 2 and split_pivots >= 2
     if logprobs is not None and not 0 <= logprobs <= min(MAX_LOGPROBS, v):
         raise ValueError(f"logprobs must be in [0, {min(MAX_LOGPROBS, v)}], got {logprobs}")
     for name, t, dt in (("history", history, torch.int32), ("bias", bias, torch.float32)):
@@ -151,10 +156,15 @@ def sample(logits: torch.Tensor, rows: SampleRows, *, history: torch.Tensor | No
     assert ids.is_contiguous() and lps.is_contiguous()
     count = out.tokens if sweeps is None else sweeps
     scratch = torch.empty(s, 2, cap, dtype=torch.int64, device=dev)  # [S, 2, CAP] sort keys
+    block_v = min(block_v, triton.next_power_of_2(v))
+    if chunks > 0:
+        launch(logits, rows, history, bias, scratch, outs=(out.tokens, lp, ids, lps, count), n_top=n_top,
+               logprobs=logprobs is not None, record=record, count=sweeps is not None, chunks=chunks, block_v=block_v,
+               pivots=split_pivots, one_pivots=pivots, cap=cap, num_warps=num_warps)
+        return out
     _sample_kernel[(s,)](logits, logits.stride(0), rows.floats, rows.ints, history, history.stride(0), bias,
                          bias.stride(0), scratch, out.tokens, lp, ids, lps, count, v, N_TOP=n_top,
                          NP=triton.next_power_of_2(max(n_top, 1)), LOGPROBS=logprobs is not None, RECORD=record,
-                         COUNT=sweeps is not None,
-                         BLOCK_V=min(block_v, triton.next_power_of_2(v)), PIVOTS=pivots, CAP=cap, num_warps=num_warps,
+                         COUNT=sweeps is not None, BLOCK_V=block_v, PIVOTS=pivots, CAP=cap, num_warps=num_warps,
                          enable_fp_fusion=False)
     return out
