@@ -28,6 +28,8 @@ class StepObserver(Protocol):
 
     def on_engine_died(self, message: str) -> None: ...
 
+    def on_preempted(self, request_id: str, index: int) -> None: ...
+
 
 class EngineBridge:
     def __init__(self, loop: asyncio.AbstractEventLoop, observer: StepObserver):
@@ -79,6 +81,8 @@ class EngineBridge:
                     s.on_finished(f.request_id, f.reason)
                 for f in event.failed:
                     s.on_failed(f.request_id, f.message)
+                for rid, index in event.preempted:
+                    self.observer.on_preempted(rid, index)
                 if event.record is not None:
                     self.observer.on_step(event.record)
             case EngineDied():

@@ -1,6 +1,7 @@
 """CUDA graphs for the decode step: one graph per (batch bucket, attention-length bucket, output),
 captured on first use into one shared memory pool, replayed with the step's rows copied into static
-input buffers. Rows beyond the real batch point at a scratch KV slot and are ignored. The output is
+input buffers (the KV page table is the cache's own static tensor, engine/kv_cache.py). Rows beyond
+the real batch point at a scratch KV slot and are ignored. The output is
 either the greedy token of each row (the fast path) or the [B, V] logits, for steps that sample or
 report log-probs; every logits graph writes into one shared buffer, so their number costs no memory."""
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pegainfer.engine.model.inputs import DecodeInputs
 from pegainfer.engine.model.model import DeepseekV2
 from pegainfer.engine.startup_log import log_event
 
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896,
+                 1024)
 MIN_LENGTH_BUCKET = 256
 
 

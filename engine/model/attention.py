@@ -213,7 +213,8 @@ class MLAttention:
         else:
             plan = dict(split_len=auto_split(b, inp.length, k.split_programs),
                         merge=merge_form(b, k.row_merge_max_batch))
-        return mla_decode(q_full, cache.data[self.layer], inp.slots, inp.ctx_lens, inp.length, self.scale, self.rank,
+        return mla_decode(q_full, cache.data[self.layer], cache.table, inp.slots, inp.ctx_lens, inp.length,
+                          self.scale, self.rank,
                           w_uv_t=self.w_uv_t, **plan)
 
     def absorbed_query(self, x: torch.Tensor | None, positions: torch.Tensor, slots: torch.Tensor,
@@ -229,7 +230,7 @@ class MLAttention:
             if self.q_b is not None:
                 q = linear(_rms(q, self.q_a_norm, self.kernels), self.q_b, self.kernels)  # [B, nh*192]
             return mla_prep(q, kv, self.kv_a_norm, self.w_uk, self.rope.table, positions, slots,
-                            cache.data[self.layer])
+                            cache.data[self.layer], pages=cache.table)
         q_nope, q_pe, _ = self._project(x, positions, slots, cache)
         q_lat = torch.bmm(q_nope.transpose(0, 1), self.w_uk)  # [nh, B, 512]
         return torch.cat([q_lat, q_pe.transpose(0, 1)], dim=-1).transpose(0, 1)  # [B, nh, 576]

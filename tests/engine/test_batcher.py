@@ -9,7 +9,7 @@ import pytest
 
 from pegainfer.engine.batcher import Batcher, StepOutcome
 from pegainfer.engine.contract import Admit, SamplingParams
-from pegainfer.engine.kv_capacity import SlotCapacity
+from pegainfer.engine.kv_capacity import PagedCapacity
 from pegainfer.engine.step_plan import Fork, StepPlan
 from tests.engine.fake_engine import EOS, FakeEngine
 
@@ -18,7 +18,7 @@ HOT = SamplingParams(temperature=1.0, seed=7)
 
 def make(slots: int = 4, budget: int = 8192, overlap: bool = True, scripts: dict | None = None):
     eng = FakeEngine(slots, scripts=scripts)
-    return eng, Batcher(SlotCapacity(eng.cache), EOS, max_prefill_tokens=budget, overlap=overlap)
+    return eng, Batcher(PagedCapacity(eng.cache), EOS, max_prefill_tokens=budget, overlap=overlap)
 
 
 def add(eng: FakeEngine, b: Batcher, rid: str, prompt: list[int], max_tokens: int, **kw) -> None:
