@@ -67,8 +67,9 @@ class EngineBridge:
         s = self.scheduler
         match event:
             case PrefillStarted():
-                for rid in event.request_ids:
-                    s.on_prefill_started(rid)
+                cached = event.cached_tokens or [0] * len(event.request_ids)
+                for rid, n in zip(event.request_ids, cached):
+                    s.on_prefill_started(rid, n)
             case StepEvents():
                 if event.snapshot is not None:
                     self.snapshot = event.snapshot

@@ -71,14 +71,16 @@ class Batcher:
         return bool(self.waiting) and self.capacity.fits(self.waiting[0])
 
     def admit(self) -> list[str]:
-        """FCFS: take waiting requests while capacity is free for all of their choices. Long prompts
-        are not held back here: the step's prefill budget splits them into chunks."""
+        """FCFS: take waiting requests while capacity is free for all of their choices (preempted
+        sequences first: they wait at the front). Long prompts are not held back here: the step's
+        prefill budget splits them into chunks. Returns the ids of the requests new to the engine."""
         admitted = []
         while self.waiting and self.capacity.fits(self.waiting[0]):
             seq = self.waiting.popleft()
             self.capacity.take(seq)
             self.running[seq.key] = seq
-            admitted.append(seq.request_id)
+            if not seq.preemptions:  # a preempted sequence resuming is no new request
+                admitted.append(seq.request_id)
         return admitted
 
     def held_ids(self) -> list[str]:

@@ -385,6 +385,8 @@ class PrefillStarted:
     """Sent before the forward of a step in which these requests begin their prefill."""
     request_ids: list[str]
     started_ns: int
+    # per request id: its prompt tokens found in the prefix cache (not computed; usage's cached_tokens)
+    cached_tokens: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

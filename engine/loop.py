@@ -179,7 +179,7 @@ class GpuThread:
             return
         t0, started_ns = time.perf_counter(), time.time_ns()
         if admitted:
-            self._emit(PrefillStarted(admitted, started_ns))
+            self._emit(PrefillStarted(admitted, started_ns, [b.running[rid, 0].cached for rid in admitted]))
         plan = b.plan(launch=not admitted)
         preempted = b.take_preempted()
         if preempted:
