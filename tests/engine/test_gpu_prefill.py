@@ -43,7 +43,8 @@ def test_packed_kernel_matches_the_mask_path(engine):
     ids = torch.tensor([t for p in prompts for t in p], device=dev)
     pos = torch.cat([torch.arange(len(p)) for p in prompts]).to(dev)
     rows = torch.cat([torch.full((len(p),), i) for i, p in enumerate(prompts)]).to(dev)
-    slots = rows.clone()
+    held = [cache.allocate(len(p)) for p in prompts]  # each prompt's pages
+    slots = torch.tensor(held, device=dev)[rows]
     last = torch.tensor(LENGTHS, device=dev).cumsum(0) - 1
     inp = PrefillInputs(ids, pos, slots, rows, last)
     fused = prefill_logits(model, inp, cache)
@@ -51,6 +52,8 @@ def test_packed_kernel_matches_the_mask_path(engine):
     plain = rebuild(engine, dataclasses.replace(model.kernels, triton=False), engine.backend.caps.expert_kernel)
     assert not plain.layers[0].attn.fused_prefill
     masked = prefill_logits(plain, inp, cache)
+    for s in held:
+        cache.release(s)
     _close(fused, masked)
 
 
