@@ -1,5 +1,6 @@
 """The GPU side's scheduler: the requests waiting for KV capacity and the sequences running, FCFS
-admission, the prefill budget, n-choice forks and which steps may run overlapped. It turns the
+admission by free KV pages (engine/kv_capacity.py), pages taken as sequences grow and preemption
+when none is left, the prefill budget, n-choice forks and which steps may run overlapped. It turns the
 running sequences into one StepPlan per step and a StepResult back into the contract's events
 (engine/step_plan.py); it never touches a tensor, so it is tested on the CPU with a fake runner
 (tests/engine/test_batcher.py).
@@ -8,10 +9,18 @@ Every decoding sequence gets its token each step; prompts share the step's prefi
 arrival order, so a long prompt is fed in chunks while the others keep decoding (prompt log-probs
 are computed chunk by chunk too).
 
+Pages: a sequence's prompt pages are taken at admission (shared ones from the prefix cache), its
+decode pages as it reaches them. When a decode row needs a page and none is free, the newest running
+sequences are preempted (their pages freed, they wait at the front of the queue) until one is; the
+oldest always goes on. A preempted sequence is recomputed: its prompt prefilled again, then its own
+generated tokens fed back as decode rows that draw nothing (Sequence.replay), computed exactly as
+they first were, so it continues with the tokens it would have had. An overlapped successor never
+preempts: when its rows need more pages than are free, it is not launched.
+
 A request of n choices is n sequences sharing one prefill: the first sequence prefills, all n draw
-their first token from its last row (each with its own seed stream), then the n-1 siblings take a
-copy of its KV cache rows (the plan's forks) and decode on their own slots. The request's Finished
-event comes once its last sequence has ended.
+their first token from its last row (each with its own seed stream), the n-1 siblings share its full
+prompt pages and take a copy of the partial last one (the plan's forks), and decode on their own
+slots. The request's Finished event comes once its last sequence has ended.
 
 Overlapped decode (the daemon's --async-scheduling, as vLLM's async scheduling and SGLang's overlap
 scheduler): while every running sequence decodes greedily and nobody waits for capacity, a step is
