@@ -1,16 +1,24 @@
-"""CUDA graphs for the prefill of fresh prompts: one graph per packed-token bucket, captured on first
-use into the decode graphs' memory pool. A step's prompts are packed back to back; the tail of the
-bucket is padding on the scratch KV slot, each padding token a prompt of its own (position 0). Like the decode
+"""CUDA graphs for the prefill: one graph per packed-token bucket, captured on first use into the
+decode graphs' memory pool. A step's prompts are packed back to back; the tail of the bucket is
+padding on the scratch KV slot, each padding token a prompt of its own (position 0). Like the decode
 graphs, a bucket has a greedy-token graph and, captured only once a step samples, a logits graph
-writing into a buffer all logits graphs share. With KernelConfig.batch_invariant the graphs hold the
-Triton `prompt_attention` only; without the Triton kernels such steps run eagerly (fits)."""
+writing into a buffer all logits graphs share.
+
+With KernelConfig.batch_invariant the graphs hold the Triton `prompt_attention` only (without the
+Triton kernels such steps run eagerly: fits), and a packed prompt may continue a cached prefix (a
+prefix-cache hit) or an earlier chunk: every row's keys are gathered from the paged cache (its
+positions 0 .. end-1, rows back to back: PrefillInputs.bank_index), so the graphs are keyed by the
+token bucket and the key-bank bucket; a pack of fresh prompts has a bank of its own tokens, the size
+of its token bucket. Without batch invariance only fresh prompts are graphed.
+
+Off CUDA the same code runs each step eagerly (cuda_graphs._EagerGraph), so it is tested on the CPU."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
 from pegainfer.engine.batch import RowInput
-from pegainfer.engine.cuda_graphs import bucket, capture, wait_and_read, write_into
+from pegainfer.engine.cuda_graphs import _EagerGraph, _host, bucket, capture, wait_and_read, write_into
 from pegainfer.engine.kv_cache import MLACache
 from pegainfer.engine.model.inputs import PrefillInputs
 from pegainfer.engine.model.model import DeepseekV2
@@ -18,6 +26,7 @@ from pegainfer.engine.model.prefill import prefill_logits, prefill_step
 from pegainfer.engine.startup_log import log_event
 
 TOKEN_BUCKETS = (64, 128, 256, 512, 1024, 2048, 3072, 4096, 5120, 6144, 8192)
+BANK_BUCKETS = (1024, 2048, 4096, 6144, 8192, 12288, 16384, 24576, 32768)  # keys of packs continuing prefixes
 MAX_ROWS = 64  # prompts per graphed prefill step; larger steps run eagerly
 
 
@@ -26,53 +35,93 @@ class PrefillGraphs:
         self.model = model
         self.cache = cache
         self.pool = pool
+        attn = model.layers[0].attn
+        self.eager_only = attn.invariant and not attn.fused_prefill  # the torch form reads the host
+        self.banked = attn.invariant and attn.fused_prefill  # keys gathered from the cache
         # a pack is bounded by the step's prefill budget, not by one prompt's length (max_len): many
         # short prompts may fill a bucket longer than any one of them
         self.buckets = [b for b in TOKEN_BUCKETS if b < max_tokens] + [max_tokens]
+        self.bank_buckets = sorted({*BANK_BUCKETS, self.buckets[-1]})
         self.max_rows = MAX_ROWS
         dev = cache.data.device
-        n = self.buckets[-1]
-        self.host = torch.zeros(4, n, dtype=torch.int64).pin_memory()  # ids, pos, slot, row
-        self.host_last = torch.zeros(self.max_rows, dtype=torch.int64).pin_memory()
-        self.host_np, self.host_last_np = self.host.numpy(), self.host_last.numpy()  # the same memory
-        self.host_out = torch.zeros(self.max_rows, dtype=torch.int64).pin_memory()
-        self.static = torch.zeros(4, n, dtype=torch.int64, device=dev)
+        self.on_cuda = dev.type == "cuda"
+        n, nb = self.buckets[-1], self.bank_buckets[-1]
+        self.host = _host((5, n), self.on_cuda)  # ids, pos, slot, row, base
+        self.host_last = _host((self.max_rows,), self.on_cuda)
+        self.host_bank = _host((nb,), self.on_cuda)
+        self.host_np, self.host_last_np, self.host_bank_np = self.host.numpy(), self.host_last.numpy(), \
+            self.host_bank.numpy()  # the same memory
+        self.host_out = _host((self.max_rows,), self.on_cuda)
+        self.static = torch.zeros(5, n, dtype=torch.int64, device=dev)
         self.static_last = torch.zeros(self.max_rows, dtype=torch.int64, device=dev)
-        self.graphs: dict[tuple[int, bool, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # (tokens, logits, one prompt)
+        self.static_bank = torch.zeros(nb, dtype=torch.int64, device=dev)
+        self.tokens_out = torch.zeros(self.max_rows, dtype=torch.int64, device=dev)  # off CUDA: the greedy tokens
+        self.graphs: dict[tuple[int, int, bool, bool], tuple] = {}  # (tokens, bank, logits, one prompt)
         self.logits_out: torch.Tensor | None = None  # [max_rows, V], allocated with the first logits graph
 
     def fits(self, rows: list[RowInput]) -> bool:
-        """Whether a graph runs these prompts: fresh ones, few enough, within the largest bucket, and an
-        attention that a graph can hold (the batch-invariant torch form reads the prompts on the host)."""
-        attn = self.model.layers[0].attn
-        if attn.invariant and not attn.fused_prefill:
+        """Whether a graph runs these prompts: few enough, within the largest bucket, an attention that a
+        graph can hold (the batch-invariant torch form reads the prompts on the host), and fresh ones
+        unless the keys are gathered from the cache (then within the largest bank)."""
+        if self.eager_only or len(rows) > self.max_rows:
             return False
-        return (len(rows) <= self.max_rows and all(r.start_pos == 0 for r in rows)
-                and sum(len(r.token_ids) for r in rows) <= self.buckets[-1])
+        total = sum(len(r.token_ids) for r in rows)
+        if total > self.buckets[-1]:
+            return False
+        if self.banked:  # the keys, and a cell per padding token
+            pad = bucket(total, self.buckets) - total
+            return sum(r.start_pos + len(r.token_ids) for r in rows) + pad <= self.bank_buckets[-1]
+        return all(r.start_pos == 0 for r in rows)
 
     def run(self, rows: list[RowInput], logits: bool = False):
         """The greedy token of every prompt (list[int]), or with logits=True the graph's static
         [R, V] logits of their last tokens (the caller copies them before the next replay)."""
         total = sum(len(r.token_ids) for r in rows)
         t = bucket(total, self.buckets)
-        ids, pos, slots, row_ids, last = [], [], [], [], []
+        ids, pos, slots, row_ids, bases, last = [], [], [], [], [], []
         for i, r in enumerate(rows):
+            n = len(r.token_ids)
             ids += r.token_ids
-            pos += range(len(r.token_ids))
-            slots += [r.slot] * len(r.token_ids)
-            row_ids += [i] * len(r.token_ids)
+            pos += range(r.start_pos, r.start_pos + n)
+            slots += [r.slot] * n
+            row_ids += [i] * n
             last.append(len(ids) - 1)
         h = self.host_np  # numpy views: no torch op per input on the host
-        h[:, :total] = [ids, pos, slots, row_ids]
+        h[:4, :total] = [ids, pos, slots, row_ids]
+        nb = t
+        if self.banked:
+            nb = self._bank(rows, h, total, t)
         self._pad(total, t)
         self.host_last_np[: len(rows)] = last
         self.host_last_np[len(rows):] = 0
         self.static[:, :t].copy_(self.host[:, :t], non_blocking=True)
         self.static_last.copy_(self.host_last, non_blocking=True)
-        one = len(rows) == 1  # one prompt: causal attention without the T x T mask
-        graph, out = self.graphs.get((t, logits, one)) or self._capture(t, logits, one)
+        if self.banked:
+            self.static_bank[:nb].copy_(self.host_bank[:nb], non_blocking=True)
+        one = len(rows) == 1 and not self.banked  # one fresh prompt: causal attention without the T x T mask
+        graph, out = self.graphs.get((t, nb, logits, one)) or self._capture(t, nb, logits, one)
         graph.replay()
-        return out[: len(rows)] if logits else wait_and_read(out[: len(rows)], self.host_out)
+        if logits:
+            return out[: len(rows)]
+        return wait_and_read(out[: len(rows)], self.host_out) if self.on_cuda else out[: len(rows)].tolist()
+
+    def _bank(self, rows: list[RowInput], h: np.ndarray, total: int, t: int) -> int:
+        """Each row's keys, positions 0 .. end-1, back to back in the bank (their flat cache rows from
+        the slot's pages), then each padding token's own cell; h[4]: each token's bank base. Returns
+        the bank bucket: the token bucket for fresh prompts (the bank is the pack), else a larger one."""
+        page, at, i = self.cache.page_size, 0, 0
+        bank = self.host_bank_np
+        for r in rows:
+            end, n = r.start_pos + len(r.token_ids), len(r.token_ids)
+            p = np.arange(end)
+            bank[at:at + end] = np.asarray(self.cache.slot_pages[r.slot])[p // page] * page + p % page
+            h[4, i:i + n] = at
+            at, i = at + end, i + n
+        nb = t if at == total else bucket(at + t - total, self.bank_buckets)
+        scratch = self.cache.scratch_page * page
+        bank[at:nb] = scratch  # the padding tokens' cells (all one: they are never read back)
+        h[4, total:t] = np.arange(at, at + t - total)
+        return nb
 
     def _pad(self, start: int, end: int) -> None:
         h = self.host_np
@@ -80,25 +129,46 @@ class PrefillGraphs:
         h[1, start:end] = 0  # position 0: a prompt of one token, which attends to itself only
         h[2, start:end] = self.cache.scratch_slot
         h[3, start:end] = np.arange(self.max_rows, self.max_rows + end - start)
+        if not self.banked:
+            h[4, start:end] = 0
 
-    def _capture(self, t: int, logits: bool, one: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        torch.cuda.current_stream().synchronize()  # the step's host->device copies must land first
-        saved, saved_last = self.static[:, :t].clone(), self.static_last.clone()
-        self._pad(0, t)  # warm up on the scratch slot only
-        self.static[:, :t].copy_(self.host[:, :t])
-        self.static_last.zero_()
+    def _inputs(self, t: int, nb: int) -> PrefillInputs:
         s = self.static
-        inp = PrefillInputs(s[0, :t], s[1, :t], s[2, :t], s[3, :t], self.static_last)
-        fn = self._logits_fn() if logits else prefill_step
+        if not self.banked:
+            return PrefillInputs(s[0, :t], s[1, :t], s[2, :t], s[3, :t], self.static_last)
+        return PrefillInputs(s[0, :t], s[1, :t], s[2, :t], s[3, :t], self.static_last, self.static_bank[:nb], s[4, :t])
+
+    def _capture(self, t: int, nb: int, logits: bool, one: bool) -> tuple:
+        fn = self._logits_fn() if logits else self._tokens_fn()
+        inp = self._inputs(t, nb)
+        if not self.on_cuda:
+            self.graphs[(t, nb, logits, one)] = (_EagerGraph(lambda: fn(self.model, inp, self.cache, one)),
+                                                  self.logits_out if logits else self.tokens_out)
+            return self.graphs[(t, nb, logits, one)]
+        torch.cuda.current_stream().synchronize()  # the step's host->device copies must land first
+        saved = (self.static[:, :t].clone(), self.static_last.clone(), self.static_bank[:nb].clone())
+        self._pad(0, t)  # warm up on the scratch slot only
+        self.host_np[4, :t] = np.arange(t) if self.banked else 0
+        self.host_bank_np[:nb] = self.cache.scratch_page * self.cache.page_size
+        self.static[:, :t].copy_(self.host[:, :t])
+        self.static_bank[:nb].copy_(self.host_bank[:nb])
+        self.static_last.zero_()
         with self.model.routes.uncounted():  # the warm-up step is no step of the engine's
             graph, out = capture(lambda: fn(self.model, inp, self.cache, one), self.pool,
                                  self.model.kernels.capture_priority)
-        self.static[:, :t].copy_(saved)
-        self.static_last.copy_(saved_last)
-        self.graphs[(t, logits, one)] = (graph, out)
-        log_event("cuda_graph_captured", kind="prefill", tokens=t, logits=logits, one_prompt=one,
+        self.static[:, :t].copy_(saved[0])
+        self.static_last.copy_(saved[1])
+        self.static_bank[:nb].copy_(saved[2])
+        self.graphs[(t, nb, logits, one)] = (graph, out)
+        log_event("cuda_graph_captured", kind="prefill", tokens=t, bank=nb, logits=logits, one_prompt=one,
                   graphs=len(self.graphs))
         return graph, out
+
+    def _tokens_fn(self):
+        if self.on_cuda:
+            return prefill_step
+        buf = self.tokens_out
+        return lambda model, inp, cache, one: write_into(buf, prefill_step(model, inp, cache, one))
 
     def _logits_fn(self):
         """The prefill step that leaves its [max_rows, V] logits in the shared output buffer."""

@@ -148,17 +148,25 @@ class MLAttention:
         return self._invariant(q, bank, batch.positions, bases, segments)
 
     def prefill_packed(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | None,
-                       cache: MLACache, one_prompt: bool = False) -> torch.Tensor:
+                       cache: MLACache, one_prompt: bool = False,
+                       bank: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)) -> torch.Tensor:
         """Fresh prompts packed into one sequence (no earlier cache): keys and values come from the
         new tokens themselves, each token seeing its own prompt causally. one_prompt: the pack holds
         one prompt from index 0, so plain causal attention is exact. Otherwise the Triton kernel
         (fused_prefill) or SDPA with `mask` [1, 1, T, T] (built once per step by the caller).
         Batch-invariant: neither; the attention of the reference path (`_invariant`), the pack its own
         key bank, so a prompt's first chunk here and its later chunks there agree bit for bit.
-        x: [T, H]; positions, slots: [T]. Graph-safe (no host synchronisation) but for the invariant
-        torch form, which reads the prompts' bounds on the host."""
+        x: [T, H]; positions, slots: [T]. bank (batch-invariant only): (bank_index [NB], bases [T]) of
+        PrefillInputs: prompts that continue a cached prefix, their keys gathered from the cache after
+        this step's latents are written (the same bits as the pack's own for a fresh prompt).
+        Graph-safe (no host synchronisation) but for the invariant torch form, which reads the
+        prompts' bounds on the host."""
         q_nope, q_pe, kv = self._project(x, positions, slots, cache)
         q = torch.cat([q_nope, q_pe], dim=-1)  # [T, nh, 192]
+        bank_index, bases = bank
+        if self.invariant and bank_index is not None:  # keys from the cache: [NB, 576]
+            keys = cache.data[self.layer].flatten(0, 1).index_select(0, bank_index)
+            return self._out(self._invariant(q, keys, positions, bases, lambda: _bank_segments(positions, bases)))
         if self.invariant:  # the pack is its own key bank; the torch form reads the prompts on the host
             bases = torch.arange(x.shape[0], device=x.device) - positions  # [T] each prompt's first token
             return self._out(self._invariant(q, kv, positions, bases, lambda: _packed_segments(positions)))
@@ -263,6 +271,13 @@ def _causal_mask(n: int, ctx: int, device: torch.device) -> torch.Tensor:
     """[1, 1, n, ctx] bool: query i (at position ctx - n + i) sees keys at positions <= its own."""
     qpos = torch.arange(ctx - n, ctx, device=device)[:, None]
     return (torch.arange(ctx, device=device)[None, :] <= qpos)[None, None]
+
+
+def _bank_segments(positions: torch.Tensor, bases: torch.Tensor) -> list[blocked_attention.Segment]:
+    """The prompts of a pack whose keys sit in a bank (runs of tokens with one base), on the host."""
+    pos, base = positions.tolist(), bases.tolist()
+    starts = [i for i in range(len(pos)) if i == 0 or base[i] != base[i - 1]] + [len(pos)]
+    return [blocked_attention.Segment(a, b - a, pos[a], base[a]) for a, b in zip(starts, starts[1:])]
 
 
 def _packed_segments(positions: torch.Tensor) -> list[blocked_attention.Segment]:

@@ -23,3 +23,9 @@ class PrefillInputs:
     slots: torch.Tensor  # [T] int64, KV slot of its prompt (padding: the scratch slot)
     row_ids: torch.Tensor  # [T] int64, which prompt (padding tokens: a prompt of their own each)
     last_index: torch.Tensor  # [R] int64, index in T of each prompt's last token
+    # the batch-invariant form only (engine/prefill_graphs.py): prompts may continue a cached prefix
+    # (positions from their start); each row's keys are gathered from the paged cache, every row's
+    # positions 0 .. end-1 back to back: bank_index [NB] the flat cache rows (page * P + offset) and
+    # bases [T] the bank row of each token's position 0. None: fresh prompts, the pack its own keys
+    bank_index: torch.Tensor | None = None
+    bases: torch.Tensor | None = None

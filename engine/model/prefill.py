@@ -1,4 +1,6 @@
-"""The prefill step for fresh prompts as one graph-capturable function: every prompt's tokens packed
+"""The prefill step for packed prompts as one graph-capturable function (fresh ones; with
+KernelConfig.batch_invariant also prompts continuing a cached prefix or an earlier chunk, their keys
+gathered from the paged cache: PrefillInputs.bank_index): every prompt's tokens packed
 into one sequence, attention kept inside each prompt, MoE without host synchronisation, and the
 greedy choice for each prompt's last token on the device (or, for steps that sample, the logits of
 each prompt's last token). One function for the phase; inside it attention is the Triton
@@ -40,5 +42,6 @@ def prefill_logits(model: DeepseekV2, inp: PrefillInputs, cache: MLACache, one_p
         mask = (same_row & causal)[None, None]  # [1, 1, T, T]
     x = F.embedding(inp.token_ids, model.embed)  # [T, H]
     for layer in model.layers:
-        x = layer.run(x, lambda h, a=layer.attn: a.prefill_packed(h, inp.positions, inp.slots, mask, cache, one_prompt))
+        x = layer.run(x, lambda h, a=layer.attn: a.prefill_packed(h, inp.positions, inp.slots, mask, cache, one_prompt,
+                                                                    bank=(inp.bank_index, inp.bases)))
     return model.head(x[inp.last_index])  # [R, V]

@@ -70,3 +70,28 @@ def test_a_pack_in_one_graph_matches_each_prompt_alone(engine):
     finally:
         for s in slots:
             engine.cache.release(s)
+
+
+def test_a_graph_pack_continuing_cached_prefixes_is_bit_exact(engine):
+    """Batch-invariant graphs gather each row's keys from the paged cache (engine/prefill_graphs.py):
+    a prefix-cache hit's suffix and a long prompt's later chunk, packed with a fresh prompt and
+    replayed in a captured graph, give the eager path's bits."""
+    from pegainfer.engine.batch import Batch
+    pg, cache, model = engine.runner.prefill_graphs, engine.cache, engine.model
+    assert pg.banked
+    prefix, long_prompt, fresh = _prompts()[2][:85], _prompts()[2], _prompts()[0]
+    slots = [cache.allocate(400) for _ in range(3)]
+    try:
+        a, b, c = slots
+        pg.run([RowInput(b, prefix[:64], 0), RowInput(c, long_prompt[:200], 0)])  # the cached parts
+        rows = [RowInput(a, fresh, 0), RowInput(b, prefix[64:], 64, prompt=True),
+                RowInput(c, long_prompt[200:], 200, prompt=True)]
+        assert pg.fits(rows)
+        before = cache.data.clone()
+        got = pg.run(rows, logits=True).clone()
+        cache.data.copy_(before)
+        want = model.forward(Batch.build(rows, "cuda:0"), cache)
+        assert torch.equal(got, want), (got.float() - want.float()).abs().max()
+    finally:
+        for s in slots:
+            cache.release(s)
