@@ -16,14 +16,15 @@ set -uo pipefail
 source tools/dev/h200_env.sh
 T0=$(date +%s)
 left() { echo "[$(( $(date +%s) - T0 )) s]"; }
+late() { [ $(( $(date +%s) - T0 )) -gt "${1:-470}" ] && echo "skipped: past ${1:-470} s of the call"; }
 
 echo "== 1. GPU tests (paged kernels, engine) $(left)"
-timeout ${TEST_S:-140} python3 -m pytest -q -p no:cacheprovider tests/engine/kernels/test_mla_decode.py \
+timeout ${TEST_S:-120} python3 -m pytest -q -p no:cacheprovider tests/engine/kernels/test_mla_decode.py \
   tests/engine/kernels/test_mla_prep.py tests/engine/kernels/test_mla_output.py tests/engine/test_gpu_*.py -rf 2>&1 \
   | tail -15 | tee "$OUT/gpu-tests.txt"
 
 echo "== 2. bench_direct lite, batch 1/256/512/1024 $(left)"
-timeout ${DIRECT_S:-120} python3 tools/bench_direct.py --preset lite --batches 1,256,512,1024 --prompt-len 86 \
+timeout ${DIRECT_S:-150} python3 tools/bench_direct.py --preset lite --batches 1,256,512,1024 --prompt-len 86 \
   --new-tokens 48 --out "$OUT/direct-paged.json" 2>&1 | grep -E "TPOT|rror" | tail -6
 
 watch_ready() {  # poll /ready until the file $1 is removed; the largest engine.running seen etc. go to $2
@@ -47,6 +48,7 @@ print(json.dumps(m))' > "$out" &
 
 bench() {  # bench NAME CONCURRENCY REQUESTS: bench_serving short profile with /ready watched
   local name=$1 c=$2 n=$3
+  late 440 && return
   touch /tmp/watching; watch_ready /tmp/watching "$OUT/ready-$name.json"
   timeout ${BENCH_S:-75} python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 --profile short \
     --prompt-words 90 --max-tokens 200 --concurrency "$c" --num-requests "$n" --no-progress \
