@@ -31,7 +31,7 @@ from pegainfer.daemon.runtime import Runtime
 from pegainfer.daemon.shapes import CHAT, COMPLETION, Shape
 from pegainfer.daemon.sse import EventStream
 from pegainfer.daemon.tokenize_pool import INLINE_MAX_CHARS
-from pegainfer.engine.kv_capacity import request_pages
+from pegainfer.engine.kv_capacity import max_new_tokens, request_pages
 from pegainfer.lifecycle.rejection import Draining, NotReady, QueueFull, Rejection
 from pegainfer.lifecycle.request import Request
 from pegainfer.lifecycle.sink import TokenSink
@@ -178,7 +178,9 @@ async def _run(http: HTTPRequest, rt: Runtime, req: CompletionRequest, shape: Sh
         ids = prompt if not isinstance(prompt, str) else await rt.tokenize.encode(rt.tokenizer, prompt, req.add_bos)
         found = context_problem(rt, ids, part, shape)
         if found is None and part.max_tokens is None:  # chat without a limit: the rest of the context
-            part.max_tokens = rt.engine.max_model_len - len(ids)
+            cache = rt.engine.cache  # ... or of what the whole KV cache holds for its choices
+            part.max_tokens = min(rt.engine.max_model_len - len(ids),
+                                  max_new_tokens(len(ids), part.candidates, cache.num_pages, cache.page_size))
         admitted = part if part.max_tokens is not None else dataclasses.replace(part, max_tokens=1)  # refused anyway
         request = Request(admitted.admit(eid, ids), rt.model_name, TokenSink(s.sink_max_buffered), owner=owner)
         rt.telemetry.on_request_start(eid, part, http.headers)

@@ -71,6 +71,13 @@ def request_pages(prompt_len: int, max_tokens: int, n: int, page_size: int) -> i
     return full + n * (cdiv(prompt_len + max_tokens, page_size) - full)
 
 
+def max_new_tokens(prompt_len: int, n: int, num_pages: int, page_size: int) -> int:
+    """The most tokens each of n choices may generate after the prompt with the request alone in a
+    cache of num_pages (request_pages within it); below 1: not even one fits."""
+    full = prompt_len // page_size
+    return ((num_pages - full) // n + full) * page_size - prompt_len
+
+
 class PagedCapacity:
     """The batcher's view of the cache: slots and pages for sequences, the prefix cache's counts."""
 

@@ -60,6 +60,15 @@ def test_a_request_longer_than_the_whole_cache_is_a_400(daemon):
     assert n.status_code == 400 and n.json()["error"]["code"] == "context_length_exceeded"
 
 
+def test_a_chat_without_max_tokens_gets_what_the_cache_holds(daemon):
+    r = httpx.post(daemon.url + "/v1/chat/completions", timeout=120,
+                   json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    u = r.json()["usage"]  # the rest of the 512-token context would not fit in 384 tokens of cache
+    assert u["prompt_tokens"] + u["completion_tokens"] == PAGES * 64
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+
+
 def test_a_repeated_prefix_is_served_from_the_cache_with_the_same_output(daemon):
     hits = metric(daemon, "pegainfer:prefix_cache_hits_total")
     first = complete(daemon, {"prompt": PREFIX + [9, 9], "max_tokens": 10})

@@ -16,6 +16,7 @@ from pegainfer.engine.kv_capacity import (
     CapacityError,
     PagedCapacity,
     kv_tokens,
+    max_new_tokens,
     max_sequences,
     request_pages,
     tokens_that_fit,
@@ -54,6 +55,15 @@ def test_request_pages_counts_shared_prompt_pages_once():
     assert request_pages(100, 28, 1, 64) == 2
     assert request_pages(130, 10, 3, 64) == 2 + 3 * 1  # two full prompt pages shared, one own page each
     assert request_pages(128, 1, 2, 64) == 2 + 2 * 1
+
+
+def test_max_new_tokens_is_the_largest_request_that_fits_alone():
+    for plen, n, pages in [(100, 1, 6), (130, 3, 8), (64, 2, 5), (10, 1, 1), (300, 1, 4)]:
+        m = max_new_tokens(plen, n, pages, 64)
+        if m >= 1:
+            assert request_pages(plen, m, n, 64) <= pages < request_pages(plen, m + 1, n, 64)
+        else:  # not even the prompt and one token
+            assert request_pages(plen, 1, n, 64) > pages
 
 
 def test_pool_takes_releases_and_refuses_without_side_effects():
