@@ -1,12 +1,13 @@
 """CUDA graphs for the decode step: one graph per (batch bucket, attention-length bucket, output),
 captured into one shared memory pool before serving (engine.warmup; a key it missed, on first use),
-replayed with the step's rows copied into static input buffers. Rows beyond the real batch point at
-a scratch KV slot and are ignored. The output (the graph's kind) is the greedy token of each row
-("tokens", the fast path); or each row's token chosen on the device by engine.device_sampler from
-its own sampling parameters ("sample", and "sample_lp" with the log-probs: issue 33), written where
-the greedy tokens go, so an overlapped step may be fed from either; or the [B, V] logits ("logits",
-for engine.sampler on the host: prompt log-prob steps, or the device sampler off), which every logits
-graph writes into one shared buffer."""
+replayed with the step's rows copied into static input buffers (the KV page table is the cache's own
+static tensor, engine/kv_cache.py). Rows beyond the real batch point at a scratch KV slot and are
+ignored. The output (the graph's kind) is the greedy token of each row ("tokens", the fast path); or
+each row's token chosen on the device by engine.device_sampler from its own sampling parameters
+("sample", and "sample_lp" with the log-probs: issue 33), written where the greedy tokens go, so an
+overlapped step may be fed from either; or the [B, V] logits ("logits", for engine.sampler on the
+host: prompt log-prob steps, or the device sampler off), which every logits graph writes into one
+shared buffer."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -24,7 +25,8 @@ from pegainfer.engine.model.model import DeepseekV2
 from pegainfer.engine.sampler import Draw
 from pegainfer.engine.startup_log import log_event
 
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896,
+                 1024)
 MIN_LENGTH_BUCKET = 256
 
 
@@ -137,7 +139,7 @@ class DecodeGraphs:
         self.graphs: dict[tuple[int, int, str], tuple] = {}
         self.logits_out: torch.Tensor | None = None  # [max_batch, V], allocated with the first logits graph
         self.sampler = None if sampler == "off" else DeviceSampler(
-            cache.data.shape[1], model.lm_head.shape[0], m, dev,
+            cache.num_slots + 1, model.lm_head.shape[0], m, dev,
             kernel=sampler == "kernel" or (sampler == "auto" and self.on_cuda))
 
     def kinds(self) -> tuple[str, ...]:
