@@ -111,6 +111,14 @@ class DecodeGraphs:
             lengths.append(n)
             n *= 2
         self.length_buckets = lengths + [cache.max_len]
+        attn = model.layers[0].attn
+        if attn.fused_decode and model.kernels.batch_invariant:
+            # the fixed plan (engine/kernels/mla_decode.py) launches min(max_splits, cdiv(bound, split_len))
+            # split programs per row, each row walking its own length only, and a split past a row's
+            # length stores nothing that the merge reads: every bound gives the same bits, and from 256
+            # keys on (8 splits of 32) the same launch. One bucket, max_len, instead of one per doubling:
+            # the graphs to capture before /ready divide by their number
+            self.length_buckets = [cache.max_len]
         dev = cache.data.device
         self.on_cuda = dev.type == "cuda"
         m = self.max_batch = max_batch

@@ -122,3 +122,26 @@ def test_warm_up_requests_run_and_give_their_slots_back(tiny):
     report = warm_up(tiny)  # the CPU engine: no graphs, one request
     assert report.decode_keys == report.prefill_keys == () and report.requests == 1
     assert tiny.cache.free_slots == tiny.cache.num_slots
+
+
+def test_with_the_fixed_plan_one_length_bucket_gives_every_bound_the_same_bits(tiny, fused, triton_interpreter):
+    """Batch-invariant fused decode: the decode graphs keep one attention-length bucket (max_len), since
+    the fixed split plan gives a row the same bits under any bound (a split past its length stores
+    nothing the merge reads); the other forms keep one bucket per doubling."""
+    from pegainfer.engine.model.decode import decode_logits
+    from pegainfer.engine.model.inputs import DecodeInputs
+    cache = tiny.cache
+    assert DecodeGraphs(fused, cache, 4, cache.scratch_slot).length_buckets == [cache.max_len]
+    assert len(DecodeGraphs(tiny.model, cache, 4, cache.scratch_slot).length_buckets) > 1
+    prompt = [(11 * i + 5) % 1000 for i in range(40)]
+    slot = cache.allocate(64)
+    try:
+        fused.forward(Batch.build([RowInput(slot, prompt, 0, prompt=True)], "cpu"), cache)
+
+        def step(bound: int) -> torch.Tensor:
+            t = lambda v: torch.tensor([v], dtype=torch.int64)  # noqa: E731
+            return decode_logits(fused, DecodeInputs(t(7), t(40), t(slot), t(41), bound), cache)
+        assert torch.equal(step(64), step(cache.max_len))
+        assert torch.equal(step(256), step(cache.max_len))
+    finally:
+        cache.release(slot)
