@@ -51,7 +51,7 @@ class Settings:
     max_active: int | None = _f(None, "sequences decoding at once (a cap; the KV pages admit them); default: 1024 "
                                       "on CUDA (the largest decode graph), 8 on CPU")
     kv_cache_tokens: int | None = _f(None, "KV cache size in tokens (pages of 64); default: what fits in free GPU "
-                                           "memory after the weights on CUDA, 8 x max-model-len on CPU")
+                                           "memory after the weights on CUDA, a whole context for each of max(8, max_active) sequences on CPU")
     prefix_caching: bool = _f(True, "share the cached full pages of a prompt's prefix between requests (vLLM's "
                                     "automatic prefix caching); --no-prefix-caching computes every prompt")
     max_pending: int = _f(64, "requests waiting for a slot before 429")

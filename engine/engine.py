@@ -48,7 +48,7 @@ class EngineSpec:
     ep_size: int = 1
     max_model_len: int | None = None  # default: min(max_position_embeddings, 4096)
     num_slots: int | None = 8  # sequences holding KV pages at once (--max-active); None: the default (CUDA: 1024)
-    kv_cache_tokens: int | None = None  # KV cache size in tokens; None: from free memory (CUDA), 8 x max_len (CPU)
+    kv_cache_tokens: int | None = None  # KV cache size in tokens; None: from free memory (CUDA), max(8, slots) x max_len (CPU)
     prefix_caching: bool = True  # share cached full pages of a prompt's prefix (--no-prefix-caching)
     rank_timeout_s: float = 10.0  # a silent expert rank fails the engine after this long
     rank_join_timeout_s: float | None = None  # how long rank 0 waits for ranks to load (default 300 s)
@@ -139,7 +139,7 @@ def build_engine(spec: EngineSpec) -> Engine:
     model = DeepseekV2(cfg, tensors, backend, max_len, device, kernels)
     slots = max_sequences(device, spec.num_slots)
     tokens, free = kv_tokens(device, max_len, MLACache.bytes_per_token(cfg.num_hidden_layers, cfg.cache_width, dtype),
-                             PAGE_SIZE, spec.kv_cache_tokens)
+                             PAGE_SIZE, spec.kv_cache_tokens, slots)
     log_event("kv_capacity", slots=slots, tokens=tokens, page_size=PAGE_SIZE, max_model_len=max_len, free_bytes=free,
               cap=spec.num_slots, prefix_caching=spec.prefix_caching)
     cache = MLACache(cfg.num_hidden_layers, slots, max_len, cfg.cache_width, device, dtype,

@@ -44,14 +44,16 @@ def tokens_that_fit(free_bytes: int, max_len: int, bytes_per_token: int, page_si
 
 
 def kv_tokens(device: torch.device, max_len: int, bytes_per_token: int, page_size: int,
-              requested: int | None) -> tuple[int, int | None]:
-    """(cache tokens, a multiple of page_size; free bytes seen or None). requested: --kv-cache-tokens."""
+              requested: int | None, slots: int = 0) -> tuple[int, int | None]:
+    """(cache tokens, a multiple of page_size; free bytes seen or None). requested: --kv-cache-tokens;
+    slots: the sequences that may hold pages at once (on the CPU the default holds a whole context
+    for each of them, and for at least CPU_DEFAULT_SLOTS)."""
     if requested is not None:
         if requested < page_size:
             raise CapacityError(f"--kv-cache-tokens {requested} is less than one page ({page_size} tokens)")
         return requested // page_size * page_size, None
     if device.type != "cuda":
-        return CPU_DEFAULT_SLOTS * cdiv(max_len, page_size) * page_size, None
+        return max(CPU_DEFAULT_SLOTS, slots) * cdiv(max_len, page_size) * page_size, None
     free, _total = torch.cuda.mem_get_info(device)
     return tokens_that_fit(free, max_len, bytes_per_token, page_size), free
 

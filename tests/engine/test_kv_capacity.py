@@ -46,6 +46,7 @@ def test_nothing_fits_is_a_clear_error():
 def test_defaults_and_the_flags():
     cpu = torch.device("cpu")
     assert kv_tokens(cpu, 4096, 100, PAGE_SIZE, None) == (CPU_DEFAULT_SLOTS * 4096, None)
+    assert kv_tokens(cpu, 100, 100, PAGE_SIZE, None, slots=12) == (12 * 128, None)  # a whole context each
     assert kv_tokens(cpu, 4096, 100, PAGE_SIZE, requested=1000) == (960, None)  # whole pages
     assert max_sequences(cpu, None) == CPU_DEFAULT_SLOTS and max_sequences(torch.device("cuda"), None) == MAX_AUTO_SLOTS
     assert max_sequences(torch.device("cuda"), 3) == 3 and MAX_AUTO_SLOTS >= 1024
