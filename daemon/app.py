@@ -109,6 +109,9 @@ def build_app(rt: Runtime) -> Starlette:
         if engine is not None:
             body["kv_slots_free"] = engine.kv_slots_free
             body["kv_slots_total"] = engine.kv_slots_total
+            body["kv_pages"] = {"free": engine.kv_pages_free, "in_use": engine.kv_pages_used,
+                                "total": engine.kv_pages_total, "page_size": engine.kv_page_size,
+                                "preemptions": engine.preemptions}
             body["engine"] = {"steps": engine.steps, "decode_batch_max": engine.decode_batch_max,
                               "running": engine.running, "waiting": engine.waiting,
                               "async_scheduling": engine.async_scheduling, "overlapped_steps": engine.overlapped_steps}

@@ -28,6 +28,8 @@ class StepObserver(Protocol):
 
     def on_engine_died(self, message: str) -> None: ...
 
+    def on_preempted(self, request_id: str, index: int) -> None: ...
+
 
 class EngineBridge:
     def __init__(self, loop: asyncio.AbstractEventLoop, observer: StepObserver):
@@ -65,8 +67,9 @@ class EngineBridge:
         s = self.scheduler
         match event:
             case PrefillStarted():
-                for rid in event.request_ids:
-                    s.on_prefill_started(rid)
+                cached = event.cached_tokens or [0] * len(event.request_ids)
+                for rid, n in zip(event.request_ids, cached):
+                    s.on_prefill_started(rid, n)
             case StepEvents():
                 if event.snapshot is not None:
                     self.snapshot = event.snapshot
@@ -79,6 +82,8 @@ class EngineBridge:
                     s.on_finished(f.request_id, f.reason)
                 for f in event.failed:
                     s.on_failed(f.request_id, f.message)
+                for rid, index in event.preempted:
+                    self.observer.on_preempted(rid, index)
                 if event.record is not None:
                     self.observer.on_step(event.record)
             case EngineDied():

@@ -31,6 +31,7 @@ from pegainfer.daemon.runtime import Runtime
 from pegainfer.daemon.shapes import CHAT, COMPLETION, Shape
 from pegainfer.daemon.sse import EventStream
 from pegainfer.daemon.tokenize_pool import INLINE_MAX_CHARS
+from pegainfer.engine.kv_capacity import max_new_tokens, request_pages
 from pegainfer.lifecycle.rejection import Draining, NotReady, QueueFull, Rejection
 from pegainfer.lifecycle.request import Request
 from pegainfer.lifecycle.sink import TokenSink
@@ -177,7 +178,9 @@ async def _run(http: HTTPRequest, rt: Runtime, req: CompletionRequest, shape: Sh
         ids = prompt if not isinstance(prompt, str) else await rt.tokenize.encode(rt.tokenizer, prompt, req.add_bos)
         found = context_problem(rt, ids, part, shape)
         if found is None and part.max_tokens is None:  # chat without a limit: the rest of the context
-            part.max_tokens = rt.engine.max_model_len - len(ids)
+            cache = rt.engine.cache  # ... or of what the whole KV cache holds for its choices
+            part.max_tokens = min(rt.engine.max_model_len - len(ids),
+                                  max_new_tokens(len(ids), part.candidates, cache.num_pages, cache.page_size))
         admitted = part if part.max_tokens is not None else dataclasses.replace(part, max_tokens=1)  # refused anyway
         request = Request(admitted.admit(eid, ids), rt.model_name, TokenSink(s.sink_max_buffered), owner=owner)
         rt.telemetry.on_request_start(eid, part, http.headers)
@@ -220,7 +223,7 @@ async def _run(http: HTTPRequest, rt: Runtime, req: CompletionRequest, shape: Sh
 
 def context_problem(rt: Runtime, ids: list[int], req: CompletionRequest, shape: Shape) -> APIError | None:
     """What refuses one tokenised prompt before it runs: a token id outside the vocabulary, the
-    context limit, more candidates than KV slots (tools/benchkit/replay.py applies it too)."""
+    context limit, more KV cache than the whole cache holds, more candidates than KV slots (tools/benchkit/replay.py applies it too)."""
     limit, max_tokens = rt.engine.max_model_len, req.max_tokens
     problem = protocol.vocabulary_problem(req, ids, rt.engine.cfg.vocab_size, tokenized=req.prompt_ids is None)
     if problem is not None:
@@ -234,7 +237,14 @@ def context_problem(rt: Runtime, ids: list[int], req: CompletionRequest, shape: 
             f"this model's maximum context length is {limit} tokens; the prompt has {len(ids)} tokens and "
             f"max_tokens is {max_tokens} ({len(ids) + max_tokens} in all)", shape.prompt_param,
             "context_length_exceeded")
-    slots = rt.engine.cache.num_slots
+    cache = rt.engine.cache
+    need = request_pages(len(ids), max_tokens or 1, req.candidates, cache.page_size)
+    if need > cache.num_pages:
+        return protocol.bad_request(
+            f"this request needs up to {need * cache.page_size} tokens of KV cache ({len(ids)} prompt tokens, "
+            f"max_tokens {max_tokens or 1}, {req.candidates} choice(s)); the whole cache of this server holds "
+            f"{cache.capacity_tokens} (--kv-cache-tokens)", shape.prompt_param, "context_length_exceeded")
+    slots = cache.num_slots
     if req.candidates > slots:
         param = "best_of" if req.best_of is not None and req.best_of > req.n else "n"
         return protocol.bad_request(f"{param} = {req.candidates} needs {req.candidates} KV slots at once; this "

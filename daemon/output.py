@@ -57,7 +57,8 @@ class Reply:
 
     def usage(self) -> dict:
         return protocol.usage(sum(len(p.request.prompt_ids) for p in self.parts),
-                              sum(p.choices.completion_tokens for p in self.parts))
+                              sum(p.choices.completion_tokens for p in self.parts),
+                              sum(p.request.cached_tokens for p in self.parts))
 
 
 def error_response(e: APIError, request_id: str | None = None) -> JSONResponse:

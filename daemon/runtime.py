@@ -123,7 +123,8 @@ class Runtime:
         s = self.settings
         return EngineSpec(model_dir=self.model_dir, random_preset=s.random_preset, device=s.device, dtype=s.dtype,
                           backend=s.backend, ep_size=s.ep_size, max_model_len=s.max_model_len,
-                          num_slots=s.max_active, rank_timeout_s=s.rank_timeout,
+                          num_slots=s.max_active, kv_cache_tokens=s.kv_cache_tokens,
+                          prefix_caching=s.prefix_caching, rank_timeout_s=s.rank_timeout,
                           rank_join_timeout_s=s.rank_join_timeout, ep_master_addr=s.ep_master_addr,
                           ep_master_port=s.ep_master_port if s.ep_master_addr else None,
                           ep_chunk_bytes=s.ep_chunk_bytes, max_prefill_tokens=s.max_prefill_tokens,
@@ -193,6 +194,9 @@ class Runtime:
     # ---- StepObserver (from the bridge) -----------------------------------------------------------
     def on_step(self, record) -> None:
         self.telemetry.on_step(record)
+
+    def on_preempted(self, request_id: str, index: int) -> None:
+        self.telemetry.on_preempted(request_id, index)
 
     def on_engine_died(self, message: str) -> None:
         log_event("engine_died", error=message)

@@ -48,12 +48,16 @@ class Settings:
     host: str = _f("127.0.0.1", "listen address")
     port: int = _f(8000, "listen port")
     served_model_name: str | None = _f(None, "model id in the API (default: the model folder's name)")
-    max_active: int | None = _f(None, "requests decoding at once (KV slots); default: as many as fit in free GPU "
-                                      "memory (at most 256) on CUDA, 8 on CPU")
+    max_active: int | None = _f(None, "sequences decoding at once (a cap; the KV pages admit them); default: 1024 "
+                                      "on CUDA (the largest decode graph), 8 on CPU")
+    kv_cache_tokens: int | None = _f(None, "KV cache size in tokens (pages of 64); default: what fits in free GPU "
+                                           "memory after the weights on CUDA, a whole context for each of max(8, max_active) sequences on CPU")
+    prefix_caching: bool = _f(True, "share the cached full pages of a prompt's prefix between requests (vLLM's "
+                                    "automatic prefix caching); --no-prefix-caching computes every prompt")
     max_pending: int = _f(64, "requests waiting for a slot before 429")
     max_prefill_tokens: int = _f(8192, "prompt tokens per engine step; longer prompts are prefilled in chunks "
                                        "while running requests keep decoding")
-    mixed_step_tokens: int = _f(2048, "tokens per engine step while requests decode: the decode rows plus the "
+    mixed_step_tokens: int = _f(8192, "tokens per engine step while requests decode: the decode rows plus the "
                                       "prompt chunks beside them (vLLM's max_num_batched_tokens), so that a long "
                                       "prompt adds a bounded time to the streams' steps; a prompt gets at least 64 "
                                       "tokens a step, and --max-prefill-tokens while nobody decodes")
@@ -203,6 +207,8 @@ def resolve_sourced(args: argparse.Namespace, environ: dict[str, str] | None = N
 def _validate(s: Settings) -> None:
     if s.max_active is not None and s.max_active < 1:
         raise SettingsError(f"max_active must be at least 1, got {s.max_active}")
+    if s.kv_cache_tokens is not None and s.kv_cache_tokens < 64:
+        raise SettingsError(f"kv_cache_tokens must be at least one page (64), got {s.kv_cache_tokens}")
     for name in ("ep_size", "max_prefill_tokens", "mixed_step_tokens", "max_tokens_default", "max_body_bytes", "sink_max_buffered",
                  "tokenizer_workers"):
         if getattr(s, name) < 1:

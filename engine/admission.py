@@ -4,7 +4,8 @@ parameters converted, once, into what the sampler takes (engine.draw_params).
 Every limit of a request is checked where the request is parsed: the HTTP protocol with the
 contract's bounds (daemon/protocol.py), the vocabulary, the context and the KV slots once the model
 is known (daemon/completions.py). Here the engine only asserts the invariants it relies on (prompt
-ids inside the vocabulary, the context limit, a KV slot for every choice, parameters inside the
+ids inside the vocabulary, the context limit, a KV slot for every choice, room in the whole KV cache
+for the request at its longest (so preempting the others always lets it finish), parameters inside the
 sampler's domain). A violated invariant is a bug upstream, never a user's error: it is logged as
 one, and it fails that request alone (RequestError, a Failed event) before it holds a KV slot, so
 that no step ever meets a value it cannot run and the engine goes on (DESIGN.md, fault isolation)."""
@@ -15,6 +16,7 @@ import random
 from pegainfer.engine.contract import Admit
 from pegainfer.engine.draw_params import DrawParams
 from pegainfer.engine.engine import Engine, RequestError
+from pegainfer.engine.kv_capacity import request_pages
 from pegainfer.engine.sequence import Group, Sequence
 from pegainfer.engine.startup_log import log_event
 
@@ -51,9 +53,13 @@ def _invariant(holds: bool, what: str) -> None:
 
 def _sequences(cmd: Admit, engine: Engine) -> Sequence:
     runnable(cmd.prompt_ids, cmd.max_tokens, engine)
-    slots, vocab = engine.cache.num_slots, engine.cfg.vocab_size
+    cache, vocab = engine.cache, engine.cfg.vocab_size
+    slots = cache.num_slots
     _invariant(not isinstance(cmd.n, bool) and isinstance(cmd.n, int) and 1 <= cmd.n <= slots,
                f"{cmd.n} choices need {cmd.n} KV slots; the engine has {slots}")
+    need = request_pages(len(cmd.prompt_ids), cmd.max_tokens, cmd.n, cache.page_size)
+    _invariant(need <= cache.num_pages, f"the request needs up to {need} KV pages; the whole cache has "
+               f"{cache.num_pages}")
     seed = cmd.sampling.seed if cmd.sampling.seed is not None else _SEEDS.getrandbits(64)
     _invariant(not isinstance(seed, bool) and isinstance(seed, int),
                f"the seed must be an integer, got {type(seed).__name__}")

@@ -1,5 +1,6 @@
 """The GPU side's scheduler: the requests waiting for KV capacity and the sequences running, FCFS
-admission, the prefill budget, n-choice forks and which steps may run overlapped. It turns the
+admission by free KV pages (engine/kv_capacity.py), pages taken as sequences grow and preemption
+when none is left, the prefill budget, n-choice forks and which steps may run overlapped. It turns the
 running sequences into one StepPlan per step and a StepResult back into the contract's events
 (engine/step_plan.py); it never touches a tensor, so it is tested on the CPU with a fake runner
 (tests/engine/test_batcher.py).
@@ -12,10 +13,18 @@ mixed_step_tokens, as vLLM's chunked prefill under max_num_batched_tokens, so th
 costs the decoding streams beside it a bounded step time; prompts always get at least
 MIN_PROMPT_CHUNK tokens, so that decode rows filling the budget cannot starve them.
 
+Pages: a sequence's prompt pages are taken at admission (shared ones from the prefix cache), its
+decode pages as it reaches them. When a decode row needs a page and none is free, the newest running
+sequences are preempted (their pages freed, they wait at the front of the queue) until one is; the
+oldest always goes on. A preempted sequence is recomputed: its prompt prefilled again, then its own
+generated tokens fed back as decode rows that draw nothing (Sequence.replay), computed exactly as
+they first were, so it continues with the tokens it would have had. An overlapped successor never
+preempts: when its rows need more pages than are free, it is not launched.
+
 A request of n choices is n sequences sharing one prefill: the first sequence prefills, all n draw
-their first token from its last row (each with its own seed stream), then the n-1 siblings take a
-copy of its KV cache rows (the plan's forks) and decode on their own slots. The request's Finished
-event comes once its last sequence has ended.
+their first token from its last row (each with its own seed stream), the n-1 siblings share its full
+prompt pages and take a copy of the partial last one (the plan's forks), and decode on their own
+slots. The request's Finished event comes once its last sequence has ended.
 
 Overlapped decode (the daemon's --async-scheduling, as vLLM's async scheduling and SGLang's overlap
 scheduler): while every running sequence decodes (greedily, or with any sampling parameters where
@@ -33,7 +42,7 @@ import dataclasses
 
 from pegainfer.engine.batch import RowInput
 from pegainfer.engine.contract import Failed, Finished, PromptLogprobs, Token
-from pegainfer.engine.kv_capacity import Capacity
+from pegainfer.engine.kv_capacity import PagedCapacity
 from pegainfer.engine.sampler import Draw, PromptWant
 from pegainfer.engine.sequence import Sequence
 from pegainfer.engine.step_plan import Fork, StepPlan, StepResult
@@ -52,11 +61,11 @@ class StepOutcome:
 
 
 MIN_PROMPT_CHUNK = 64  # prompt tokens a step still takes when decode rows fill mixed_step_tokens
-MIXED_STEP_TOKENS = 2048  # the default step budget while sequences decode (not yet measured on the GPU)
+MIXED_STEP_TOKENS = 8192  # the default step budget while sequences decode (docs/STATUS.md: why not 2048)
 
 
 class Batcher:
-    def __init__(self, capacity: Capacity, eos_id: int | None, *, max_prefill_tokens: int = 8192,
+    def __init__(self, capacity: PagedCapacity, eos_id: int | None, *, max_prefill_tokens: int = 8192,
                  overlap: bool = True, sampled_overlap: bool = False,
                  mixed_step_tokens: int = MIXED_STEP_TOKENS):
         self.capacity = capacity
@@ -69,6 +78,8 @@ class Batcher:
         self.sampled_overlap = sampled_overlap
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: dict[tuple[str, int], Sequence] = {}  # (request id, choice index) -> sequence
+        self.preemptions = 0  # sequences preempted so far
+        self.preempted: list[tuple[str, int]] = []  # since take_preempted
 
     # ---- requests in and out ----------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -83,14 +94,16 @@ class Batcher:
         return bool(self.waiting) and self.capacity.fits(self.waiting[0])
 
     def admit(self) -> list[str]:
-        """FCFS: take waiting requests while capacity is free for all of their choices. Long prompts
-        are not held back here: the step's prefill budget splits them into chunks."""
+        """FCFS: take waiting requests while capacity is free for all of their choices (preempted
+        sequences first: they wait at the front). Long prompts are not held back here: the step's
+        prefill budget splits them into chunks. Returns the ids of the requests new to the engine."""
         admitted = []
         while self.waiting and self.capacity.fits(self.waiting[0]):
             seq = self.waiting.popleft()
             self.capacity.take(seq)
             self.running[seq.key] = seq
-            admitted.append(seq.request_id)
+            if not seq.preemptions:  # a preempted sequence resuming is no new request
+                admitted.append(seq.request_id)
         return admitted
 
     def held_ids(self) -> list[str]:
@@ -104,17 +117,22 @@ class Batcher:
             for s in (seq, *seq.forks):
                 self.capacity.release(s)
             found = True
-        for s in self.waiting:
-            if s.request_id == request_id:
-                self.waiting.remove(s)
-                return True
+        kept = [s for s in self.waiting if s.request_id != request_id]  # preempted choices wait too
+        if len(kept) < len(self.waiting):
+            self.waiting = collections.deque(kept)
+            return True
         return found
 
     def stop_choice(self, request_id: str, index: int) -> Finished | None:
         """A stop string ended a running choice; the request's Finished if it was the last one."""
         seq = self.running.get((request_id, index))
         if seq is None:
-            return None
+            waiting = next((s for s in self.waiting if s.key == (request_id, index) and s.slot < 0), None)
+            if waiting is None or waiting.forks:
+                return None
+            self.waiting.remove(waiting)  # a preempted choice: it holds no pages
+            end = waiting.group.end_one("stop")
+            return Finished(request_id, end) if end is not None else None
         end = self._end(seq, "stop")
         return Finished(request_id, end) if end is not None else None
 
@@ -135,10 +153,15 @@ class Batcher:
         held = False  # a prompt was held back: the later ones wait behind it
         plain = one_per_row = decoding = True  # all plain greedy / each row draws its own / all decode
         n_decode = prefill = ends = 0
-        for s in self.running.values():
+        caching = self.capacity.caching
+        for s in list(self.running.values()):  # a copy: growing may preempt the newest
+            if s.slot < 0:
+                continue  # preempted while this step was planned
             start, plen = s.cached, len(s.prompt_ids)
-            if start >= plen:  # decoding: its last token
-                ids = [s.output_ids[-1]]
+            if start >= plen:  # decoding: its last token (replaying: the next of its own tokens)
+                ids = [s.output_ids[start - plen]] if s.replay else [s.output_ids[-1]]
+                if start >= s.room and not self._grow(s, start + 1):
+                    continue  # s itself was preempted: no newer sequence held pages it could take
                 n_decode += 1
                 if s.forks:
                     decoding = False
@@ -150,20 +173,31 @@ class Batcher:
                 elif plen - start > budget and budget < full:
                     held = True  # it would be cut beside other prompts
                     continue
-                ids = s.prompt_ids[start:start + budget]
+                # a recomputed prompt stops where its prompt log-probs went out, so none goes out twice
+                cut = s.echoed if start < s.echoed else plen
+                ids = s.prompt_ids[start:min(start + budget, cut)]
                 budget -= len(ids)
                 decoding = False
                 prefill += len(ids)
+            end = start + len(ids)  # a prompt's pages were taken at admission
             r = len(rows)
             rows.append(RowInput(s.slot, ids, start, prompt=start < plen))
             seqs.append(s)
-            s.cached = end = start + len(ids)
+            s.cached = end
             if end > ends:
                 ends = end
+            if start < plen and caching:
+                self.capacity.written(s, end)
             if not s.plain:
                 plain = False
-                if s.sampling.prompt_logprobs is not None and start < plen:  # echo: this chunk's log-probs
+                if s.sampling.prompt_logprobs is not None and s.echoed <= start < plen:  # echo: this chunk's
                     wants[r] = PromptWant(s.sampling.prompt_logprobs, s.prompt_ids[start + 1:end + 1], start == 0)
+                    s.echoed = end
+            if s.replay:  # recomputing: no draw until the cache holds every token it had
+                if end >= plen + len(s.output_ids) - 1:
+                    s.replay = False
+                one_per_row = decoding = False
+                continue
             if end < plen:
                 one_per_row = False
                 continue  # a prompt chunk before the last: no token yet
@@ -200,7 +234,7 @@ class Batcher:
         if not self.overlap or self.can_admit():
             return None
         running = self.running
-        rows, seqs, feed = [], [], []
+        rows, seqs, feed, grow = [], [], [], []
         top = 0
         for j, seq in enumerate(prev.seqs):
             if running.get(seq.key) is seq and len(seq.output_ids) + 1 < seq.max_tokens:
@@ -211,6 +245,14 @@ class Batcher:
                 seq.cached = start + 1
                 if start > top:
                     top = start
+                if start >= seq.room:
+                    grow.append(seq)
+        if grow and len(grow) > self.capacity.available:  # a preemption is due: not while in flight
+            for seq in seqs:
+                seq.cached -= 1
+            return None
+        for seq in grow:
+            self.capacity.grow(seq, seq.cached)
         if not seqs:
             return None
         draws = None
@@ -265,6 +307,36 @@ class Batcher:
             live.append(seq)
             self._take(seq, tok, lp, top, tokens, finished)
         return StepOutcome(tokens, finished, dropped, [], live, len(live), len(plan.rows) - len(live))
+
+    def _grow(self, seq: Sequence, end: int) -> bool:
+        """Pages for seq up to `end`, preempting the newest running sequences (never one planned
+        already: they come before seq) while none is free. False: seq itself was the newest."""
+        while not self.capacity.grow(seq, end):
+            victim = next(reversed(self.running.values()))
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Free a running sequence's pages and queue it ahead of new requests, to be recomputed: its
+        prompt prefilled again, then its generated tokens fed back (Sequence.replay), so that it goes
+        on with exactly the tokens it would have had. Sampling repeats too: a draw's randomness is a
+        function of the request's seed and the position (engine/counter_rng.py)."""
+        del self.running[seq.key]
+        for s in (seq, *seq.forks):
+            self.capacity.release(s)
+        seq.cached = 0
+        seq.replay = bool(seq.output_ids)
+        seq.preemptions += 1
+        self.preemptions += 1
+        self.preempted.append((seq.request_id, seq.index))
+        self.waiting.appendleft(seq)
+
+    def take_preempted(self) -> list[tuple[str, int]]:
+        """(request id, choice) of the sequences preempted since the last call."""
+        out, self.preempted = self.preempted, []
+        return out
 
     def _take(self, seq: Sequence, tok: int, logprob, top, tokens: list[Token], finished: list[Finished]) -> None:
         """Give a chosen token to its sequence: its Token event, and the request's Finished when that

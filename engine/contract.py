@@ -349,10 +349,20 @@ class EngineSnapshot:
     async_scheduling: bool  # overlapped decode is on
     kv_slots_free: int
     kv_slots_total: int
+    kv_pages_free: int = 0  # KV pages free, or cached and unreferenced (engine/kv_pages.py)
+    kv_pages_total: int = 0
+    kv_page_size: int = 0  # tokens per page
+    preemptions: int = 0  # sequences preempted (to be recomputed) so far
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache so far
+    prefix_cache_hits: int = 0  # of which found there
 
     @property
     def kv_slots_used(self) -> int:
         return self.kv_slots_total - self.kv_slots_free
+
+    @property
+    def kv_pages_used(self) -> int:
+        return self.kv_pages_total - self.kv_pages_free
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -365,6 +375,9 @@ class StepEvents:
     record: StepRecord | None
     prompt_logprobs: list[PromptLogprobs] = dataclasses.field(default_factory=list)
     snapshot: EngineSnapshot | None = None  # the engine's state once these events happened
+    # (request id, choice) of the sequences preempted while the step was planned: their pages were
+    # freed, they wait to be recomputed and lose nothing (engine/batcher.py)
+    preempted: list[tuple[str, int]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -372,6 +385,8 @@ class PrefillStarted:
     """Sent before the forward of a step in which these requests begin their prefill."""
     request_ids: list[str]
     started_ns: int
+    # per request id: its prompt tokens found in the prefix cache (not computed; usage's cached_tokens)
+    cached_tokens: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

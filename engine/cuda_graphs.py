@@ -1,12 +1,13 @@
 """CUDA graphs for the decode step: one graph per (batch bucket, attention-length bucket, output),
 captured into one shared memory pool before serving (engine.warmup; a key it missed, on first use),
-replayed with the step's rows copied into static input buffers. Rows beyond the real batch point at
-a scratch KV slot and are ignored. The output (the graph's kind) is the greedy token of each row
-("tokens", the fast path); or each row's token chosen on the device by engine.device_sampler from
-its own sampling parameters ("sample", and "sample_lp" with the log-probs: issue 33), written where
-the greedy tokens go, so an overlapped step may be fed from either; or the [B, V] logits ("logits",
-for engine.sampler on the host: prompt log-prob steps, or the device sampler off), which every logits
-graph writes into one shared buffer."""
+replayed with the step's rows copied into static input buffers (the KV page table is the cache's own
+static tensor, engine/kv_cache.py). Rows beyond the real batch point at a scratch KV slot and are
+ignored. The output (the graph's kind) is the greedy token of each row ("tokens", the fast path); or
+each row's token chosen on the device by engine.device_sampler from its own sampling parameters
+("sample", and "sample_lp" with the log-probs: issue 33), written where the greedy tokens go, so an
+overlapped step may be fed from either; or the [B, V] logits ("logits", for engine.sampler on the
+host: prompt log-prob steps, or the device sampler off), which every logits graph writes into one
+shared buffer."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -24,7 +25,8 @@ from pegainfer.engine.model.model import DeepseekV2
 from pegainfer.engine.sampler import Draw
 from pegainfer.engine.startup_log import log_event
 
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896,
+                 1024)
 MIN_LENGTH_BUCKET = 256
 
 
@@ -109,6 +111,14 @@ class DecodeGraphs:
             lengths.append(n)
             n *= 2
         self.length_buckets = lengths + [cache.max_len]
+        attn = model.layers[0].attn
+        if attn.fused_decode and model.kernels.batch_invariant:
+            # the fixed plan (engine/kernels/mla_decode.py) launches min(max_splits, cdiv(bound, split_len))
+            # split programs per row, each row walking its own length only, and a split past a row's
+            # length stores nothing that the merge reads: every bound gives the same bits, and from 256
+            # keys on (8 splits of 32) the same launch. One bucket, max_len, instead of one per doubling:
+            # the graphs to capture before /ready divide by their number
+            self.length_buckets = [cache.max_len]
         dev = cache.data.device
         self.on_cuda = dev.type == "cuda"
         m = self.max_batch = max_batch
@@ -137,7 +147,7 @@ class DecodeGraphs:
         self.graphs: dict[tuple[int, int, str], tuple] = {}
         self.logits_out: torch.Tensor | None = None  # [max_batch, V], allocated with the first logits graph
         self.sampler = None if sampler == "off" else DeviceSampler(
-            cache.data.shape[1], model.lm_head.shape[0], m, dev,
+            cache.num_slots + 1, model.lm_head.shape[0], m, dev,
             kernel=sampler == "kernel" or (sampler == "auto" and self.on_cuda), tiling=model.kernels.sample)
 
     def kinds(self) -> tuple[str, ...]:

@@ -17,8 +17,8 @@ from pegainfer.engine.ep_setup import ep_spec, moe_shape
 from pegainfer.engine.kernels import triton_available
 from pegainfer.engine.kernels.config import KernelConfig
 from pegainfer.engine.prefill_graphs import PrefillGraphs
-from pegainfer.engine.kv_cache import MLACache
-from pegainfer.engine.kv_capacity import kv_slots
+from pegainfer.engine.kv_cache import PAGE_SIZE, MLACache
+from pegainfer.engine.kv_capacity import kv_tokens, max_sequences
 from pegainfer.engine.model.model import DeepseekV2
 from pegainfer.engine.runner import ModelRunner
 from pegainfer.engine.startup_log import log_event
@@ -47,7 +47,9 @@ class EngineSpec:
     backend: str = "local"
     ep_size: int = 1
     max_model_len: int | None = None  # default: min(max_position_embeddings, 4096)
-    num_slots: int | None = 8  # KV slots (requests decoding at once); None: as many as fit (CUDA)
+    num_slots: int | None = 8  # sequences holding KV pages at once (--max-active); None: the default (CUDA: 1024)
+    kv_cache_tokens: int | None = None  # KV cache size in tokens; None: from free memory (CUDA), max(8, slots) x max_len (CPU)
+    prefix_caching: bool = True  # share cached full pages of a prompt's prefix (--no-prefix-caching)
     rank_timeout_s: float = 10.0  # a silent expert rank fails the engine after this long
     rank_join_timeout_s: float | None = None  # how long rank 0 waits for ranks to load (default 300 s)
     ep_master_addr: str | None = None  # set: wait for `pegainfer expert-worker` ranks instead of spawning
@@ -135,10 +137,13 @@ def build_engine(spec: EngineSpec) -> Engine:
                          f"{cfg.max_position_embeddings}")
     kernels = spec.kernels.on_device(device.type == "cuda", dtype == torch.bfloat16, triton_available())
     model = DeepseekV2(cfg, tensors, backend, max_len, device, kernels)
-    slots, free = kv_slots(device, max_len, MLACache.bytes_per_token(cfg.num_hidden_layers, cfg.cache_width, dtype),
-                           spec.num_slots)
-    log_event("kv_capacity", slots=slots, max_model_len=max_len, free_bytes=free, cap=spec.num_slots)
-    cache = MLACache(cfg.num_hidden_layers, slots, max_len, cfg.cache_width, device, dtype)
+    slots = max_sequences(device, spec.num_slots)
+    tokens, free = kv_tokens(device, max_len, MLACache.bytes_per_token(cfg.num_hidden_layers, cfg.cache_width, dtype),
+                             PAGE_SIZE, spec.kv_cache_tokens, slots)
+    log_event("kv_capacity", slots=slots, tokens=tokens, page_size=PAGE_SIZE, max_model_len=max_len, free_bytes=free,
+              cap=spec.num_slots, prefix_caching=spec.prefix_caching)
+    cache = MLACache(cfg.num_hidden_layers, slots, max_len, cfg.cache_width, device, dtype,
+                     num_pages=tokens // PAGE_SIZE, prefix_caching=spec.prefix_caching)
     graphs = prefill_graphs = None
     if device.type == "cuda" and spec.cuda_graphs and backend.caps.graph_safe:
         graphs = DecodeGraphs(model, cache, slots, cache.scratch_slot, sampler=spec.device_sampler)
@@ -151,7 +156,8 @@ def build_engine(spec: EngineSpec) -> Engine:
               **(one_launch_sizes(kernels, backend.caps.fused_alignment) if kernels.triton else {}))
     log_event("engine_ready", backend=entry.name, maturity=entry.maturity, batch_invariant=kernels.batch_invariant,
               ep_size=spec.ep_size,
-              max_model_len=max_len, kv_slots=slots, kv_bytes=cache.data.numel() * cache.data.element_size(),
+              max_model_len=max_len, kv_slots=slots, kv_tokens=tokens,
+              kv_bytes=cache.data.numel() * cache.data.element_size(),
               startup_s=round(time.perf_counter() - t0, 4))
     return Engine(spec, cfg, model, cache, backend, graphs, prefill_graphs)
 

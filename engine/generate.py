@@ -31,8 +31,10 @@ def generate(engine: Engine, prompts: list[list[int]], max_tokens: int, ignore_e
     if len(specs) != len(prompts):
         raise ValueError(f"{len(specs)} sampling specs for {len(prompts)} prompts")
     params = [DrawParams.of(s, s.seed or 0, engine.cfg.vocab_size) for s in specs]  # ValueError on a bad spec
-    slots = [engine.cache.allocate() for _ in prompts]
+    slots: list[int] = []
     try:
+        for p in prompts:  # pages for the whole context of each (CacheFull if the cache has too few)
+            slots.append(engine.cache.allocate(len(p) + max_tokens))
         out = [Generation(p, [], "length") for p in prompts]
         rows = [RowInput(s, p, 0) for s, p in zip(slots, prompts)]
         live = list(range(len(prompts)))

@@ -36,7 +36,7 @@ from pegainfer.engine.contract import (
     StopChoice,
 )
 from pegainfer.engine.engine import Engine, RequestError
-from pegainfer.engine.kv_capacity import SlotCapacity
+from pegainfer.engine.kv_capacity import PagedCapacity
 from pegainfer.engine.runner import LaunchedStep
 from pegainfer.engine.step_meter import StepMeter
 from pegainfer.engine.step_plan import StepPlan, StepResult
@@ -59,7 +59,7 @@ class GpuThread:
                  mixed_step_tokens: int = MIXED_STEP_TOKENS, overlap: bool = True):
         self.engine = engine
         self._send = emit  # every event goes out through _emit, which attaches the snapshot
-        self.batcher = Batcher(SlotCapacity(engine.cache), engine.eos_id, max_prefill_tokens=max_prefill_tokens,
+        self.batcher = Batcher(PagedCapacity(engine.cache), engine.eos_id, max_prefill_tokens=max_prefill_tokens,
                                mixed_step_tokens=mixed_step_tokens, overlap=overlap,
                                sampled_overlap=engine.runner.samples_on_device)
         self.meter = StepMeter(engine.counters, engine.spec.device)
@@ -180,8 +180,13 @@ class GpuThread:
             return
         t0, started_ns = time.perf_counter(), time.time_ns()
         if admitted:
-            self._emit(PrefillStarted(admitted, started_ns))
+            self._emit(PrefillStarted(admitted, started_ns, [b.running[rid, 0].cached for rid in admitted]))
         plan = b.plan(launch=not admitted)
+        preempted = b.take_preempted()
+        if preempted:
+            self._emit(StepEvents([], [], [], [], None, preempted=preempted))
+        if not plan.rows:
+            return  # every sequence that wanted a row was preempted
         if plan.launchable:
             self.in_flight = self._launch(plan)
             return
@@ -222,9 +227,12 @@ class GpuThread:
 
     # ---- the published snapshot: what /ready and the metrics know of this thread -----------------
     def snapshot(self) -> EngineSnapshot:
-        c = self.engine.cache
+        c, cap = self.engine.cache, self.batcher.capacity
         return EngineSnapshot(self.steps, self.decode_batch_max, len(self.running), len(self.waiting),
-                              self.overlapped_steps, self.overlap, c.free_slots, c.num_slots)
+                              self.overlapped_steps, self.overlap, c.free_slots, c.num_slots,
+                              kv_pages_free=c.pool.available, kv_pages_total=c.num_pages, kv_page_size=c.page_size,
+                              preemptions=self.batcher.preemptions, prefix_cache_queries=cap.prefix_queries,
+                              prefix_cache_hits=cap.prefix_hits)
 
     def _emit(self, event: Event) -> None:
         """A step's events, and the thread's death, carry the snapshot of the state they leave."""

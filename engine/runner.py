@@ -16,7 +16,7 @@ goes to engine.sampler in one batched call. engine.sampler runs under engine.req
 request's faulty values fail that request alone; the device sampler takes values checked on the
 host (engine/draw_params.py) and fails a draw it cannot convert alone. A step with rows that want prompt log-probs (echo with logprobs) runs eagerly and turns the
 hidden states of those chunks into log-probs a slice of positions at a time. After the forward, the
-plan's forks copy a shared prefill's KV rows to its siblings' slots."""
+plan's forks copy a shared prefill's partial last KV page to its siblings (they share its full pages)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
@@ -67,6 +67,7 @@ class ModelRunner:
         a request with n choices), then its forks. A draw or prompt row whose request's values make
         its share of the work raise is left out (StepResult.failed, failed_rows); the others get
         what they would have got without it. meter: time the forward and take the step's counters."""
+        self.cache.flush()  # the page table changes the batcher made for this step
         events = meter.start() if meter is not None else None
         draws, sampled = plan.draws, None
         if not plan.prompt_wants and (draws is None or all(d.spec.plain_greedy for d in draws)):
@@ -96,6 +97,7 @@ class ModelRunner:
         host can prepare the next step while this one runs; plan.feed may take input ids from the
         tokens of the step launched just before, which the host has not read yet. A plan with draws
         (one per row, in order) needs the device sampler (samples_on_device)."""
+        self.cache.flush()
         events = meter.start() if meter is not None else None
         if plan.draws is None:
             handle = self._launch(plan.rows, plan.feed)
@@ -240,10 +242,9 @@ class ModelRunner:
         return out
 
     def _fork(self, fork: Fork) -> None:
-        """Copy the first `length` cached positions of one KV slot into others (all layers)."""
-        data = self.cache.data  # [L, S+1, N, W]
-        dst = torch.tensor(fork.dst, dtype=torch.int64, device=data.device)
-        data[:, dst, :fork.length] = data[:, fork.src:fork.src + 1, :fork.length]
+        """Give the siblings the first `length` cached positions of the prefilled slot (all layers):
+        the full pages they share already, a copy of the partial last one."""
+        self.cache.copy_prefix(fork.src, fork.dst, fork.length)
 
     def _eager(self, rows: list[RowInput]) -> list[int]:
         batch = Batch.build(rows, self.device)

@@ -1,5 +1,5 @@
-"""One sequence as the GPU thread sees it (one choice of a request: prompt, KV slot, tokens so far,
-limits, how its tokens are chosen), and the group of sequences a request of n choices holds."""
+"""One sequence as the GPU thread sees it (one choice of a request: prompt, KV slot and pages,
+tokens so far, limits, how its tokens are chosen), and the group of sequences a request of n choices holds."""
 from __future__ import annotations
 
 import dataclasses
@@ -42,6 +42,14 @@ class Sequence:
     # siblings (choices 1..n-1) waiting for this sequence's prefill: they draw their first token
     # from its logits and then take a copy of its KV cache rows
     forks: list[Sequence] = dataclasses.field(default_factory=list)
+    room: int = 0  # positions its KV pages cover (the batcher grows them before a row writes past)
+    registered: int = 0  # full prompt pages offered to the prefix cache
+    digests: list[bytes] | None = None  # the prompt's full pages' chain digests (engine/kv_pages.py), made once
+    # resumed after a preemption: its generated tokens are fed back one decode row at a time (no
+    # draw) until the cache holds them again, computed as they first were (bit for bit)
+    replay: bool = False
+    echoed: int = 0  # prompt positions whose prompt log-probs went out (a recompute does not repeat them)
+    preemptions: int = 0
     plain: bool = dataclasses.field(init=False)  # plain greedy: the argmax fast path serves it
     # (request id, choice index): the batcher's key, read for every row of every step, so stored once
     # (a property building the tuple cost ~0.1 µs a read)

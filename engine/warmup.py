@@ -25,7 +25,7 @@ from pegainfer.engine.admission import admit
 from pegainfer.engine.batcher import MIXED_STEP_TOKENS, Batcher
 from pegainfer.engine.contract import MAX_LOGPROBS, Admit, SamplingParams
 from pegainfer.engine.engine import Engine
-from pegainfer.engine.kv_capacity import SlotCapacity
+from pegainfer.engine.kv_capacity import PagedCapacity
 from pegainfer.engine.startup_log import log_event
 
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.9, top_k=20, min_p=0.05, presence_penalty=0.5,
@@ -88,7 +88,7 @@ def warm_requests(engine: Engine, max_prefill_tokens: int) -> list[list[Admit]]:
 def run_requests(engine: Engine, admits: list[Admit], max_prefill_tokens: int, mixed_step_tokens: int) -> int:
     """Serve `admits` to the end through a batcher and the runner, one step at a time (no overlap);
     the number of steps. Raises if one fails: a server that cannot serve these is not ready."""
-    b = Batcher(SlotCapacity(engine.cache), engine.eos_id, max_prefill_tokens=max_prefill_tokens,
+    b = Batcher(PagedCapacity(engine.cache), engine.eos_id, max_prefill_tokens=max_prefill_tokens,
                 mixed_step_tokens=mixed_step_tokens, overlap=False)
     for a in admits:
         b.add(admit(a, engine))

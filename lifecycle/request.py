@@ -44,6 +44,7 @@ class Request:
     pending_depth_at_admit: int = 0  # requests still queued behind this one when it was admitted
     active_set_size_max: int = 0  # most requests held by the engine at once while this one was
     decode_batch_size_max: int = 0  # largest batch among the decode steps that made its tokens
+    cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache (usage's cached_tokens)
     # who sent it, as the daemon identifies callers (a digest of the API key); only they may cancel it
     owner: str | None = None
 

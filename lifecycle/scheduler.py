@@ -134,10 +134,12 @@ class Scheduler:
         return len(victims)
 
     # ---- the engine side -------------------------------------------------------------------------
-    def on_prefill_started(self, request_id: str) -> None:
+    def on_prefill_started(self, request_id: str, cached_tokens: int = 0) -> None:
+        """The request's prefill begins; cached_tokens of its prompt came from the prefix cache."""
         request = self._held(request_id, "prefill start")
         if request is None:
             return
+        request.cached_tokens = cached_tokens
         if request.state is not RequestState.ADMITTED:
             self._protocol_error(request, f"prefill start in state {request.state.name}")
             return

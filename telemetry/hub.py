@@ -77,6 +77,13 @@ class Telemetry:
             self.metrics.on_step(record)
         self.requests.step_done()
 
+    def on_preempted(self, request_id: str, index: int) -> None:
+        """One of the request's sequences lost its KV pages, to be recomputed: an event on its span."""
+        with self._guard("on_preempted"):
+            self.requests.preempted(request_id, index)
+        with self._guard("on_preempted metrics"):
+            self.metrics.preemptions.inc()
+
     def on_engine_died(self, message: str) -> None:
         with self._guard("on_engine_died"):
             self.metrics.on_engine_died()

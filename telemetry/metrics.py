@@ -53,12 +53,16 @@ class Metrics:
         self.running = Gauge(P + "num_requests_running", "Requests held by the engine (admitted, prefill, decode)",
                              registry=r)
         self.waiting = Gauge(P + "num_requests_waiting", "Requests queued for a KV slot", registry=r)
-        self.kv_usage = Gauge(P + "kv_cache_usage_perc", "KV-cache usage, 1 = 100%: KV slots in use / KV slots "
-                              "(one slot per sequence until the paged cache lands)", registry=r)
+        self.kv_usage = Gauge(P + "kv_cache_usage_perc", "KV-cache usage, 1 = 100%: KV pages referenced by a "
+                              "sequence / KV pages (cached prefix pages nobody references count as free)", registry=r)
         self.prompt_tokens = tally("prompt_tokens", "Prompt tokens prefilled, counted per engine step")
         self.generation_tokens = tally("generation_tokens", "Output tokens generated, counted per engine step "
                                        "as they are produced")
-        self.preemptions = tally("num_preemptions", "Preemptions (none: admission holds a KV slot to the end)")
+        self.preemptions = tally("num_preemptions", "Sequences preempted when the KV pages ran out (each is "
+                                 "recomputed later with the same tokens)")
+        self.prefix_queries = tally("prefix_cache_queries", "Prompt tokens looked up in the prefix cache")
+        self.prefix_hits = tally("prefix_cache_hits", "Prompt tokens found in the prefix cache (not recomputed)")
+        self._prefix_seen = (0, 0)  # the engine snapshot's (queries, hits) counted so far
         self.success = tally("request_success", "Requests the scheduler accepted, by how they finished",
                              ["finished_reason"], [(f,) for f in FINISHED_REASONS])
         self.ttft = histogram("time_to_first_token_seconds", "Time from receipt to the first output token",
@@ -202,6 +206,12 @@ class Metrics:
             self.kv_total.set(engine.kv_slots_total)
             self.kv_used.set(engine.kv_slots_used)
             self.kv_usage.set(kv_usage(engine))
+            q, h = engine.prefix_cache_queries, engine.prefix_cache_hits
+            seen_q, seen_h = self._prefix_seen
+            if q >= seen_q and h >= seen_h:  # a new engine starts from zero: nothing to add then
+                self.prefix_queries.inc(n=q - seen_q)
+                self.prefix_hits.inc(n=h - seen_h)
+            self._prefix_seen = (q, h)
         self._dropped.by_exporter = dict(dropped)
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
@@ -212,6 +222,9 @@ class Metrics:
 
 
 def kv_usage(engine: EngineSnapshot) -> float:
-    """KV slots in use / KV slots (vLLM's kv_cache_usage_perc, a fraction despite the name)."""
+    """KV pages in use / KV pages (vLLM's kv_cache_usage_perc, a fraction despite the name); a
+    snapshot without pages: slots in use / slots."""
+    if engine.kv_pages_total:
+        return engine.kv_pages_used / engine.kv_pages_total
     return engine.kv_slots_used / engine.kv_slots_total if engine.kv_slots_total else 0.0
 

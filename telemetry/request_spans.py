@@ -64,6 +64,7 @@ class RequestSpans:
         # ones and for those ended since the last step
         self._links: dict[str, Link] = {}
         self._ended: dict[str, Link] = {}
+        self._preemptions: dict[str, int] = {}  # live request id -> times one of its sequences was preempted
 
     # ---- what the hub calls ----------------------------------------------------------------------
     def announce(self, request_id: str, parsed: AnnouncedRequest, parent: Context | None) -> None:
@@ -102,6 +103,18 @@ class RequestSpans:
                 out.append(link)
         return out
 
+    def preempted(self, request_id: str, index: int) -> None:
+        """A 'preempted' event on the request's live span (its pages were freed; it is recomputed with
+        the same tokens), and the running count in pegainfer.preemptions."""
+        span = self._live.get(request_id)
+        if span is None:
+            return
+        count = self._preemptions.get(request_id, 0) + 1
+        self._preemptions[request_id] = count
+        span.add_event("preempted", {"pegainfer.choice": index, "pegainfer.preemptions": count},
+                       timestamp=self._clock.now_ns())
+        span.set_attribute("pegainfer.preemptions", count)
+
     def step_done(self) -> None:
         self._ended.clear()
 
@@ -135,6 +148,7 @@ class RequestSpans:
     def _finish(self, request: ObservedRequest, linkable: bool) -> None:
         rid = request.request_id
         span = self._live.pop(rid, None)
+        self._preemptions.pop(rid, None)
         link = self._links.pop(rid, None)
         if span is None:
             return

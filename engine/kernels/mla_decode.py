@@ -30,11 +30,11 @@ def _own_split(length, SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr):
 
 
 @triton.jit
-def _split_kernel(q_ptr, cache_ptr, slots_ptr, lens_ptr, part_o_ptr, part_ml_ptr, scale,
-                  stride_cs, stride_cn,
+def _split_kernel(q_ptr, cache_ptr, table_ptr, slots_ptr, lens_ptr, part_o_ptr, part_ml_ptr, scale,
+                  stride_cp, stride_cn, stride_t,
                   H: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_N: tl.constexpr,
                   SPLIT: tl.constexpr, H_P: tl.constexpr, RANK_P: tl.constexpr, ROPE_P: tl.constexpr,
-                  MAX_SPLITS: tl.constexpr = 0):
+                  PAGE: tl.constexpr, MAX_SPLITS: tl.constexpr = 0):
     # H_P, RANK_P, ROPE_P: the dims padded to powers of two (heads to >= 16 for tl.dot); the padding
     # loads zeros and is never stored. MAX_SPLITS 0: SPLIT keys per program, a fixed trip count (the
     # auto plan); else the fixed plan: the row's own split length, only its own keys walked, and a
@@ -66,14 +66,15 @@ def _split_kernel(q_ptr, cache_ptr, slots_ptr, lens_ptr, part_o_ptr, part_ml_ptr
         stop = tl.maximum(end - start, 0).to(tl.int32)
         # the stores' mask (q is loaded above), broadcast before the `&` (the interpreter's masks need it)
         hm = hm & (heads * 0 + start < length)
-    base = cache_ptr + slot.to(tl.int64) * stride_cs
+    row_pages = table_ptr + slot.to(tl.int64) * stride_t
     for n0 in range(0, stop, BLOCK_N):
-        offs = start + n0 + tl.arange(0, BLOCK_N)
+        first = start + n0  # the block's first key: a block never straddles two pages
+        page = tl.load(row_pages + first // PAGE, mask=first < end, other=0).to(tl.int64)
+        offs = first + tl.arange(0, BLOCK_N)
         valid = offs < end
-        kv_lat = tl.load(base + offs[:, None] * stride_cn + dl[None, :], mask=valid[:, None] & lm[None, :],
-                         other=0.0)  # [N, RANK_P]
-        k_pe = tl.load(base + offs[:, None] * stride_cn + RANK + dr[None, :], mask=valid[:, None] & rm[None, :],
-                       other=0.0)  # [N, ROPE_P]
+        base = cache_ptr + page * stride_cp + (offs % PAGE)[:, None] * stride_cn  # [N, 1]
+        kv_lat = tl.load(base + dl[None, :], mask=valid[:, None] & lm[None, :], other=0.0)  # [N, RANK_P]
+        k_pe = tl.load(base + RANK + dr[None, :], mask=valid[:, None] & rm[None, :], other=0.0)  # [N, ROPE_P]
         s = tl.dot(q_lat, tl.trans(kv_lat)) + tl.dot(q_pe, tl.trans(k_pe))  # [H_P, N] fp32
         s = tl.where(valid[None, :], s * scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -251,11 +252,15 @@ def merge_form(batch: int, row_max_batch: int) -> str:
     return "row" if batch <= row_max_batch else "block"
 
 
-def mla_decode(q: torch.Tensor, cache_layer: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
+def mla_decode(q: torch.Tensor, cache_layer: torch.Tensor, table: torch.Tensor, slots: torch.Tensor,
+               lens: torch.Tensor,
                length: int, scale: float, rank: int, *, split_len: int, merge: str,
                w_uv_t: torch.Tensor | None = None, max_splits: int = 0) -> torch.Tensor:
-    """q: [B, H, rank+rope] (absorbed query: latent part then RoPE part); cache_layer: [S, N, rank+rope];
-    slots, lens: [B]; length: static bound >= every len. The auto plan: split_len keys per split
+    """q: [B, H, rank+rope] (absorbed query: latent part then RoPE part); cache_layer: the layer's
+    pages [pages, P, rank+rope]; table: [S, max pages] int32, each slot's pages (engine/kv_cache.py);
+    slots, lens: [B]; length: static bound >= every len. Each block of BLOCK_N keys reads one table
+    entry: the page size and every split length are multiples of BLOCK_N, so a block lies in one page
+    and its keys, their order and the sums are those of an unpaged cache whatever pages a row got. The auto plan: split_len keys per split
     program (auto_split), merge "row" or "block" (both compute the same; merge_form). The fixed,
     batch-invariant plan: merge "fixed" with max_splits > 0, split_len the base split length
     (KernelConfig.decode_split_len, decode_max_splits; own_split). Returns o_lat [B, H, rank]; or,
@@ -263,17 +268,20 @@ def mla_decode(q: torch.Tensor, cache_layer: torch.Tensor, slots: torch.Tensor, 
     accumulation, rounded: [B, H*V], ready for o_proj. Two launches, graph-safe."""
     b, h, width = q.shape
     fixed = merge == "fixed"
+    page = cache_layer.shape[1]
+    if page % BLOCK_N or split_len % BLOCK_N:
+        raise ValueError(f"the page size ({page}) and split length ({split_len}) must be multiples of {BLOCK_N}")
     if fixed != (max_splits > 0):
         raise ValueError(f"merge {merge!r} with max_splits {max_splits}: the fixed merge takes max_splits > 0, "
                          f"the others 0")
     n_splits = fixed_splits(length, split_len, max_splits) if fixed else triton.cdiv(length, split_len)
     part_o = torch.empty(b, n_splits, h, rank, dtype=torch.float32, device=q.device)  # [B, S, H, rank] per split
     part_ml = torch.empty(b, n_splits, h, 2, dtype=torch.float32, device=q.device)  # [B, S, H, (max, sum)]
-    _split_kernel[(b, n_splits)](q.contiguous(), cache_layer, slots, lens, part_o, part_ml, scale,
-                                 cache_layer.stride(0), cache_layer.stride(1),
+    _split_kernel[(b, n_splits)](q.contiguous(), cache_layer, table, slots, lens, part_o, part_ml, scale,
+                                 cache_layer.stride(0), cache_layer.stride(1), table.stride(0),
                                  H=h, RANK=rank, ROPE=width - rank, BLOCK_N=BLOCK_N, SPLIT=split_len,
                                  H_P=max(16, triton.next_power_of_2(h)), RANK_P=triton.next_power_of_2(rank),
-                                 ROPE_P=max(16, triton.next_power_of_2(width - rank)), MAX_SPLITS=max_splits,
+                                 ROPE_P=max(16, triton.next_power_of_2(width - rank)), PAGE=page, MAX_SPLITS=max_splits,
                                  num_warps=8)
     if w_uv_t is None:
         v, out = 1, torch.empty(b, h, rank, dtype=q.dtype, device=q.device)  # [B, H, rank]

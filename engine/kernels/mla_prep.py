@@ -27,9 +27,9 @@ def _rope_pairs(src, table, i, mask):
 
 
 @triton.jit
-def _prep_kernel(q_ptr, kv_ptr, norm_w_ptr, w_uk_ptr, table_ptr, pos_ptr, slots_ptr, cache_ptr, q_out_ptr,
-                 n_rows, stride_q, stride_kv, stride_cs, stride_cn, eps,
-                 NH: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr, RANK: tl.constexpr,
+def _prep_kernel(q_ptr, kv_ptr, norm_w_ptr, w_uk_ptr, table_ptr, pos_ptr, slots_ptr, cache_ptr, pages_ptr, q_out_ptr,
+                 n_rows, stride_q, stride_kv, stride_cp, stride_cn, stride_pt, eps,
+                 PAGE: tl.constexpr, NH: tl.constexpr, NOPE: tl.constexpr, ROPE: tl.constexpr, RANK: tl.constexpr,
                  NOPE_P: tl.constexpr, HALF_P: tl.constexpr, RANK_P: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_R: tl.constexpr, N_RCHUNK: tl.constexpr,
                  INPUT_PRECISION: tl.constexpr):
@@ -56,7 +56,9 @@ def _prep_kernel(q_ptr, kv_ptr, norm_w_ptr, w_uk_ptr, table_ptr, pos_ptr, slots_
         latent = (w.to(tl.float32)[None, :] * h.to(tl.float32)).to(dtype)  # [BB, RANK_P]
         even, odd = _rope_pairs(kv_row + RANK, table, i[None, :], pair_mask)  # [BB, HALF_P] each
         slot = tl.load(slots_ptr + rows, mask=live, other=0)
-        dst = cache_ptr + slot[:, None].to(tl.int64) * stride_cs + pos[:, None].to(tl.int64) * stride_cn  # [BB, 1]
+        page = tl.load(pages_ptr + slot.to(tl.int64) * stride_pt + pos // PAGE, mask=live, other=0)  # [BB]
+        dst = (cache_ptr + page[:, None].to(tl.int64) * stride_cp
+               + (pos % PAGE)[:, None].to(tl.int64) * stride_cn)  # [BB, 1]
         cdt = cache_ptr.dtype.element_ty
         tl.store(dst + dl[None, :], latent.to(cdt), mask=lat_mask)
         tl.store(dst + RANK + 2 * i[None, :], even.to(dtype).to(cdt), mask=pair_mask)
@@ -81,11 +83,12 @@ def _prep_kernel(q_ptr, kv_ptr, norm_w_ptr, w_uk_ptr, table_ptr, pos_ptr, slots_
 
 
 def mla_prep(q: torch.Tensor, kv: torch.Tensor, kv_norm: torch.Tensor, w_uk: torch.Tensor, rope_table: torch.Tensor,
-             positions: torch.Tensor, slots: torch.Tensor, cache_layer: torch.Tensor, *, eps: float = 1e-6
-             ) -> torch.Tensor:
+             positions: torch.Tensor, slots: torch.Tensor, cache_layer: torch.Tensor, *, pages: torch.Tensor,
+             eps: float = 1e-6) -> torch.Tensor:
     """q: [B, nh*(nope+rope)] (rows may be strided); kv: [B, rank+rope] latent then k_pe (rows may be
     strided); kv_norm: [rank]; w_uk: [nh, nope, rank]; rope_table: complex64 [max_len, rope/2];
-    positions, slots: [B]; cache_layer: [S, N, rank+rope], written at (slot, position) of every row.
+    positions, slots: [B]; cache_layer: the layer's pages [pages, P, rank+rope], written at each row's
+    position through its slot's row of the page table `pages` [S, max pages] (engine/kv_cache.py).
     Returns the absorbed query [B, nh, rank+rope] in q's dtype. One launch, graph-safe."""
     b = q.shape[0]
     nh, nope, rank = w_uk.shape
@@ -97,9 +100,9 @@ def mla_prep(q: torch.Tensor, kv: torch.Tensor, kv_norm: torch.Tensor, w_uk: tor
     block_r = min(128, max(16, triton.next_power_of_2(rank)))
     n_rchunk = triton.cdiv(rank, block_r)
     grid = (triton.cdiv(b, BLOCK_B), nh * n_rchunk + 1)
-    _prep_kernel[grid](q, kv, kv_norm, w_uk, table, positions, slots, cache_layer, q_out,
-                       b, q.stride(0), kv.stride(0), cache_layer.stride(0), cache_layer.stride(1), eps,
-                       NH=nh, NOPE=nope, ROPE=rope, RANK=rank,
+    _prep_kernel[grid](q, kv, kv_norm, w_uk, table, positions, slots, cache_layer, pages, q_out,
+                       b, q.stride(0), kv.stride(0), cache_layer.stride(0), cache_layer.stride(1), pages.stride(0), eps,
+                       PAGE=cache_layer.shape[1], NH=nh, NOPE=nope, ROPE=rope, RANK=rank,
                        NOPE_P=max(16, triton.next_power_of_2(nope)), HALF_P=triton.next_power_of_2(rope // 2),
                        RANK_P=triton.next_power_of_2(rank), BLOCK_B=BLOCK_B, BLOCK_R=block_r, N_RCHUNK=n_rchunk,
                        INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")

@@ -23,7 +23,7 @@ from pegainfer.engine.kernels.config import KernelConfig
 from pegainfer.engine.kernels.linear import linear
 from pegainfer.engine.kv_cache import MLACache
 from pegainfer.engine.model import blocked_attention
-from pegainfer.engine.model.inputs import DecodeInputs, PrefillInputs
+from pegainfer.engine.model.inputs import DecodeInputs
 from pegainfer.engine.model.norm import add_norm, torch_rms_norm
 from pegainfer.engine.model.rope import Rope
 
@@ -148,17 +148,25 @@ class MLAttention:
         return self._invariant(q, bank, batch.positions, bases, segments)
 
     def prefill_packed(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | None,
-                       cache: MLACache, one_prompt: bool = False) -> torch.Tensor:
+                       cache: MLACache, one_prompt: bool = False,
+                       bank: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)) -> torch.Tensor:
         """Fresh prompts packed into one sequence (no earlier cache): keys and values come from the
         new tokens themselves, each token seeing its own prompt causally. one_prompt: the pack holds
         one prompt from index 0, so plain causal attention is exact. Otherwise the Triton kernel
         (fused_prefill) or SDPA with `mask` [1, 1, T, T] (built once per step by the caller).
         Batch-invariant: neither; the attention of the reference path (`_invariant`), the pack its own
         key bank, so a prompt's first chunk here and its later chunks there agree bit for bit.
-        x: [T, H]; positions, slots: [T]. Graph-safe (no host synchronisation) but for the invariant
-        torch form, which reads the prompts' bounds on the host."""
+        x: [T, H]; positions, slots: [T]. bank (batch-invariant only): (bank_index [NB], bases [T]) of
+        PrefillInputs: prompts that continue a cached prefix, their keys gathered from the cache after
+        this step's latents are written (the same bits as the pack's own for a fresh prompt).
+        Graph-safe (no host synchronisation) but for the invariant torch form, which reads the
+        prompts' bounds on the host."""
         q_nope, q_pe, kv = self._project(x, positions, slots, cache)
         q = torch.cat([q_nope, q_pe], dim=-1)  # [T, nh, 192]
+        bank_index, bases = bank
+        if self.invariant and bank_index is not None:  # keys from the cache: [NB, 576]
+            keys = cache.data[self.layer].flatten(0, 1).index_select(0, bank_index)
+            return self._out(self._invariant(q, keys, positions, bases, lambda: _bank_segments(positions, bases)))
         if self.invariant:  # the pack is its own key bank; the torch form reads the prompts on the host
             bases = torch.arange(x.shape[0], device=x.device) - positions  # [T] each prompt's first token
             return self._out(self._invariant(q, kv, positions, bases, lambda: _packed_segments(positions)))
@@ -169,21 +177,6 @@ class MLAttention:
                 [self.nope, self.v_dim], dim=-1)  # [T, nh, 128] each, views
             return self._out(packed_causal_attention(q, k_nope, k_pe, v, positions, self.scale))
         return self._out(self._attend(q.unsqueeze(0), kv.unsqueeze(0), mask=mask, causal=one_prompt)[0])
-
-    def prefill_banked(self, x: torch.Tensor, inp: PrefillInputs, cache: MLACache) -> torch.Tensor:
-        """Prompt chunks over their earlier cache, graph-safe (the Triton `prompt_attention`, so
-        fused_prefill only): the new tokens' latents written to the cache, then every token attends
-        over its prompt's keys expanded from the bank gathered out of the cache (inp.bank_slots,
-        bank_pos [N]; inp.bases [T]). The reference's computation (`_reference_invariant`) with its
-        bank at fixed size: the bank rows past a prompt's context are never read, and the linear that
-        expands the bank gives each row the same bits at any row count, so a chunk run here and one run
-        eagerly agree bit for bit. x: [T, H] -> [T, H]."""
-        if not self.fused_prefill:
-            raise RuntimeError("prompt chunks over the cache run in a graph only with the Triton prompt attention")
-        q_nope, q_pe, _ = self._project(x, inp.positions, inp.slots, cache)
-        q = torch.cat([q_nope, q_pe], dim=-1)  # [T, nh, 192]
-        bank = cache.data[self.layer][inp.bank_slots, inp.bank_pos]  # [N, 576]
-        return self._out(self._invariant(q, bank, inp.positions, inp.bases, None))
 
     def decode_absorbed(self, x: torch.Tensor | None, inp: DecodeInputs, cache: MLACache,
                         qkv: torch.Tensor | None = None) -> torch.Tensor:
@@ -228,7 +221,8 @@ class MLAttention:
         else:
             plan = dict(split_len=auto_split(b, inp.length, k.split_programs),
                         merge=merge_form(b, k.row_merge_max_batch))
-        return mla_decode(q_full, cache.data[self.layer], inp.slots, inp.ctx_lens, inp.length, self.scale, self.rank,
+        return mla_decode(q_full, cache.data[self.layer], cache.table, inp.slots, inp.ctx_lens, inp.length,
+                          self.scale, self.rank,
                           w_uv_t=self.w_uv_t, **plan)
 
     def absorbed_query(self, x: torch.Tensor | None, positions: torch.Tensor, slots: torch.Tensor,
@@ -244,7 +238,7 @@ class MLAttention:
             if self.q_b is not None:
                 q = linear(_rms(q, self.q_a_norm, self.kernels), self.q_b, self.kernels)  # [B, nh*192]
             return mla_prep(q, kv, self.kv_a_norm, self.w_uk, self.rope.table, positions, slots,
-                            cache.data[self.layer])
+                            cache.data[self.layer], pages=cache.table)
         q_nope, q_pe, _ = self._project(x, positions, slots, cache)
         q_lat = torch.bmm(q_nope.transpose(0, 1), self.w_uk)  # [nh, B, 512]
         return torch.cat([q_lat, q_pe.transpose(0, 1)], dim=-1).transpose(0, 1)  # [B, nh, 576]
@@ -277,6 +271,13 @@ def _causal_mask(n: int, ctx: int, device: torch.device) -> torch.Tensor:
     """[1, 1, n, ctx] bool: query i (at position ctx - n + i) sees keys at positions <= its own."""
     qpos = torch.arange(ctx - n, ctx, device=device)[:, None]
     return (torch.arange(ctx, device=device)[None, :] <= qpos)[None, None]
+
+
+def _bank_segments(positions: torch.Tensor, bases: torch.Tensor) -> list[blocked_attention.Segment]:
+    """The prompts of a pack whose keys sit in a bank (runs of tokens with one base), on the host."""
+    pos, base = positions.tolist(), bases.tolist()
+    starts = [i for i in range(len(pos)) if i == 0 or base[i] != base[i - 1]] + [len(pos)]
+    return [blocked_attention.Segment(a, b - a, pos[a], base[a]) for a, b in zip(starts, starts[1:])]
 
 
 def _packed_segments(positions: torch.Tensor) -> list[blocked_attention.Segment]:

@@ -1,6 +1,5 @@
 """The inputs of the two step functions, as graph-static device tensors: a decode step's rows (one
-new token each) and a prefill step's prompts packed back to back (fresh ones, or chunks of prompts
-whose earlier chunks are cached, read through a key bank)."""
+new token each) and a prefill step's fresh prompts packed back to back."""
 from __future__ import annotations
 
 import dataclasses
@@ -24,9 +23,9 @@ class PrefillInputs:
     slots: torch.Tensor  # [T] int64, KV slot of its prompt (padding: the scratch slot)
     row_ids: torch.Tensor  # [T] int64, which prompt (padding tokens: a prompt of their own each)
     last_index: torch.Tensor  # [R] int64, index in T of each prompt's last token
-    # prompt chunks over their earlier cache (PrefillGraphs' bank graphs; None: fresh prompts only):
-    # the key bank is the cache's (bank_slots[i], bank_pos[i]) for i in [0, N), each prompt's whole
-    # context (its earlier chunks and this one); bases[t]: the bank index of token t's prompt position 0
-    bank_slots: torch.Tensor | None = None  # [N] int64 (padding: the scratch slot)
-    bank_pos: torch.Tensor | None = None  # [N] int64 (padding: 0)
-    bases: torch.Tensor | None = None  # [T] int64
+    # the batch-invariant form only (engine/prefill_graphs.py): prompts may continue a cached prefix
+    # (positions from their start); each row's keys are gathered from the paged cache, every row's
+    # positions 0 .. end-1 back to back: bank_index [NB] the flat cache rows (page * P + offset) and
+    # bases [T] the bank row of each token's position 0. None: fresh prompts, the pack its own keys
+    bank_index: torch.Tensor | None = None
+    bases: torch.Tensor | None = None

@@ -1,5 +1,6 @@
-"""The prefill step as one graph-capturable function (prompt chunks over their earlier cache too, with
-PrefillInputs' key bank: MLAttention.prefill_banked, the Triton prompt attention): every prompt's tokens packed
+"""The prefill step for packed prompts as one graph-capturable function (fresh ones; with
+KernelConfig.batch_invariant also prompts continuing a cached prefix or an earlier chunk, their keys
+gathered from the paged cache: PrefillInputs.bank_index): every prompt's tokens packed
 into one sequence, attention kept inside each prompt, MoE without host synchronisation, and the
 greedy choice for each prompt's last token on the device (or, for steps that sample, the logits of
 each prompt's last token). One function for the phase; inside it attention is the Triton
@@ -35,16 +36,12 @@ def prefill_logits(model: DeepseekV2, inp: PrefillInputs, cache: MLACache, one_p
     where the Triton packed-prompt kernel runs."""
     mask = None
     attn = model.layers[0].attn
-    if not (one_prompt or attn.fused_prefill or attn.invariant or inp.bases is not None):  # the batch-invariant forms need no mask
+    if not (one_prompt or attn.fused_prefill or attn.invariant):  # the batch-invariant forms need no mask
         same_row = inp.row_ids[:, None] == inp.row_ids[None, :]  # [T, T]
         causal = inp.positions[None, :] <= inp.positions[:, None]  # [T, T] key position <= query position
         mask = (same_row & causal)[None, None]  # [1, 1, T, T]
     x = F.embedding(inp.token_ids, model.embed)  # [T, H]
-    banked = inp.bases is not None  # prompt chunks over their earlier cache
     for layer in model.layers:
-        if banked:
-            x = layer.run(x, lambda h, a=layer.attn: a.prefill_banked(h, inp, cache))
-        else:
-            x = layer.run(x, lambda h, a=layer.attn: a.prefill_packed(h, inp.positions, inp.slots, mask, cache,
-                                                                      one_prompt))
+        x = layer.run(x, lambda h, a=layer.attn: a.prefill_packed(h, inp.positions, inp.slots, mask, cache, one_prompt,
+                                                                    bank=(inp.bank_index, inp.bases)))
     return model.head(x[inp.last_index])  # [R, V]

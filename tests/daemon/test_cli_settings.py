@@ -107,7 +107,7 @@ def test_the_compile_cache_dir_comes_from_every_source_is_made_and_set_for_trito
     s, where = resolve_sourced(argparse.Namespace(), {"PEGAINFER_COMPILE_CACHE_DIR": str(tmp_path / "file")})
     with pytest.raises(SettingsError, match=r"^environment PEGAINFER_COMPILE_CACHE_DIR: .*file is not a folder$"):
         check_startup(s, where)
-    assert Settings().compile_cache_dir is None and Settings().mixed_step_tokens == 2048
+    assert Settings().compile_cache_dir is None and Settings().mixed_step_tokens == 8192
     with pytest.raises(SettingsError, match="mixed_step_tokens must be at least 1"):
         resolve(argparse.Namespace(mixed_step_tokens="0"), {})
     if os.geteuid() != 0:  # root writes anywhere

@@ -28,7 +28,7 @@ def test_default_cap_is_twice_the_queue_plus_probes():
     assert b.max_connections == b.wanted == 2 * (8 + 64) + PROBE_MARGIN  # CPU: 8 slots by default
     assert not b.too_low and b.nofile == BIG
     cuda = plan_budget(dataclasses.replace(Settings(), device="cuda"), BIG, BIG)
-    assert cuda.max_connections == 2 * (256 + 64) + PROBE_MARGIN  # as many slots as the engine may choose
+    assert cuda.max_connections == 2 * (1024 + 64) + PROBE_MARGIN  # as many sequences as the engine may run
     given = plan_budget(dataclasses.replace(Settings(), max_active=4, max_pending=6), BIG, BIG)
     assert given.max_connections == 2 * 10 + PROBE_MARGIN
     assert plan_budget(dataclasses.replace(Settings(), max_connections=5), BIG, BIG).max_connections == 5

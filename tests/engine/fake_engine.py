@@ -107,8 +107,12 @@ class Counters:
 class FakeEngine:
     """What engine.loop, engine.admission and engine.batcher read of an Engine."""
 
-    def __init__(self, slots: int = 4, max_len: int = 64, scripts: dict | None = None):
-        self.cache = MLACache(1, slots, max_len, 1, "cpu", torch.float32)
+    def __init__(self, slots: int = 4, max_len: int = 64, scripts: dict | None = None, *,
+                 kv_tokens: int | None = None, page_size: int = 8, prefix_caching: bool = False):
+        # default: every slot can hold max_len at once, plus the admission watermark's page
+        pages = slots * (max_len // page_size) + 1 if kv_tokens is None else kv_tokens // page_size
+        self.cache = MLACache(1, slots, max_len, 1, "cpu", torch.float32, num_pages=pages, page_size=page_size,
+                              prefix_caching=prefix_caching)
         self.runner = ScriptRunner(scripts)
         self.backend = Backend()
         self.counters = Counters()

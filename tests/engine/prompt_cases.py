@@ -37,7 +37,7 @@ class Layer:
         return torch.randn(n, self.hidden, generator=self.gen).to(self.dtype).to(self.device)
 
     def latents(self, slot: int, n: int) -> torch.Tensor:
-        return self.cache.data[LAYER, slot, :n].clone()
+        return self.cache.read(LAYER, slot, n).clone()
 
     def packed(self, prompts: list[tuple[int, torch.Tensor]]) -> list[torch.Tensor]:
         """Fresh prompts (slot, x [n, H]) packed back to back in this order -> each one's [n, H]."""
@@ -59,7 +59,8 @@ class Layer:
     def fill(self, slot: int, n: int) -> None:
         """Random latents at a slot's first n positions (a decode row's earlier context)."""
         width = self.cache.data.shape[-1]
-        self.cache.data[LAYER, slot, :n] = torch.randn(n, width, generator=self.gen).to(self.dtype).to(self.device)
+        values = torch.randn(n, width, generator=self.gen).to(self.dtype).to(self.device)
+        self.cache.write(LAYER, torch.full((n,), slot, device=self.device), torch.arange(n, device=self.device), values)
 
 
 def layer(preset: str, dtype: torch.dtype, kernels: KernelConfig, *, device: str = "cpu", max_len: int = 320,
@@ -74,6 +75,9 @@ def layer(preset: str, dtype: torch.dtype, kernels: KernelConfig, *, device: str
     g = torch.Generator().manual_seed(seed)
     cache = MLACache(LAYER + 1, slots, max_len, cfg.cache_width, device, dtype)
     cache.data.copy_(torch.randn(cache.data.shape, generator=g).to(dtype))
+    # every slot's pages scattered over the pool: the attention finds them through the page table
+    perm = torch.randperm(cache.num_pages, generator=g).view(slots, -1)
+    cache.table[:slots] = perm.to(torch.int32).to(cache.table.device)
     return Layer(attn, cache, cfg.hidden_size, torch.device(device), dtype, g)
 
 

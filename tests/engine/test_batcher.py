@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from pegainfer.engine.batcher import MIN_PROMPT_CHUNK, MIXED_STEP_TOKENS, Batcher, StepOutcome
 from pegainfer.engine.contract import Admit, SamplingParams
-from pegainfer.engine.kv_capacity import SlotCapacity
+from pegainfer.engine.kv_capacity import PagedCapacity
 from pegainfer.engine.step_plan import Fork, StepPlan, StepResult
 from tests.engine.fake_engine import EOS, FakeEngine
 
@@ -22,7 +22,7 @@ HOT = SamplingParams(temperature=1.0, seed=7)
 def make(slots: int = 4, budget: int = 8192, overlap: bool = True, scripts: dict | None = None,
          mixed: int = MIXED_STEP_TOKENS, max_len: int = 64):
     eng = FakeEngine(slots, max_len=max_len, scripts=scripts)
-    return eng, Batcher(SlotCapacity(eng.cache), EOS, max_prefill_tokens=budget, overlap=overlap,
+    return eng, Batcher(PagedCapacity(eng.cache), EOS, max_prefill_tokens=budget, overlap=overlap,
                         mixed_step_tokens=mixed)
 
 
@@ -347,7 +347,7 @@ def test_sampled_decode_steps_run_overlapped_where_the_device_samples():
     launched step is kept on the device); a chain of plain greedy rows drops back to the fast path;
     a draw that fails in a launched step drops its request alone."""
     eng = FakeEngine(4)
-    b = Batcher(SlotCapacity(eng.cache), EOS, overlap=True, sampled_overlap=True)
+    b = Batcher(PagedCapacity(eng.cache), EOS, overlap=True, sampled_overlap=True)
     add(eng, b, "s", [4, 5], 9, sampling=SamplingParams(temperature=0.8, presence_penalty=0.5, seed=3))
     add(eng, b, "g", [6], 2)
     add(eng, b, "x", [7], 9, sampling=HOT)
@@ -364,7 +364,7 @@ def test_sampled_decode_steps_run_overlapped_where_the_device_samples():
     out = b.settle_launched(nxt, failed._replace(sampled=True))
     assert [f.request_id for f in out.failed] == ["s"] and [t.request_id for t in out.tokens] == ["x"]
     assert list(b.running) == [("x", 0)] and b.capacity.used == 1
-    off = Batcher(SlotCapacity(FakeEngine(4).cache), EOS, overlap=True)  # the host samples: one at a time
+    off = Batcher(PagedCapacity(FakeEngine(4).cache), EOS, overlap=True)  # the host samples: one at a time
     add(eng, off, "h", [1], 5, sampling=HOT)
     off.admit()
     off.settle(p := off.plan(), eng.runner.run(p))

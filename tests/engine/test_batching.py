@@ -16,7 +16,8 @@ PROMPTS = [[5, 9, 200, 31], [7], list(range(40, 140)), [300, 301, 302, 303, 304,
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    e = build_engine(EngineSpec(model_dir=str(tiny_model_dir), num_slots=8))
+    # no prefix caching: these tests count the chunks a prompt is fed in (tests/engine/test_prefix_cache.py)
+    e = build_engine(EngineSpec(model_dir=str(tiny_model_dir), num_slots=8, prefix_caching=False))
     yield e
     e.close()
 

@@ -61,8 +61,8 @@ def test_packed_prefill_matches_row_by_row_prefill(tiny_model_dir):
     t = torch.tensor
     got = prefill_step(engine.model, PrefillInputs(t(ids), t(pos), t(sl), t(rows), t(last)), engine.cache)
     assert got.tolist() == ref
-    real = engine.cache.data[:, : engine.cache.num_slots]
-    assert torch.allclose(real, ref_cache[:, : engine.cache.num_slots], atol=1e-5)
+    real = engine.cache.data[:, : engine.cache.num_pages]  # every page but the scratch page
+    assert torch.allclose(real, ref_cache[:, : engine.cache.num_pages], atol=1e-5)
     engine.close()
 
 
@@ -79,9 +79,10 @@ def test_one_prompt_pack_uses_plain_causal_attention(tiny_model_dir):
                         t([slot] * n + [engine.cache.scratch_slot] * pad), t([0] * n + list(range(100, 100 + pad))),
                         t([n - 1]))
     masked = prefill_logits(engine.model, inp, engine.cache)
-    cache_masked = engine.cache.data[:, slot].clone()
+    pages = engine.cache.slot_pages[slot]
+    cache_masked = engine.cache.data[:, pages].clone()
     engine.cache.data.zero_()
     causal = prefill_logits(engine.model, inp, engine.cache, one_prompt=True)
     assert torch.allclose(causal, masked, atol=1e-5)
-    assert torch.allclose(engine.cache.data[:, slot], cache_masked, atol=1e-6)
+    assert torch.allclose(engine.cache.data[:, pages], cache_masked, atol=1e-6)
     engine.close()

@@ -24,7 +24,8 @@ def run(engine, admits: list[Admit], overlap: bool) -> list[StepEvents]:
     events: queue.SimpleQueue = queue.SimpleQueue()
     gpu = GpuThread(engine, events.put, overlap=overlap)
     first = gpu.snapshot()
-    assert first == EngineSnapshot(0, 0, 0, 0, 0, overlap, 4, 4)
+    pages = engine.cache.num_pages
+    assert first == EngineSnapshot(0, 0, 0, 0, 0, overlap, 4, 4, pages, pages, 64)
     for a in admits:
         gpu.submit(a)
     gpu.start()
@@ -53,6 +54,9 @@ def test_every_step_publishes_the_state_it_leaves(engine, overlap):
     assert [f.request_id for f in failed.failed] == ["bad"]
     last = events[-1].snapshot
     assert (last.running, last.waiting, last.kv_slots_free, last.kv_slots_total) == (0, 0, 4, 4)
+    assert last.kv_pages_used == 0 and last.kv_pages_total == engine.cache.num_pages  # every page back
+    assert min(ev.snapshot.kv_pages_free for ev in events) < last.kv_pages_free
+    assert last.prefix_cache_queries >= 5 and last.preemptions == 0
     assert last.decode_batch_max >= 2 and last.async_scheduling is overlap
     ended_a = next(ev for ev in events if any(f.request_id == "a" for f in ev.finished))
     assert ended_a.snapshot.kv_slots_free > min(ev.snapshot.kv_slots_free for ev in events)

@@ -27,7 +27,8 @@ def test_packed_kernel_step_matches_the_mask_path(triton_interpreter):
     ids = torch.randint(0, 1000, (t,), generator=g)
     positions = torch.cat([torch.arange(n) for n in lens] + [torch.zeros(pads, dtype=torch.int64)])
     rows = torch.cat([torch.full((n,), i) for i, n in enumerate(lens)] + [torch.arange(10, 10 + pads)])
-    slots = torch.cat([torch.full((n,), i) for i, n in enumerate(lens)] + [torch.full((pads,), cache.scratch_slot)])
+    held = [cache.allocate(n) for n in lens]  # pages for each prompt
+    slots = torch.cat([torch.full((n,), s) for s, n in zip(held, lens)] + [torch.full((pads,), cache.scratch_slot)])
     inp = PrefillInputs(ids, positions, slots, rows, torch.tensor([0, 70, 75]))
     masked = prefill_logits(engine.model, inp, cache)
     masked_cache = cache.data.clone()

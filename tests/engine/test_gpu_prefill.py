@@ -43,7 +43,8 @@ def test_packed_kernel_matches_the_mask_path(engine):
     ids = torch.tensor([t for p in prompts for t in p], device=dev)
     pos = torch.cat([torch.arange(len(p)) for p in prompts]).to(dev)
     rows = torch.cat([torch.full((len(p),), i) for i, p in enumerate(prompts)]).to(dev)
-    slots = rows.clone()
+    held = [cache.allocate(len(p)) for p in prompts]  # each prompt's pages
+    slots = torch.tensor(held, device=dev)[rows]
     last = torch.tensor(LENGTHS, device=dev).cumsum(0) - 1
     inp = PrefillInputs(ids, pos, slots, rows, last)
     fused = prefill_logits(model, inp, cache)
@@ -51,6 +52,8 @@ def test_packed_kernel_matches_the_mask_path(engine):
     plain = rebuild(engine, dataclasses.replace(model.kernels, triton=False), engine.backend.caps.expert_kernel)
     assert not plain.layers[0].attn.fused_prefill
     masked = prefill_logits(plain, inp, cache)
+    for s in held:
+        cache.release(s)
     _close(fused, masked)
 
 
@@ -69,25 +72,29 @@ def test_a_pack_in_one_graph_matches_each_prompt_alone(engine):
             engine.cache.release(s)
 
 
-def test_a_later_chunk_in_a_bank_graph_has_the_eager_bits(engine):
-    """A prompt's second chunk, over its first chunk's cached latents, in a bank graph and eagerly
-    (the reference path, with the same Triton prompt attention): the same logits bit for bit."""
+def test_a_graph_pack_continuing_cached_prefixes_is_bit_exact(engine):
+    """Batch-invariant graphs gather each row's keys from the paged cache (engine/prefill_graphs.py):
+    a prefix-cache hit's suffix and a long prompt's later chunk, packed with a fresh prompt and
+    replayed in a captured graph, give the eager path's bits."""
+    from pegainfer.engine.batch import Batch
     pg, cache, model = engine.runner.prefill_graphs, engine.cache, engine.model
-    prompt = _prompts()[2]  # 300 tokens
-    a, b = cache.allocate(), cache.allocate()
+    assert pg.banked
+    prefix, long_prompt, fresh = _prompts()[2][:85], _prompts()[2], _prompts()[0]
+    slots = [cache.allocate(400) for _ in range(3)]
     try:
-        pg.run([RowInput(a, prompt[:120], 0, prompt=True)])
-        cache.data[:, b, :120] = cache.data[:, a, :120]
-        rest = RowInput(a, prompt[120:], 120, prompt=True)
-        assert pg.fits([rest]) and pg.key([rest], True)[1] > 0  # a bank graph
-        got = pg.run([rest], logits=True).clone()
-        from pegainfer.engine.batch import Batch
-        eager = model.forward(Batch.build([RowInput(b, prompt[120:], 120, prompt=True)], cache.data.device), cache)
-        assert torch.equal(got[:1], eager)
-        assert torch.equal(cache.data[:, a, :300], cache.data[:, b, :300])
+        a, b, c = slots
+        pg.run([RowInput(b, prefix[:64], 0), RowInput(c, long_prompt[:200], 0)])  # the cached parts
+        rows = [RowInput(a, fresh, 0), RowInput(b, prefix[64:], 64, prompt=True),
+                RowInput(c, long_prompt[200:], 200, prompt=True)]
+        assert pg.fits(rows)
+        before = cache.data.clone()
+        got = pg.run(rows, logits=True).clone()
+        cache.data.copy_(before)
+        want = model.forward(Batch.build(rows, "cuda:0"), cache)
+        assert torch.equal(got, want), (got.float() - want.float()).abs().max()
     finally:
-        cache.release(a)
-        cache.release(b)
+        for s in slots:
+            cache.release(s)
 
 
 def test_after_the_warm_up_no_step_captures_a_graph(engine):

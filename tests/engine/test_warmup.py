@@ -68,7 +68,8 @@ def test_every_prefill_step_that_fits_asks_for_a_warmed_key(tiny, fused, max_tok
         for logits in (False, True):
             asked.add(pg.key(rows, logits))
     assert asked <= keys, sorted(asked - keys)[:5]
-    assert {k for k in asked if k[1]} and {k for k in asked if not k[1]}  # both forms were drawn
+    # both forms were drawn: fresh packs (their bank is their token bucket) and packs over a cache
+    assert {k for k in asked if k[1] > k[0]} and {k for k in asked if k[1] == k[0]}
     t_max, n_max = pg.buckets[-1], pg.bank_buckets[-1]
     n = min(t_max, tiny.cache.max_len - 1)
     edge = [RowInput(0, [1] * n, tiny.cache.max_len - n, prompt=True)]  # the last chunk of a longest prompt
@@ -123,21 +124,24 @@ def test_warm_up_requests_run_and_give_their_slots_back(tiny):
     assert tiny.cache.free_slots == tiny.cache.num_slots
 
 
-def test_a_later_chunk_in_a_bank_graph_has_the_eager_bits(tiny, fused, triton_interpreter):
+def test_with_the_fixed_plan_one_length_bucket_gives_every_bound_the_same_bits(tiny, fused, triton_interpreter):
+    """Batch-invariant fused decode: the decode graphs keep one attention-length bucket (max_len), since
+    the fixed split plan gives a row the same bits under any bound (a split past its length stores
+    nothing the merge reads); the other forms keep one bucket per doubling."""
+    from pegainfer.engine.model.decode import decode_logits
+    from pegainfer.engine.model.inputs import DecodeInputs
     cache = tiny.cache
-    pg = PrefillGraphs(fused, cache, None, max_tokens=64)
-    prompt = [(7 * i + 3) % 1000 for i in range(100)]
-    cache.data.zero_()
-    assert pg.run([RowInput(0, prompt[:40], 0, prompt=True)], logits=False)  # the first chunk, a fresh graph
-    cache.data[:, 1] = cache.data[:, 0]  # slot 1: the same first chunk, for the eager path
-    rest = prompt[40:]
-    got = pg.run([RowInput(0, rest, 40, prompt=True)], logits=True).clone()
-    assert pg.key([RowInput(0, rest, 40, prompt=True)], True) in pg.graphs and (64, 1024, True, False) in pg.graphs
-    eager = fused.forward(Batch.build([RowInput(1, rest, 40, prompt=True)], "cpu"), cache)
-    assert torch.equal(got[:1], eager)
-    assert torch.equal(cache.data[:, 0, :100], cache.data[:, 1, :100])
-    whole = fused.forward(Batch.build([RowInput(2, prompt, 0, prompt=True)], "cpu"), cache)
-    assert torch.equal(got[:1], whole)  # chunked in graphs or whole, eagerly: the same bits
-    token = pg.run([RowInput(3, prompt[:40], 0, prompt=True)])
-    assert pg.run([RowInput(3, rest, 40, prompt=True)]) == [int(torch.argmax(whole[0]))]
-    assert token and cache.data[:, cache.scratch_slot, 1:].abs().sum() == 0  # padding wrote position 0 only
+    assert DecodeGraphs(fused, cache, 4, cache.scratch_slot).length_buckets == [cache.max_len]
+    assert len(DecodeGraphs(tiny.model, cache, 4, cache.scratch_slot).length_buckets) > 1
+    prompt = [(11 * i + 5) % 1000 for i in range(40)]
+    slot = cache.allocate(64)
+    try:
+        fused.forward(Batch.build([RowInput(slot, prompt, 0, prompt=True)], "cpu"), cache)
+
+        def step(bound: int) -> torch.Tensor:
+            t = lambda v: torch.tensor([v], dtype=torch.int64)  # noqa: E731
+            return decode_logits(fused, DecodeInputs(t(7), t(40), t(slot), t(41), bound), cache)
+        assert torch.equal(step(64), step(cache.max_len))
+        assert torch.equal(step(256), step(cache.max_len))
+    finally:
+        cache.release(slot)

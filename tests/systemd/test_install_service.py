@@ -147,7 +147,7 @@ def test_model_and_device_are_written_into_the_config(tmp_path, capsys, model_un
     assert (settings.model, settings.device) == (model, "cuda:0")
     assert where["model"] == "/etc/pegainfer/pegainfer.toml: model"
     changed = {k for k in Settings.field_names() if getattr(settings, k) != getattr(Settings(), k)}
-    assert changed == {"model", "device", "trace_file"}  # trace_file: the unit's Environment=
+    assert changed == {"model", "device", "trace_file", "compile_cache_dir"}  # the last two: the unit's Environment=
 
     before = snapshot(tmp_path)
     assert "nothing to change" in install(tmp_path, "--model", model, "--device", "cuda:0", capsys=capsys).stdout

@@ -72,7 +72,9 @@ def test_every_sample_carries_the_served_model_name_and_vllm_families_are_there(
     assert value(after, "pegainfer:request_success_total", finished_reason="abort") == 2  # cancelled, disconnected
     assert value(after, "pegainfer:request_success_total", finished_reason="error") == 1
     assert 0 <= value(daemon_run.metrics_during, "pegainfer:kv_cache_usage_perc") <= 1
-    assert value(daemon_run.metrics_during, "pegainfer:kv_cache_usage_perc") == 0.5  # one of two slots
+    # one running request's few KV pages of the 512 (the CPU default: 8 x 4096 tokens in pages of 64)
+    assert 0 < value(daemon_run.metrics_during, "pegainfer:kv_cache_usage_perc") <= 0.05
+    assert value(daemon_run.metrics_during, "pegainfer:kv_slots_used") == 1
 
 
 def test_generation_tokens_grow_while_a_stream_runs(daemon_run: DaemonRun):

@@ -236,3 +236,24 @@ def test_a_telemetry_bug_is_counted_and_never_fails_the_request(rig: Rig, monkey
     assert request.terminal_reason is not None and request.terminal_reason.value == "completed_length"
     assert rig.telemetry.errors == 5  # PENDING, ADMITTED, PREFILL, DECODE, FINISHED
     assert "telemetry: on_transition failed" in caplog.text
+
+
+def test_a_preemption_is_an_event_on_the_requests_span_and_counted(rig: Rig):
+    request = make_request("p", max_tokens=3)
+    rig.scheduler.submit(request)
+    rig.scheduler.on_prefill_started("p", 64)  # 64 prompt tokens from the prefix cache
+    rig.scheduler.on_token(tok("p", 7), 1)
+    rig.clock.tick(0.25)
+    rig.telemetry.on_preempted("p", 0)  # its pages freed: it will be recomputed
+    rig.telemetry.on_preempted("gone", 0)  # a request with no live span: nothing to mark, no error
+    rig.telemetry.on_preempted("p", 0)
+    for token in (8, 9):
+        rig.scheduler.on_token(tok("p", token), 1)
+    rig.scheduler.on_finished("p", "length")
+    root = rig.roots()["p"]
+    events = [e for e in root.events if e.name == "preempted"]
+    assert [e.attributes["pegainfer.preemptions"] for e in events] == [1, 2]
+    assert events[0].attributes["pegainfer.choice"] == 0
+    assert root.attributes["pegainfer.preemptions"] == 2
+    assert request.cached_tokens == 64
+    assert rig.telemetry.metrics.preemptions.total() == 3

@@ -31,7 +31,7 @@ def test_replays_the_workload_in_process_with_bench_serving_metrics(tiny_model_d
     code = bench_replay.main(["--profile", "short", "--concurrency", "1,3", "--num-requests", "5", "--max-tokens", "6",
                               "--warmup", "2", "--warmup-concurrency", "2", "--detokenize", "--compare", str(http_report), "--out", str(out), "--",
                               "--model", str(tiny_model_dir), "--served-model-name", "tiny", "--max-active", "2",
-                              "--trace-file", str(trace)])
+                              "--trace-file", str(trace), "--no-prefix-caching"])  # every prompt token computed (below)
     assert code == 0
     r = json.loads(out.read_text())
     assert r["report_intent"] == "serving_replay" and r["engine"]["model"] == "tiny"

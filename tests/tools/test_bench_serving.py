@@ -265,7 +265,9 @@ def test_unreachable_server_is_an_error(tmp_path):
 def test_against_the_real_daemon(tiny_model_dir, tmp_path):
     trace = tmp_path / "trace.jsonl"
     out, plots = tmp_path / "bench" / "short.json", tmp_path / "plots"
-    with DaemonProcess("--model", str(tiny_model_dir), "--served-model-name", "tiny", "--trace-file", str(trace)) as d:
+    # no prefix cache: the profile's prompts share their first page, and the steps' prompt tokens are counted below
+    with DaemonProcess("--model", str(tiny_model_dir), "--served-model-name", "tiny", "--trace-file", str(trace),
+                       "--no-prefix-caching") as d:
         proc = subprocess.run([sys.executable, "tools/bench_serving.py", "--base-url", d.url, "--profile", "short",
                                "--concurrency", "1,2", "--num-requests", "4", "--max-tokens", "8", "--warmup", "1",
                                "--trace-file", str(trace), "--plot-dir", str(plots), "--claim", "CPU smoke test",

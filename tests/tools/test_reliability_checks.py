@@ -162,11 +162,12 @@ def test_overload_expectation_is_chosen_by_status():
 
 
 IDLE = {"scheduler": {"running": 0, "waiting": 0}, "engine": {"running": 0, "waiting": 0},
-        "kv_slots_free": 4, "kv_slots_total": 4}
+        "kv_slots_free": 4, "kv_slots_total": 4, "kv_pages": {"free": 60, "in_use": 0, "total": 60}}
 
 
 @pytest.mark.parametrize("status, change, words", [
     (200, {"kv_slots_free": 3}, "kv_slots_free 3 of 4"),
+    (200, {"kv_pages": {"free": 58, "in_use": 2, "total": 60}}, "kv_pages in_use 2 of 60"),
     (200, {"scheduler": {"running": 1, "waiting": 0}}, "scheduler.running = 1"),
     (200, {"engine": {"running": 0, "waiting": 2}}, "engine.waiting = 2"),
     (503, {}, "/ready answered 503"),

@@ -215,3 +215,14 @@ def test_expert_ranks_are_found_among_child_processes():
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_overload_burst_holds_the_server_longer_than_the_queue_part():
+    """The burst's requests outlast the time a client takes to send them all (a fast device ended 24
+    tokens before the last of 99 arrived, and no 429 came), within the server's context."""
+    planned = overload_active_cap.plan(LIMITS)
+    room = LIMITS.max_active + LIMITS.max_pending
+    queue, burst = planned[:room], planned[room:]
+    assert {x.max_tokens for x in queue} == {overload_active_cap.TOKENS}
+    assert {x.max_tokens for x in burst} == {min(overload_active_cap.BURST_TOKENS, LIMITS.max_model_len - 64)}
+    assert all(x.max_tokens > overload_active_cap.TOKENS for x in burst)

@@ -217,7 +217,7 @@ def diagnose(preset: str, prompt_len: int, kernels: KernelConfig, profile_batch:
     from torch.profiler import ProfilerActivity, profile
     if profile_batch > 1:  # the prompt's cache copied to more slots, a different token per row
         more = [engine.cache.allocate() for _ in range(profile_batch - 1)]
-        engine.cache.data[:, more] = engine.cache.data[:, s:s + 1]
+        engine.cache.copy_prefix(s, tuple(more), prompt_len)
         toks = torch.randint(0, engine.cfg.vocab_size - 2, (profile_batch,), generator=g).tolist()
         n = profile_batch
         inp = DecodeInputs(t(toks), t([prompt_len] * n), t([s] + more), t([prompt_len + 1] * n), 256)

@@ -88,33 +88,42 @@ def mla_rows(batches: list[int], length: int = 256, ctx: int = 150, fixed_split:
     w_uv_t = torch.randn(h, rank, v, device=dev, dtype=dt) * 0.05
     out = []
     for b in batches:
-        cache = torch.randn(b + 1, length, rank + rope, device=dev, dtype=dt)
+        cache = paged_cache(b + 1, length, rank + rope, dev, dt)  # (pages, table): each row's pages scattered
         q = torch.randn(b, h, rank + rope, device=dev, dtype=dt) * 0.1
         slots = torch.arange(b, device=dev)
         lens = torch.full((b,), ctx, device=dev)
         row = {"mla_batch": b, "length": length, "ctx": ctx}
         split_len = auto_split(b, length, DEFAULT.split_programs)
-        ref = mla_decode(q, cache, slots, lens, length, 0.1, rank, split_len=split_len, w_uv_t=w_uv_t, merge="row").float()
+        ref = mla_decode(q, *cache, slots, lens, length, 0.1, rank, split_len=split_len, w_uv_t=w_uv_t, merge="row").float()
         for merge in ("row", "block"):
             row[f"{merge}_us"] = round(graph_time_us(
-                lambda: mla_decode(q, cache, slots, lens, length, 0.1, rank, split_len=split_len, w_uv_t=w_uv_t, merge=merge)), 1)
-            got = mla_decode(q, cache, slots, lens, length, 0.1, rank, split_len=split_len, w_uv_t=w_uv_t, merge=merge).float()
+                lambda: mla_decode(q, *cache, slots, lens, length, 0.1, rank, split_len=split_len, w_uv_t=w_uv_t, merge=merge)), 1)
+            got = mla_decode(q, *cache, slots, lens, length, 0.1, rank, split_len=split_len, w_uv_t=w_uv_t, merge=merge).float()
             row[f"{merge}_max_abs_diff"] = float((got - ref).abs().max())
         row["split_only_us"] = round(graph_time_us(
-            lambda: mla_decode(q, cache, slots, lens, length, 0.1, rank, split_len=split_len, merge="row")), 1)
+            lambda: mla_decode(q, *cache, slots, lens, length, 0.1, rank, split_len=split_len, merge="row")), 1)
         # the batch-invariant plan (KernelConfig.batch_invariant): splits by each row's length, one merge
         split, most = fixed_split or (DEFAULT.decode_split_len, DEFAULT.decode_max_splits)
         fixed = dict(split_len=split, merge="fixed", max_splits=most)
         row["fixed_split"] = [split, most]
         row["fixed_us"] = round(graph_time_us(
-            lambda: mla_decode(q, cache, slots, lens, length, 0.1, rank, w_uv_t=w_uv_t, **fixed)), 1)
-        got = mla_decode(q, cache, slots, lens, length, 0.1, rank, w_uv_t=w_uv_t, **fixed).float()
+            lambda: mla_decode(q, *cache, slots, lens, length, 0.1, rank, w_uv_t=w_uv_t, **fixed)), 1)
+        got = mla_decode(q, *cache, slots, lens, length, 0.1, rank, w_uv_t=w_uv_t, **fixed).float()
         row["fixed_max_abs_diff"] = float((got - ref).abs().max())
         if b <= 4:
             row |= output_rows(q, cache, slots, lens, length, w_uv_t)
         print(json.dumps(row), flush=True)
         out.append(row)
     return out
+
+
+def paged_cache(rows: int, length: int, width: int, dev, dt) -> tuple[torch.Tensor, torch.Tensor]:
+    """A paged latent cache as the engine holds it (engine/kv_cache.py): random pages [rows * length / P
+    + 1, P, width] and a page table [rows, length / P] naming them in a random order."""
+    from pegainfer.engine.kv_cache import PAGE_SIZE
+    per = -(-length // PAGE_SIZE)
+    pages = torch.randn(rows * per + 1, PAGE_SIZE, width, device=dev, dtype=dt)
+    return pages, torch.randperm(rows * per, device=dev).view(rows, per).to(torch.int32)
 
 
 def output_rows(q, cache, slots, lens, length: int, w_uv_t) -> dict:
@@ -134,11 +143,11 @@ def output_rows(q, cache, slots, lens, length: int, w_uv_t) -> dict:
     count = torch.zeros(b, dtype=torch.int32, device=dev)
 
     def apart(w):
-        o = mla_decode(q, cache, slots, lens, length, 0.1, rank, split_len=split_len, w_uv_t=w_uv_t, merge="row")
+        o = mla_decode(q, *cache, slots, lens, length, 0.1, rank, split_len=split_len, w_uv_t=w_uv_t, merge="row")
         return rmsnorm(F.linear(o, w), norm_w, 1e-6, residual=res)
 
     def fused(w, tiling: tuple):
-        o = mla_decode(q, cache, slots, lens, length, 0.1, rank, split_len=split_len, w_uv_t=w_uv_t, merge="row")
+        o = mla_decode(q, *cache, slots, lens, length, 0.1, rank, split_len=split_len, w_uv_t=w_uv_t, merge="row")
         return mla_output.proj_norm(o, w, res, norm_w, 1e-6, count, RowTiling(*tiling))
 
     return tiling_rows(apart, fused, w_o, ((16, 512, 4), (8, 1024, 4), (32, 256, 4), (16, 512, 8), (4, 2048, 4)),

@@ -21,7 +21,7 @@ from tools.reliakit.workload import follow_up
 MODEL = "dry-run-model"
 MATURITY = "dry-run"
 IDLE = {"scheduler": {"running": 0, "waiting": 0}, "engine": {"running": 0, "waiting": 0},
-        "kv_slots_free": 4, "kv_slots_total": 4}
+        "kv_slots_free": 4, "kv_slots_total": 4, "kv_pages": {"free": 64, "in_use": 0, "total": 64, "page_size": 64}}
 
 
 def _hex(text: str, n: int = 64) -> str:

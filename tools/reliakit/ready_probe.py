@@ -64,7 +64,8 @@ class ReadyProbe:
 
 def idle_problems(status: int | None, body: dict) -> list[str]:
     """Why a /ready answer is not the idle baseline (empty: it is): 200, nothing running or
-    waiting in the scheduler or the engine, every KV slot free."""
+    waiting in the scheduler or the engine, every KV slot free, and (a paged server) no KV page in
+    use: a cancel or a disconnect that leaked a page fails here."""
     if status != 200:
         return [f"/ready answered {status if status is not None else 'nothing'}"]
     problems = []
@@ -76,6 +77,9 @@ def idle_problems(status: int | None, body: dict) -> list[str]:
     free, total = body.get("kv_slots_free"), body.get("kv_slots_total")
     if free is None or total is None or free != total:
         problems.append(f"kv_slots_free {free} of {total}")
+    pages = body.get("kv_pages")
+    if pages is not None and pages.get("in_use") != 0:  # a paged server: every page back (cached ones are free)
+        problems.append(f"kv_pages in_use {pages.get('in_use')} of {pages.get('total')}")
     return problems
 
 
@@ -83,7 +87,8 @@ def idle_summary(status: int | None, body: dict) -> dict:
     sched, engine = body.get("scheduler") or {}, body.get("engine") or {}
     return {"status": status, "running": sched.get("running"), "waiting": sched.get("waiting"),
             "engine_running": engine.get("running"), "engine_waiting": engine.get("waiting"),
-            "kv_slots_free": body.get("kv_slots_free"), "kv_slots_total": body.get("kv_slots_total")}
+            "kv_slots_free": body.get("kv_slots_free"), "kv_slots_total": body.get("kv_slots_total"),
+            "kv_pages_in_use": (body.get("kv_pages") or {}).get("in_use")}
 
 
 async def wait_idle(http: httpx.AsyncClient, timeout_s: float = 10.0) -> tuple[int | None, dict]:

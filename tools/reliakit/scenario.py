@@ -17,9 +17,11 @@ from tools.reliakit.observation import RequestObservation
 from tools.reliakit.ready_probe import ReadyProbe
 
 # Daemon settings under --spawn. Most scenarios share them (and one daemon); the overload scenario
-# needs a tiny active set and queue of its own.
-SHARED_FLAGS = ("--max-active", "4", "--max-pending", "8", "--max-model-len", "512", "--drain-timeout", "30",
-                "--rank-timeout", "5")
+# needs a tiny active set and queue of its own. The KV cache holds 16 pages of 64 tokens, half what
+# four requests of the whole context need: long requests preempt each other, so the storms of
+# cancels and disconnects also hit sequences waiting to be recomputed (every page must come back)
+SHARED_FLAGS = ("--max-active", "4", "--max-pending", "8", "--max-model-len", "512", "--kv-cache-tokens", "1024",
+                "--drain-timeout", "30", "--rank-timeout", "5")
 
 
 class ScenarioError(RuntimeError):

@@ -76,5 +76,5 @@ def follow_up(baseline: RequestObservation | None, obs: RequestObservation | Non
 
 def idle(name: str, status: int | None, body: dict) -> Check:
     """The leaked-slot rule: after the traffic the server is back at its idle baseline."""
-    return verdict(name, idle_problems(status, body), "running 0, waiting 0, every KV slot free",
+    return verdict(name, idle_problems(status, body), "running 0, waiting 0, every KV slot and page free",
                    {"ready": idle_summary(status, body)})

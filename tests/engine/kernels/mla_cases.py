@@ -69,6 +69,8 @@ def case(overrides: dict, dtype: torch.dtype, positions: list[int], seed: int) -
     g = torch.Generator().manual_seed(seed)
     cache = MLACache(LAYER + 1, SLOTS, MAX_LEN, cfg.cache_width, "cpu", dtype)
     cache.data.copy_(torch.randn(cache.data.shape, generator=g))
+    # every slot's pages scattered over the pool (the scratch slot's row stays on the scratch page)
+    cache.table[:SLOTS] = torch.randperm(cache.num_pages, generator=g).view(SLOTS, -1).to(torch.int32)
     b = len(positions) + 1  # the last row is CUDA-graph padding: the scratch slot, position 0, length 1
     pos = torch.tensor(positions + [0])  # [B]
     slots = torch.cat([torch.randperm(SLOTS, generator=g)[:b - 1], torch.tensor([cache.scratch_slot])])  # [B]
@@ -81,6 +83,7 @@ def case(overrides: dict, dtype: torch.dtype, positions: list[int], seed: int) -
 def copy(cache: MLACache, dtype: torch.dtype | None = None) -> MLACache:
     c = MLACache(cache.data.shape[0], SLOTS, MAX_LEN, cache.data.shape[-1], "cpu", dtype or cache.data.dtype)
     c.data.copy_(cache.data)
+    c.table.copy_(cache.table)
     return c
 
 

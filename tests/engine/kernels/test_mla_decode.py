@@ -3,8 +3,9 @@ of the cached latent, and both merge kernels apply W_UV as the direct product do
 attention (MLAttention.decode_absorbed: the prep, split and merge launches, then o_proj), the torch
 path's output for the tiny preset's heads, the q LoRA path, non-power-of-two head dims and bfloat16
 (there judged against float32 arithmetic on the same bf16 values: as accurate as the torch path).
+Every call reads the cache through a page table of scrambled pages (tests/engine/kernels/paging.py).
 The fixed plan (KernelConfig.batch_invariant): a row computed alone and inside batches of other
-rows at other lengths, at any row index, under any static bound, gives the same bits, with and
+rows at other lengths, at any row index, under any static bound, on any pages, gives the same bits, with and
 without W_UV. Triton's CPU interpreter; the GPU variants (lite's shapes, batches up to 256,
 contexts up to 8,192) at the end."""
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 pytest.importorskip("triton", reason="triton is a GPU-side dependency; CI installs it for the interpreter")
 
 from tests.engine.kernels import mla_cases  # noqa: E402
+from tests.engine.kernels.paging import paged  # noqa: E402
 
 B, H, RANK, ROPE, SLOTS, N = 3, 16, 64, 16, 4, 80
 
@@ -28,7 +30,7 @@ def _inputs(gen: torch.Generator) -> tuple:
 def test_split_attention_is_a_softmax_over_each_rows_length(triton_interpreter, gen):
     from pegainfer.engine.kernels.mla_decode import mla_decode
     cache, q, slots, lens = _inputs(gen)
-    got = mla_decode(q, cache, slots, lens, 80, 0.3, RANK, split_len=32, merge="row")
+    got = mla_decode(q, *paged(cache), slots, lens, 80, 0.3, RANK, split_len=32, merge="row")
     for b in range(B):
         kv = cache[slots[b], : lens[b]]
         p = ((q[b] @ kv.T) * 0.3).softmax(-1)
@@ -41,10 +43,10 @@ def test_both_merges_apply_w_uv(triton_interpreter, gen):
     cache, q, slots, lens = _inputs(gen)
     v = 24
     w_uv = torch.randn(H, RANK, v, generator=gen)
-    o_lat = mla_decode(q, cache, slots, lens, 80, 0.3, RANK, split_len=32, merge="row")  # [B, H, RANK]
+    o_lat = mla_decode(q, *paged(cache), slots, lens, 80, 0.3, RANK, split_len=32, merge="row")  # [B, H, RANK]
     want = torch.einsum("bhr,hrv->bhv", o_lat, w_uv).reshape(B, H * v)
     for merge in ("row", "block"):
-        got = mla_decode(q, cache, slots, lens, 80, 0.3, RANK, split_len=32, merge=merge, w_uv_t=w_uv)
+        got = mla_decode(q, *paged(cache), slots, lens, 80, 0.3, RANK, split_len=32, merge=merge, w_uv_t=w_uv)
         assert torch.allclose(got, want, atol=1e-4), (merge, (got - want).abs().max())
 
 
@@ -92,10 +94,10 @@ def test_own_split_follows_the_rows_length_alone():
 def test_the_fixed_merge_takes_max_splits_and_only_it():
     from pegainfer.engine.kernels.mla_decode import mla_decode
     with pytest.raises(ValueError, match="max_splits"):
-        mla_decode(torch.zeros(1, H, RANK + ROPE), torch.zeros(1, N, RANK + ROPE), torch.zeros(1, dtype=torch.long),
+        mla_decode(torch.zeros(1, H, RANK + ROPE), *paged(torch.zeros(1, N, RANK + ROPE)), torch.zeros(1, dtype=torch.long),
                    torch.ones(1, dtype=torch.long), N, 0.3, RANK, split_len=32, merge="fixed")
     with pytest.raises(ValueError, match="max_splits"):
-        mla_decode(torch.zeros(1, H, RANK + ROPE), torch.zeros(1, N, RANK + ROPE), torch.zeros(1, dtype=torch.long),
+        mla_decode(torch.zeros(1, H, RANK + ROPE), *paged(torch.zeros(1, N, RANK + ROPE)), torch.zeros(1, dtype=torch.long),
                    torch.ones(1, dtype=torch.long), N, 0.3, RANK, split_len=32, merge="row", max_splits=8)
 
 
@@ -119,7 +121,7 @@ def _run(cache, q, w_uv, slots: list[int], lens: list[int], length: int, w: bool
     """mla_decode of the rows reading `slots` (each with that slot's query) at lengths `lens`."""
     from pegainfer.engine.kernels.mla_decode import mla_decode
     s = torch.tensor(slots, device=cache.device)
-    return mla_decode(q[s], cache, s, torch.tensor(lens, device=cache.device), length, SCALE, w_uv.shape[1],
+    return mla_decode(q[s], *paged(cache), s, torch.tensor(lens, device=cache.device), length, SCALE, w_uv.shape[1],
                       w_uv_t=w_uv if w else None, **plan)
 
 

@@ -12,6 +12,7 @@ import torch
 pytest.importorskip("triton", reason="triton is a GPU-side dependency; CI installs it for the interpreter")
 
 from pegainfer.engine.model.norm import rms_norm  # noqa: E402
+from tests.engine.kernels.paging import paged, unpaged  # noqa: E402
 from tests.engine.kernels import mla_cases  # noqa: E402
 
 
@@ -36,7 +37,9 @@ def test_prep_writes_the_cache_entries_and_makes_the_absorbed_query(triton_inter
     slots, positions = cells // max_len, cells % max_len
     cache = torch.randn(slots_n, max_len, rank + rope, generator=gen)
     before = cache.clone()
-    got = mla_prep(q, kv, kv_norm, w_uk, table, positions, slots, cache)
+    pages, page_table = paged(cache, page=16)  # through a table of scrambled 16-position pages
+    got = mla_prep(q, kv, kv_norm, w_uk, table, positions, slots, pages, pages=page_table)
+    cache = unpaged(pages, page_table, max_len)
     n = b
     latent = rms_norm(kv[:, :rank], kv_norm, 1e-6)  # [n, rank]
     k_pe = _rope(kv[:, rank:], table[positions])  # [n, rope]
@@ -60,8 +63,9 @@ def test_absorbed_query_matches_the_torch_path(triton_interpreter, request, over
     q_ref, q_got, c_ref, c_got = c.both(lambda attn, cache: attn.absorbed_query(c.x, inp.positions, inp.slots, cache))
     assert q_got.shape == (c.x.shape[0], c.cfg.num_attention_heads, c.cfg.cache_width) and q_got.dtype == dtype
     mla_cases.same(q_got, q_ref)
-    touched = torch.zeros(c.cache.data.shape[:3], dtype=torch.bool)  # [L, S+1, N]
-    touched[mla_cases.LAYER, inp.slots, inp.positions] = True
+    touched = torch.zeros(c.cache.data.shape[:3], dtype=torch.bool)  # [L, pages+1, P]
+    p = c.cache.page_size
+    touched[mla_cases.LAYER, c.cache.table[inp.slots, inp.positions // p].long(), inp.positions % p] = True
     assert torch.equal(c_got[~touched], c.cache.data[~touched]), "the prep kernel wrote outside (slot, position)"
     assert not torch.equal(c_ref[touched], c.cache.data[touched])
     mla_cases.same(c_got[touched], c_ref[touched])
