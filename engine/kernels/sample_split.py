@@ -35,9 +35,9 @@ import triton.language as tl
 
 from pegainfer.engine.kernels.argmax import block_best
 from pegainfer.engine.kernels.lowbias import log_noise
-from pegainfer.engine.kernels.sample_fold import (F_K2, F_M, F_MALL, F_MS, F_RM, F_RS, F_WLN, F_WX, F_WY, F_X2,
-                                                  I_CALL, I_CS, I_FIRST, I_IDX2, I_NAN, I_WIDX, _final_kernel, layout,
-                                                  pick_pivot, pick_raw, row_max)
+from pegainfer.engine.kernels.sample_fold import (BAND, F_K2, F_KA, F_M, F_MALL, F_MS, F_RM, F_RS, F_WLN, F_WX, F_WY,
+                                                  F_X2, I_CALL, I_CS, I_FIRST, I_IDX2, I_NAN, I_WIDX, WHOLE,
+                                                  _final_kernel, layout, pick_raw, plan, row_max)
 from pegainfer.engine.kernels.sample_row import row_of
 from pegainfer.engine.kernels.sample_sweeps import BIG, deltas, mass, order_key, pick, shaped
 
@@ -75,26 +75,56 @@ def _first_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h
 
 
 @triton.jit
+def tile_counts(x, ent, e, ts, P: tl.constexpr):
+    """One block's entries x >= ts[p] and their mass, [P] each (sample_sweeps.pivot_sweep's sums)."""
+    j = tl.arange(0, P)
+    cs = tl.zeros([P], tl.int32)
+    ms = tl.zeros([P], tl.float32)
+    for p in tl.static_range(P):
+        ge = ent & (x >= pick(ts, j, p))
+        cs += tl.where(j == p, tl.sum(ge.to(tl.int32), axis=0), 0)
+        ms += tl.where(j == p, tl.sum(tl.where(ge, e, 0.0), axis=0), 0.0)
+    return cs, ms
+
+
+@triton.jit
 def _count_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b, pf_ptr, pi_ptr,
-                  V, N_TOP: tl.constexpr, LOGPROBS: tl.constexpr, BLOCK_V: tl.constexpr, TILES: tl.constexpr,
-                  TP: tl.constexpr, PER: tl.constexpr, P: tl.constexpr, NF: tl.constexpr, NI: tl.constexpr):
+                  V, N_TOP: tl.constexpr, LOGPROBS: tl.constexpr, RECOUNT: tl.constexpr, CAP: tl.constexpr,
+                  BLOCK_V: tl.constexpr, TILES: tl.constexpr, TP: tl.constexpr, PER: tl.constexpr, P: tl.constexpr,
+                  NF: tl.constexpr, NI: tl.constexpr):
     s = tl.program_id(0)
     (temp, top_p, min_p, presence, frequency, repetition, top_k, state, has_h, has_b, x_ptr, h_ptr, b_ptr, inv_t,
      filtered, plain) = row_of(s, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b)
     race = plain & (min_p > 0)
-    if filtered | race | LOGPROBS:
-        f_row = pf_ptr + s.to(tl.int64) * (TILES * NF)
-        i_row = pi_ptr + s.to(tl.int64) * (TILES * NI)
+    f_row = pf_ptr + s.to(tl.int64) * (TILES * NF)
+    i_row = pi_ptr + s.to(tl.int64) * (TILES * NI)
+    t0 = tl.program_id(1) * PER
+    j = tl.arange(0, P)
+    k = tl.arange(0, TP)
+    if RECOUNT:  # the second count, inside the first's band, for the rows whose band held more than CAP
+        if filtered:
+            g_val = row_max(f_row, NF, F_M, TILES, TP)
+            top = g_val * inv_t
+            _, lo, _, _, _, _, _, _, _, _, recount, top_s = plan(f_row, i_row, g_val, temp, top_k, top_p, CAP, NF, NI,
+                                                                 TILES, TP, P, False)
+            if recount:
+                ts = lo + (top_s - lo) * ((j + 1).to(tl.float32) / (P + 1))
+                for t in range(t0, tl.minimum(t0 + PER, TILES)):
+                    cols = t * BLOCK_V + tl.arange(0, BLOCK_V)
+                    ok = cols < V
+                    _, x = shaped(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency, repetition, cols, ok)
+                    e = mass(x, inv_t, top)
+                    cs, ms = tile_counts(x, ok & (e > 0) & (e >= min_p), e, ts, P)
+                    tl.store(i_row + t * NI + I_CS + 2 * P + 1 + j, cs)
+                    tl.store(f_row + t * NF + F_MS + P + j, ms)
+    elif filtered | race | LOGPROBS:
         g_val = row_max(f_row, NF, F_M, TILES, TP)
         top = g_val * inv_t
-        j = tl.arange(0, P)
         ts = g_val - temp * deltas(j, P)
         tr = tl.zeros([P], tl.float32)
         if N_TOP > 0:
             tr = row_max(f_row, NF, F_RM, TILES, TP) - deltas(j, P)
         shape = filtered | race
-        t0 = tl.program_id(1) * PER
-        k = tl.arange(0, TP)
         for t in range(t0, tl.minimum(t0 + PER, TILES)):
             cols = t * BLOCK_V + tl.arange(0, BLOCK_V)
             ok = cols < V
@@ -108,12 +138,7 @@ def _count_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h
             if filtered:  # sample_sweeps.pivot_sweep's counts, one block
                 e = mass(x, inv_t, top)
                 ent = ok & (e > 0) & (e >= min_p)
-                cs = tl.zeros([P], tl.int32)
-                ms = tl.zeros([P], tl.float32)
-                for p in tl.static_range(P):
-                    ge = ent & (x >= pick(ts, j, p))
-                    cs += tl.where(j == p, tl.sum(ge.to(tl.int32), axis=0), 0)
-                    ms += tl.where(j == p, tl.sum(tl.where(ge, e, 0.0), axis=0), 0.0)
+                cs, ms = tile_counts(x, ent, e, ts, P)
                 tl.store(i + I_CALL, tl.sum(ent.to(tl.int32), axis=0))
                 tl.store(f + F_MALL, tl.sum(tl.where(ent, e, 0.0), axis=0))
                 tl.store(i + I_CS + j, cs)
@@ -154,13 +179,20 @@ def _gather_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
         t0 = tl.program_id(1) * PER
         k = tl.arange(0, TP)
         before = k < t0  # the row's tiles before this program's: their candidates come first
-        lo_s = tl.full([], float("-inf"), tl.float32)
-        c_s = tl.full([], BIG, tl.int32)
+        mode = WHOLE
+        lo = tl.full([], float("-inf"), tl.float32)
+        hi = tl.full([], float("inf"), tl.float32)
         ps = tl.full([], 0, tl.int32)
         if filtered:
-            lo_s, c_s, js, _, _ = pick_pivot(f_row, i_row, g_val, temp, top_k, top_p, NF, NI, TILES, TP, P)
-            ps = tl.sum(tl.load(i_row + k * NI + I_CS + js, mask=before, other=0), axis=0)
-        fast_s = filtered & (c_s <= CAP)
+            mode, lo, hi, _, _, _, lo_off, hi_off, _, _, _, _ = plan(f_row, i_row, g_val, temp, top_k, top_p, CAP, NF,
+                                                                     NI, TILES, TP, P, True)
+            ps = tl.sum(tl.load(i_row + k * NI + lo_off, mask=before, other=0), axis=0)
+            if mode == BAND:  # the band only: less the tiles' entries above it
+                above = tl.sum(tl.load(i_row + k * NI + tl.maximum(hi_off, 0), mask=before, other=0), axis=0)
+                ps -= tl.where(hi_off >= 0, above, 0)
+        fast_s = filtered & (mode != WHOLE)
+        band = fast_s & (mode == BAND)
+        hi_g = tl.where(band, hi, float("inf"))
         lo_r = tl.full([], float("-inf"), tl.float32)
         c_r = tl.full([], BIG, tl.int32)
         pr = tl.full([], 0, tl.int32)
@@ -175,13 +207,26 @@ def _gather_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
                 raw, x = shaped(x_ptr, h_ptr, b_ptr, has_h & fast_s, has_b & fast_s, presence, frequency, repetition,
                                 cols, ok)
                 if fast_s:
-                    cand = ok & (x >= lo_s) & (x < float("inf"))
+                    cand = ok & (x >= lo) & (x < hi_g)
                     if tl.max(cand.to(tl.int32), axis=0) > 0:
                         e = mass(x, inv_t, top)
                         cand = cand & (e > 0) & (e >= min_p)
                         pos = ps + tl.cumsum(cand.to(tl.int32), axis=0) - 1
                         tl.store(s_ptr + pos, order_key(x, cols), mask=cand & (pos < CAP))
                         ps += tl.sum(cand.to(tl.int32), axis=0)
+                    if band:  # the race among the entries above the band (every one kept), this block's winner
+                        above = ok & (x >= hi)
+                        a_key = tl.full([], float("-inf"), tl.float32)
+                        a_col = tl.full([], BIG, tl.int32)
+                        if tl.max(above.to(tl.int32), axis=0) > 0:
+                            y = x * inv_t - top
+                            e = tl.exp(y)  # mass(x, inv_t, top)'s bits
+                            above = above & (e > 0) & (e >= min_p)
+                            key = tl.where(above, y - log_noise(state, cols), float("-inf"))
+                            a_key = tl.max(key, axis=0)
+                            a_col = tl.min(tl.where(above & (key == a_key), cols, BIG), axis=0)
+                        tl.store(f_row + t * NF + F_KA, a_key)
+                        tl.store(i_row + t * NI + NI - 1, a_col)
                 if fast_r:  # every raw logit the counts counted (no upper bound: +inf counts as well)
                     cand = ok & (raw >= lo_r)
                     if tl.max(cand.to(tl.int32), axis=0) > 0:
@@ -213,7 +258,9 @@ def launch(logits: torch.Tensor, rows, history: torch.Tensor, bias: torch.Tensor
     tp = triton.next_power_of_2(tiles)
     opts = {"num_warps": num_warps, "enable_fp_fusion": False}
     _first_kernel[(s, programs)](*row, pf, pi, v, LOGPROBS=logprobs, **shape, **opts)
-    _count_kernel[(s, programs)](*row, pf, pi, v, N_TOP=n_top, LOGPROBS=logprobs, TP=tp, P=pivots, **shape, **opts)
+    for recount in (False, True):
+        _count_kernel[(s, programs)](*row, pf, pi, v, N_TOP=n_top, LOGPROBS=logprobs, RECOUNT=recount, CAP=cap, TP=tp,
+                                     P=pivots, **shape, **opts)
     _gather_kernel[(s, programs)](*row, scratch, pf, pi, v, N_TOP=n_top, CAP=cap, TP=tp, P=pivots, **shape, **opts)
     _final_kernel[(s,)](*row, scratch, pf, pi, *outs, v, N_TOP=n_top, NP=triton.next_power_of_2(max(n_top, 1)),
                         LOGPROBS=logprobs, RECORD=record, COUNT=count, BLOCK_V=block_v, ONE_PIVOTS=one_pivots, CAP=cap,
