@@ -148,7 +148,7 @@ class DecodeGraphs:
         self.logits_out: torch.Tensor | None = None  # [max_batch, V], allocated with the first logits graph
         self.sampler = None if sampler == "off" else DeviceSampler(
             cache.num_slots + 1, model.lm_head.shape[0], m, dev,
-            kernel=sampler == "kernel" or (sampler == "auto" and self.on_cuda))
+            kernel=sampler == "kernel" or (sampler == "auto" and self.on_cuda), tiling=model.kernels.sample)
 
     def kinds(self) -> tuple[str, ...]:
         """The outputs a step can ask for: the device sampler's two only where it is on."""

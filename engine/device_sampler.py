@@ -28,6 +28,7 @@ import torch
 
 from pegainfer.engine.batch import RowInput
 from pegainfer.engine.draw_params import DrawParams
+from pegainfer.engine.kernels.config import SampleTiling
 from pegainfer.engine.kernels.sample import FLOATS, HISTORY_SEEN, INTS, MAX_LOGPROBS, SampleOut, SampleRows
 from pegainfer.engine.sampler import Draw, SamplingBatch, sample as reference_sample
 
@@ -39,10 +40,12 @@ _WORDS = _NI + _NF // 2  # int64 words a row's parameters take (the floats two t
 
 
 class DeviceSampler:
-    def __init__(self, slots: int, vocab: int, max_batch: int, device: torch.device, *, kernel: bool):
+    def __init__(self, slots: int, vocab: int, max_batch: int, device: torch.device, *, kernel: bool,
+                 tiling: SampleTiling = SampleTiling()):
         """slots: the KV cache's slot count (the scratch slot included); kernel: the Triton launch
-        (False: engine.sampler.sample on the same state)."""
-        self.vocab, self.kernel, self.max_batch = vocab, kernel, max_batch
+        (False: engine.sampler.sample on the same state); tiling: its launch (KernelConfig.sample:
+        one program per row, or each row split over a fixed number of programs)."""
+        self.vocab, self.kernel, self.max_batch, self.tiling = vocab, kernel, max_batch, tiling
         self.top_n = min(MAX_LOGPROBS, vocab)
         self.history = torch.zeros(slots, vocab, dtype=torch.int32, device=device)  # [slots, V]
         self.bias = torch.zeros(slots, vocab, dtype=torch.float32, device=device)  # [slots, V]
@@ -134,8 +137,10 @@ class DeviceSampler:
         out = SampleOut(tokens, chosen[:b], ids[:b], lps[:b]) if logprobs else SampleOut(tokens, None, None, None)
         if self.kernel:
             from pegainfer.engine.kernels.sample import sample
+            t = self.tiling
             sample(logits, rows, history=self.history, bias=self.bias, logprobs=self.top_n if logprobs else None,
-                   record=True, out=out)
+                   record=True, out=out, block_v=t.block_v, pivots=t.one_pivots, cap=t.cap, num_warps=t.num_warps,
+                   chunks=t.chunks, split_pivots=t.pivots)
         else:
             self._reference(logits, rows, out)
         return tokens

@@ -87,6 +87,28 @@ class LinearTiling:
             raise ValueError(f"LinearTiling: k_chunk must be a multiple of block_k, block_n_max >= block_n_min: {self}")
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class SampleTiling:
+    """The device sampler's launches (engine/kernels/sample.py, sample_split.py). chunks: programs per
+    draw row (0: one program walks the whole row, the kernel before the split); with chunks > 0 a row's
+    vocabulary is cut into block_v tiles, ceil(tiles / chunks) per program, in four launches (the
+    tiles' max, their pivot counts, the gather, the row's pick), every per-row sum and pick combined
+    tile by tile in tile order: the same bits at every batch size, and the one-program kernel's bits
+    where both take the same path. The count depends on the vocabulary and this field, never on the
+    batch. pivots: the split's count thresholds (the one-program kernel's: one_pivots); cap: the
+    candidates a row sorts at most. Not measured on a GPU yet (docs/perf-notes.md)."""
+    chunks: int = 64  # lite: 50 tiles of 2,048, one program each
+    block_v: int = 2048
+    pivots: int = 8
+    one_pivots: int = 4
+    cap: int = 512
+    num_warps: int = 8
+
+    def __post_init__(self) -> None:
+        if self.chunks < 0 or self.block_v & (self.block_v - 1) or self.cap & (self.cap - 1) or self.pivots < 2:
+            raise ValueError(f"SampleTiling: chunks >= 0, block_v and cap powers of two, pivots >= 2: {self}")
+
+
 @functools.cache
 def _one_token(tiling: Tiling, stages: int, up_n: int) -> Tiling:
     """tiling with `stages` pipeline stages and `up_n` gate-up columns per program, made once per
@@ -170,6 +192,8 @@ class KernelConfig:
     dense: Tiling = Tiling(block_m=16, up_n=32, num_stages=4)
     # The batch-invariant linear's Triton kernel (engine/kernels/linear.py), on CUDA when batch_invariant
     linear: LinearTiling = LinearTiling()
+    # The device sampler (issue 33): one program per row (chunks 0) or each row split over chunks programs
+    sample: SampleTiling = SampleTiling()
 
     def on_device(self, cuda: bool, bf16: bool, triton_imports: bool) -> KernelConfig:
         """This configuration as it runs on the device: `triton` cleared where the Triton kernels

@@ -21,6 +21,7 @@ import torch
 from pegainfer.engine.contract import Admit, SamplingParams, Shutdown, StepEvents
 from pegainfer.engine.cuda_graphs import DecodeGraphs
 from pegainfer.engine.engine import EngineSpec, build_engine
+from pegainfer.engine.kernels.config import KernelConfig, SampleTiling
 from pegainfer.engine.batch import RowInput
 from pegainfer.engine.loop import GpuThread
 from pegainfer.engine.sampler import Draw
@@ -148,13 +149,17 @@ def test_penalties_follow_the_whole_history_across_launched_steps(tiny_model_dir
 
 def test_the_kernel_in_the_runner_chooses_what_engine_sampler_chooses(tiny_model_dir, triton_interpreter):
     """The Triton sampler inside the decode step (interpreted: few rows, few steps), float32: the
-    tokens of engine.sampler's path, the log-probs within 1e-5 of it and within 1e-3 of HF's."""
+    tokens of engine.sampler's path, the log-probs within 1e-5 of it and within 1e-3 of HF's. The
+    engine's KernelConfig.sample reaches the launch: each row split over 4 programs of 256 columns."""
     from tools.hf_oracle import load_hf
     admits = [MIXED[0], MIXED[2], Admit("lp", [7, 8, 9], 5, True, SamplingParams(temperature=0.8, top_p=0.9,
                                                                                      seed=3, logprobs=5))]
     admits = [Admit(a.request_id, a.prompt_ids, 5, True, a.sampling) for a in admits]
-    e = build_engine(EngineSpec(model_dir=str(tiny_model_dir), dtype="float32", num_slots=4))
+    tiling = SampleTiling(chunks=4, block_v=256)
+    e = build_engine(EngineSpec(model_dir=str(tiny_model_dir), dtype="float32", num_slots=4,
+                                kernels=KernelConfig(sample=tiling)))
     try:
+        assert _graphs(e, "kernel").sampler.tiling == tiling
         want, _, _ = serve_with(e, None, admits)
         got, _, kinds = serve_with(e, "kernel", admits)
     finally:

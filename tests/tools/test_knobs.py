@@ -9,7 +9,7 @@ import importlib
 
 import pytest
 
-from pegainfer.engine.kernels.config import ExpertTilings, HeadTiling, KernelConfig, RowTiling, Tiling
+from pegainfer.engine.kernels.config import ExpertTilings, HeadTiling, KernelConfig, RowTiling, SampleTiling, Tiling
 from tools.benchkit import knobs
 
 DEFAULT = KernelConfig()
@@ -28,7 +28,7 @@ def _config(*flags: str) -> tuple[KernelConfig, dict]:
 def test_every_knob_names_an_existing_field():
     for field, _ in knobs.KNOBS.values():
         knobs.get(DEFAULT, field)  # raises AttributeError for a field that does not exist
-    assert len(knobs.KNOBS) == 31
+    assert len(knobs.KNOBS) == 33
 
 
 def test_no_flags_is_the_default_config():
@@ -81,11 +81,23 @@ def test_head_argmax_flags():
         _parser().parse_args(["--head-argmax-rows", "2"])
 
 
+def test_sample_flags():
+    """--sample-chunks 0: the device sampler's one program per row (the kernel before the split), the A/B
+    against the default split; --sample-pivots: the split's count thresholds."""
+    config, done = _config("--sample-chunks", "0")
+    assert done == {"sample.chunks": 0} and config.sample == dataclasses.replace(DEFAULT.sample, chunks=0)
+    assert DEFAULT.sample.chunks > 0
+    config, done = _config("--sample-pivots", "16", "--sample-chunks", "32")
+    assert config.sample == SampleTiling(chunks=32, pivots=16) and config.linear == DEFAULT.linear
+    with pytest.raises(ValueError):
+        _config("--sample-pivots", "1")
+
+
 def test_applying_flags_changes_no_module_state():
     """The config is built with dataclasses.replace: the defaults and every kernel module stay as they were."""
     pytest.importorskip("triton", reason="the kernel modules import Triton")
     modules = ["engine.kernels." + m for m in ("argmax", "head_argmax", "norm_proj", "mla_output", "mla_decode",
-                                                "moe_route", "moe_experts")] + ["engine.cuda_graphs"]
+                                                "moe_route", "moe_experts", "sample", "sample_split")] + ["engine.cuda_graphs"]
     before = {m: dict(vars(importlib.import_module(m))) for m in modules}
     every = [f for flag in knobs.KNOBS for f in ("--" + flag.replace("_", "-"), "1" if flag in knobs.CHOICES else "7")]
     config, done = _config(*every)

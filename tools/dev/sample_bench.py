@@ -1,13 +1,16 @@
-"""The token choice of a decode step on the GPU, two ways, at lite's vocabulary (102,400): the
-one-launch Triton sampler (engine/kernels/sample.py) against engine.sampler.sample (batched torch:
-penalties, softmax, sort, scan, draw), for batches of 1, 64 and 256 draws and a few request mixes.
+"""The token choice of a decode step on the GPU at lite's vocabulary (102,400): the Triton sampler
+(engine/kernels/sample.py) with one program per row (--chunks 0) and with each row split over a
+fixed number of programs (--chunks 64: sample_split.py), against engine.sampler.sample (batched
+torch: penalties, softmax, sort, scan, draw), for batches of 1, 64 and 256 draws and a few request
+mixes; for the greedy mix also the one-launch argmax (engine/kernels/argmax.py). The variants after
+the first must give its tokens and log-probs bit for bit (bits_equal_c<N>).
 Each timing is the device time of one call captured in a CUDA graph (tools/dev/kernel_bench.py
 graph_time_us; the torch path is timed eagerly with CUDA events where it does not capture). Also
 reports how often the kernel read each row (its sweeps) and whether both chose the same tokens.
 Prints one JSON line per (mix, logits, batch) and writes them all with --out.
 
     python tools/dev/sample_bench.py --device cuda [--rows 1,64,256] [--mixes all] [--logits peaked,flat]
-        [--block-v 2048] [--pivots 4] [--cap 512] [--warps 8] [--out report.json]
+        [--chunks 0,64] [--block-v 2048] [--pivots 4] [--split-pivots 8] [--cap 512] [--warps 8] [--out report.json]
     python tools/dev/sample_bench.py --device cuda --sweep   # the kernel's knobs at each batch
     python tools/dev/sample_bench.py --device cpu --vocab 3000 --rows 2   # a smoke run (Triton's interpreter)
 """
@@ -113,21 +116,36 @@ def device_us(fn, reps: int = 20) -> tuple[float, str]:
     return round(start.elapsed_time(end) * 1e3 / reps, 2), "eager"
 
 
-def row(mix: str, kind: str, rows: int, vocab: int, device: str, knobs: dict, seed: int = 0) -> dict:
+def row(mix: str, kind: str, rows: int, vocab: int, device: str, knobs: dict, chunks: list[int], seed: int = 0
+        ) -> dict:
+    """One (mix, logits, batch): the kernel at each `chunks` (0: one program per row; else the split
+    launches), its tokens against torch's and, bit for bit, against the first variant's (tokens, log-probs,
+    top-N); the sweeps of the first variant; torch's time; for the greedy mix the one-launch argmax's."""
     gen, rng = torch.Generator().manual_seed(seed), random.Random(seed)
     logits = logits_of(kind, rows, vocab, gen, device)
     draws = draws_of(mix, rows, vocab, rng)
     inputs, history, logprobs = kernel_inputs(draws, vocab, device)
     batch = SamplingBatch.build(draws, vocab, device)
-    sweeps = torch.zeros(rows, dtype=torch.int32, device=device)
-    got = sample(logits, inputs, history=history, logprobs=logprobs, sweeps=sweeps, **knobs)
     want = torch_sample(logits, batch)
-    out = {"mix": mix, "logits": kind, "rows": rows, "vocab": vocab, **knobs,
-           "same_tokens": int((got.tokens == want.tokens).sum()),
-           "sweeps_mean": round(float(sweeps.float().mean()), 2), "sweeps_max": int(sweeps.max())}
-    out["kernel_us"], _ = device_us(lambda: sample(logits, inputs, history=history, logprobs=logprobs, **knobs))
+    out = {"mix": mix, "logits": kind, "rows": rows, "vocab": vocab, **knobs}
+    first = None
+    for c in chunks:
+        sweeps = torch.zeros(rows, dtype=torch.int32, device=device)
+        got = sample(logits, inputs, history=history, logprobs=logprobs, sweeps=sweeps, chunks=c, **knobs)
+        out[f"same_tokens_c{c}"] = int((got.tokens == want.tokens).sum())
+        out[f"sweeps_mean_c{c}"] = round(float(sweeps.float().mean()), 2)
+        if first is None:
+            first = got
+        else:
+            out[f"bits_equal_c{c}"] = all(a is None and b is None or torch.equal(a, b) for a, b in zip(got, first))
+        out[f"kernel_us_c{c}"], _ = device_us(lambda: sample(logits, inputs, history=history, logprobs=logprobs,
+                                                             chunks=c, **knobs))
     out["torch_us"], out["torch_timing"] = device_us(lambda: torch_sample(logits, batch))
-    out["speedup"] = round(out["torch_us"] / out["kernel_us"], 2)
+    if mix == "greedy" and device == "cuda":
+        from pegainfer.engine.kernels.argmax import argmax
+        from pegainfer.engine.kernels.ticket import tickets
+        ticket = tickets(rows, device)
+        out["argmax_us"], _ = device_us(lambda: argmax(logits, ticket))
     return out
 
 
@@ -142,6 +160,9 @@ def main() -> int:
     p.add_argument("--pivots", type=int, default=4)
     p.add_argument("--cap", type=int, default=512)
     p.add_argument("--warps", type=int, default=8)
+    p.add_argument("--chunks", default="0,64", help="programs per row to time, comma-separated (0: one per row, "
+                   "the kernel before the split; KernelConfig.sample.chunks)")
+    p.add_argument("--split-pivots", type=int, default=8, help="the split launches' count thresholds")
     p.add_argument("--sweep", action="store_true", help="time the kernel's knobs (mix 'mix', peaked logits)")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
@@ -149,18 +170,21 @@ def main() -> int:
         print(json.dumps({"error": "needs a CUDA GPU"}))
         return 1
     rows = [int(r) for r in a.rows.split(",")]
+    chunks = [int(c) for c in a.chunks.split(",")]
     mixes = list(MIXES) if a.mixes == "all" else a.mixes.split(",")
     report = []
     if a.sweep:
         for n, block_v, pivots, cap, warps in itertools.product(rows, (1024, 2048, 4096), (4, 8), (256, 512, 1024),
                                                                 (4, 8, 16)):
-            knobs = {"block_v": block_v, "pivots": pivots, "cap": cap, "num_warps": warps}
-            report.append(row("mix", "peaked", n, a.vocab, a.device, knobs))
+            knobs = {"block_v": block_v, "pivots": pivots, "cap": cap, "num_warps": warps,
+                     "split_pivots": a.split_pivots}
+            report.append(row("mix", "peaked", n, a.vocab, a.device, knobs, chunks))
             print(json.dumps(report[-1]), flush=True)
     else:
-        knobs = {"block_v": a.block_v, "pivots": a.pivots, "cap": a.cap, "num_warps": a.warps}
+        knobs = {"block_v": a.block_v, "pivots": a.pivots, "cap": a.cap, "num_warps": a.warps,
+                 "split_pivots": a.split_pivots}
         for mix, kind, n in itertools.product(mixes, a.logits.split(","), rows):
-            report.append(row(mix, kind, n, a.vocab, a.device, knobs))
+            report.append(row(mix, kind, n, a.vocab, a.device, knobs, chunks))
             print(json.dumps(report[-1]), flush=True)
     if a.out:
         a.out.write_text(json.dumps(report, indent=1) + "\n")

@@ -8,7 +8,8 @@ import dataclasses
 
 import pytest
 
-from pegainfer.engine.kernels.config import ExpertTilings, HeadTiling, KernelConfig, LinearTiling, RowTiling, Tiling
+from pegainfer.engine.kernels.config import (ExpertTilings, HeadTiling, KernelConfig, LinearTiling, RowTiling,
+                                             SampleTiling, Tiling)
 
 
 def test_frozen_and_hashable():
@@ -30,6 +31,13 @@ def test_defaults_are_the_measured_values():
     assert k.dense == Tiling(block_m=16, block_k=128, up_n=32, down_n=64, num_warps=4, num_stages=4)
     assert k.experts == ExpertTilings(Tiling(), Tiling(block_m=16), 512, 8, 4, 32, 2048)
     assert k.linear == LinearTiling(16, 256, 64, 8, 64, 256, 32, 128, 264, 4, 3)  # wide rows: linear_blockm.py on the H200
+    assert k.sample == SampleTiling(chunks=64, block_v=2048, pivots=8, one_pivots=4, cap=512, num_warps=8)  # not measured
+
+
+@pytest.mark.parametrize("bad", [{"chunks": -1}, {"block_v": 1000}, {"cap": 300}, {"pivots": 1}])
+def test_a_sample_tiling_the_kernels_cannot_take_is_refused(bad):
+    with pytest.raises(ValueError, match="SampleTiling"):
+        SampleTiling(**bad)
 
 
 @pytest.mark.parametrize("cuda,bf16,imports", [(c, b, i) for c in (0, 1) for b in (0, 1) for i in (0, 1)])
