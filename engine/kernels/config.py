@@ -96,8 +96,10 @@ class SampleTiling:
     tile by tile in tile order: the same bits at every batch size, and the one-program kernel's bits
     where both take the same path. The count depends on the vocabulary and this field, never on the
     batch. pivots: the split's count thresholds (the one-program kernel's: one_pivots); cap: the
-    candidates a row sorts at most. Not measured on a GPU yet (docs/perf-notes.md)."""
-    chunks: int = 64  # lite: 50 tiles of 2,048, one program each
+    candidates a row sorts at most. The split has never run on a GPU (only in Triton's interpreter), so
+    the default stays the one-program kernel that has (2026-12-05): `--sample-chunks 64` (lite: 50
+    tiles of 2,048, one program each) is its A/B (tools/dev/sample_bench.py, docs/perf-notes.md)."""
+    chunks: int = 0
     block_v: int = 2048
     pivots: int = 8
     one_pivots: int = 4
