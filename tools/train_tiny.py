@@ -30,6 +30,8 @@ from typing import NoReturn
 if __package__ in (None, ""):  # run as a script: make the repository's packages importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tools.benchkit import hardware  # noqa: E402
+
 PROG = "train_tiny"
 VOCAB = 4096  # 4094 BPE tokens learned from the corpus, then BOS and EOS
 TRAINED_OVERRIDES: dict = {
@@ -167,7 +169,7 @@ def train(args) -> dict:
         curve.append({"step": step, "tokens": step * args.batch * args.seq_len, "loss": round(loss.item(), 4),
                       "elapsed_s": round(time.monotonic() - train_t0, 1)})
     curve[-1]["val_loss"] = round(final_val, 4)
-    record = {"command": " ".join(["python", "tools/train_tiny.py", *args.argv]), "seed": args.seed,
+    record = {"command": hardware.command_line("tools/train_tiny.py", args.argv), "seed": args.seed,
               "device": args.device, "threads": args.threads, "steps_planned": args.steps, "steps_done": step,
               "stopped_by": stopped, "batch": args.batch, "seq_len": args.seq_len, "peak_lr": args.lr,
               "warmup": args.warmup, "aux_weight": AUX_WEIGHT, "parameters": n_params,
