@@ -19,21 +19,17 @@ from typing import NoReturn
 if __package__ in (None, ""):  # run as a script: make the repository's packages importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tools.benchkit import cli  # noqa: E402
+
 PROG = "make_tiny_model"
 
 
 def fail(message: str) -> NoReturn:
-    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, not argparse's usage block
-        fail(message)
+    cli.fail(PROG, message)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog=PROG, description="Write a random-weight DeepSeek-V2-family checkpoint folder.")
+    parser = cli.Parser(prog=PROG, description="Write a random-weight DeepSeek-V2-family checkpoint folder.")
     parser.add_argument("--out", required=True, type=Path, help="folder to create (must not exist, or be empty)")
     parser.add_argument("--preset", default="tiny", choices=("tiny", "lite"), help="tiny (CPU tests) or lite (the real shapes, ~31 GB)")
     parser.add_argument("--seed", default=0, type=int, help="weights seed (default 0)")

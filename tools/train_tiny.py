@@ -30,7 +30,7 @@ from typing import NoReturn
 if __package__ in (None, ""):  # run as a script: make the repository's packages importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.benchkit import hardware  # noqa: E402
+from tools.benchkit import cli, hardware  # noqa: E402
 
 PROG = "train_tiny"
 VOCAB = 4096  # 4094 BPE tokens learned from the corpus, then BOS and EOS
@@ -46,13 +46,7 @@ AUX_WEIGHT = 0.01  # load-balancing loss (Switch Transformer form), so no expert
 
 
 def fail(message: str) -> NoReturn:
-    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, not argparse's usage block
-        fail(message)
+    cli.fail(PROG, message)
 
 
 def model_config() -> dict:
@@ -247,7 +241,7 @@ def plot(curve: list[dict]) -> bytes | None:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = _Parser(prog=PROG, description="Train a small DeepSeek-V2 on the Python standard library's sources.")
+    p = cli.Parser(prog=PROG, description="Train a small DeepSeek-V2 on the Python standard library's sources.")
     p.add_argument("--out", required=True, type=Path, help="checkpoint folder to create (must not exist, or be empty)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--minutes", type=float, default=8.0, help="wall-clock cap on the training loop (default 8)")
