@@ -10,7 +10,6 @@ Prints the folder on success. Bad input (invalid JSON, an override that makes an
 existing non-empty DIR) prints one line on stderr and exits 2."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
