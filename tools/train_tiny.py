@@ -111,7 +111,8 @@ def train(args) -> dict:
     tokenizer_json = build_tokenizer(VOCAB, VOCAB - 2, VOCAB - 1, bpe=bpe).to_str()
     stream, val_stream, starts = tokenize(corpus, tokenizer_json)
     config = model_config()
-    hf_cfg = DeepseekV2Config(**{k: v for k, v in config.items() if k not in ("torch_dtype", "architectures")})
+    hf_cfg = DeepseekV2Config(**json.loads(json.dumps(  # a copy: HF fills rope_scaling in place
+        {k: v for k, v in config.items() if k not in ("torch_dtype", "architectures")})))
     model = DeepseekV2ForCausalLM(hf_cfg).to(args.device)  # HF's init: N(0, 0.02), norms 1, router N(0, 0.02)
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
