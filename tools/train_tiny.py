@@ -11,8 +11,13 @@ transformers' DeepseekV2ForCausalLM (the reference implementation) with AdamW, a
 learning rate over --steps, and a load-balancing loss on the routers. The tokenizer is the project's
 byte-level BPE (engine/checkpoint_writer.train_bpe) learned from the same corpus.
 
---steps fixes the schedule (reproducible: same seed, corpus, device and steps give the same weights
-on CPU); --minutes is a wall-clock cap on the training loop, which stops early and says so.
+--steps fixes the schedule (reproducible: the same seed, corpus, steps and --threads give the same
+weights on CPU; on CUDA index_add_'s atomics make runs differ in the last bits); --minutes is a
+wall-clock cap on the training loop, which stops early and says so (training.json: stopped_by).
+
+On the H200 (designed, not yet run): --device cuda --batch 32 --steps 4000 --minutes 6.5, about a
+minute of BPE training and tokenising before the loop (tools/dev/h200_trained.sh train).
+The shipped default model: --steps 2200 --minutes 44 --threads 1 on a 2-core CPU (34 minutes).
 DIR gets the checkpoint plus training.json (arguments, corpus file list and hash, licence, losses),
 loss.jsonl (the loss curve, one JSON object per logged step) and loss.png (when matplotlib is
 installed). Bad input prints one line on stderr and exits 2.
