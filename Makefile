@@ -42,7 +42,7 @@ serve: install
 	$(VENV)/bin/pegainfer serve
 
 generate: install
-	$(VENV)/bin/pegainfer generate --prompt "The capital of France is" --max-tokens 16 --json
+	$(VENV)/bin/pegainfer generate --prompt "class Parser:" --max-tokens 32 --json
 
 test: install-test
 	$(PY) -m pytest -q $(PYTEST_ARGS)

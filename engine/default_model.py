@@ -1,6 +1,8 @@
-"""The embedded default model (the tiny preset, seed 0) and the tokenizers of the random presets,
-written once into a cache folder and reused, so that pegainfer runs with no checkpoint and no
-download."""
+"""The embedded default model: a small DeepSeek-V2 trained on the Python standard library's sources
+(tools/train_tiny.py), shipped as package data in engine/data/tiny-stdlib-trained, so that pegainfer
+serves recognisable text with no checkpoint and no download. Also the random tiny preset (seed 0) and
+the tokenizers of the random presets, written once into a cache folder and reused (tests and
+`--random-preset` use those)."""
 from __future__ import annotations
 
 import hashlib
@@ -15,6 +17,7 @@ from pegainfer.engine.weights import INDEX_FILE
 
 PRESET = "tiny"
 SEED = 0
+TRAINED = Path(__file__).parent / "data" / "tiny-stdlib-trained"  # `python tools/train_tiny.py`, see its training.json
 
 
 def cache_root() -> Path:
@@ -43,8 +46,16 @@ def default_model_name() -> str:
     return f"{PRESET}-seed{SEED}-{fingerprint(PRESET)}"
 
 
+def trained_model_dir() -> Path:
+    """The shipped trained checkpoint (what `pegainfer serve` without --model serves)."""
+    if not (TRAINED / INDEX_FILE).is_file():
+        raise FileNotFoundError(f"{TRAINED}: the embedded trained model is missing from this installation "
+                                f"(reinstall pegainfer, or give --model DIR)")
+    return TRAINED
+
+
 def ensure_default_model() -> Path:
-    """The default model's checkpoint folder, written on first use."""
+    """The random tiny preset's checkpoint folder (seed 0), written on first use."""
     return _ensure(cache_root() / default_model_name(), INDEX_FILE, lambda path: write_checkpoint(path, PRESET, SEED))
 
 

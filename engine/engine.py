@@ -191,5 +191,6 @@ def _random_tensors(cfg: ModelConfig, spec: EngineSpec, keep, device, dtype) -> 
 
 
 def default_model_dir() -> Path:
-    from pegainfer.engine.default_model import ensure_default_model
-    return ensure_default_model()
+    """The model served without --model: the embedded trained checkpoint."""
+    from pegainfer.engine.default_model import trained_model_dir
+    return trained_model_dir()

@@ -125,7 +125,10 @@ def hf_norm_topk_patch(model, enabled: bool):
 
 
 def hf_greedy(model, prompt: list[int], max_tokens: int, device: str) -> list[int]:
-    out = model.generate(torch.tensor([prompt], device=device), max_new_tokens=max_tokens, min_new_tokens=0,
+    ids = torch.tensor([prompt], device=device)  # [1, P]
+    # An explicit mask: without one, generate() masks every prompt token equal to pad_token_id as padding
+    # (id 0 is "!" in the byte-level BPEs here, so "!!!" in a prompt changed HF's answer).
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, min_new_tokens=0,
                          do_sample=False, use_cache=True, eos_token_id=None, pad_token_id=0)
     return out[0, len(prompt):].tolist()
 

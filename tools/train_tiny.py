@@ -11,8 +11,13 @@ transformers' DeepseekV2ForCausalLM (the reference implementation) with AdamW, a
 learning rate over --steps, and a load-balancing loss on the routers. The tokenizer is the project's
 byte-level BPE (engine/checkpoint_writer.train_bpe) learned from the same corpus.
 
---steps fixes the schedule (reproducible: same seed, corpus, device and steps give the same weights
-on CPU); --minutes is a wall-clock cap on the training loop, which stops early and says so.
+--steps fixes the schedule (reproducible: the same seed, corpus, steps and --threads give the same
+weights on CPU; on CUDA index_add_'s atomics make runs differ in the last bits); --minutes is a
+wall-clock cap on the training loop, which stops early and says so (training.json: stopped_by).
+
+On the H200 (designed, not yet run): --device cuda --batch 32 --steps 4000 --minutes 6.5, about a
+minute of BPE training and tokenising before the loop (tools/dev/h200_trained.sh train).
+The shipped default model: --steps 2200 --minutes 44 --threads 1 on a 2-core CPU (34 minutes).
 DIR gets the checkpoint plus training.json (arguments, corpus file list and hash, licence, losses),
 loss.jsonl (the loss curve, one JSON object per logged step) and loss.png (when matplotlib is
 installed). Bad input prints one line on stderr and exits 2.
@@ -107,7 +112,8 @@ def train(args) -> dict:
     tokenizer_json = build_tokenizer(VOCAB, VOCAB - 2, VOCAB - 1, bpe=bpe).to_str()
     stream, val_stream, starts = tokenize(corpus, tokenizer_json)
     config = model_config()
-    hf_cfg = DeepseekV2Config(**{k: v for k, v in config.items() if k not in ("torch_dtype", "architectures")})
+    hf_cfg = DeepseekV2Config(**json.loads(json.dumps(  # a copy: HF fills rope_scaling in place
+        {k: v for k, v in config.items() if k not in ("torch_dtype", "architectures")})))
     model = DeepseekV2ForCausalLM(hf_cfg).to(args.device)  # HF's init: N(0, 0.02), norms 1, router N(0, 0.02)
     model.train()
     n_params = sum(p.numel() for p in model.parameters())

@@ -34,12 +34,13 @@ def test_the_batch_invariance_opt_out_is_reported(tiny_model_dir):
     assert json.loads(p.stdout)["batch_invariant"] is False
 
 
-def test_prompt_ids_and_embedded_default_model(tiny_model_dir):
-    """Without --model the embedded tiny model is used: it is the same checkpoint as the fixture."""
+def test_prompt_ids_and_embedded_default_model():
+    """Without --model the embedded trained model is used: the shipped checkpoint folder."""
+    from pegainfer.engine.default_model import trained_model_dir
     a = json.loads(run("--prompt-ids", "5,6,7", "--max-tokens", "6", "--ignore-eos", "--json").stdout)
-    b = json.loads(run("--model", str(tiny_model_dir), "--prompt-ids", "5,6,7", "--max-tokens", "6", "--ignore-eos",
+    b = json.loads(run("--model", str(trained_model_dir()), "--prompt-ids", "5,6,7", "--max-tokens", "6", "--ignore-eos",
                        "--json").stdout)
-    assert a["token_ids"] == b["token_ids"]
+    assert a["token_ids"] == b["token_ids"] and len(a["token_ids"]) == 6
 
 
 def _one_line_error(p: subprocess.CompletedProcess, *needles: str) -> None:

@@ -55,7 +55,7 @@ def test_start_and_sigterm_notify_in_order(kind, tmp_path):
     positions = [next(i for i, line in enumerate(lines) if line.startswith(prefix)) for prefix in order]
     assert positions == sorted(positions), lines
     assert lines.count("READY=1") == 1 and lines.count("STOPPING=1") == 1
-    assert "tiny-seed0" in statuses[0] and "local backend" in statuses[0], statuses
+    assert "tiny-stdlib-trained" in statuses[0] and "local backend" in statuses[0], statuses
 
 
 def test_stuck_gpu_thread_stops_watchdog_pings_until_it_recovers(tmp_path):

@@ -67,3 +67,13 @@ def test_install_service_from_the_installed_wheel(wheel, tmp_path):
     assert (root / "etc/pegainfer/pegainfer.env").read_bytes() == (ROOT / "systemd/pegainfer.env").read_bytes()
     unit = (root / "etc/systemd/system/pegainfer.service").read_text()
     assert "Type=notify" in unit and "PrivateTmp=no" in unit
+
+
+def test_the_wheel_holds_the_trained_default_model(wheel):
+    """`pegainfer serve` without --model serves engine/data/tiny-stdlib-trained: package data, file for file."""
+    folder = ROOT / "engine" / "data" / "tiny-stdlib-trained"
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        for path in sorted(folder.iterdir()):
+            assert z.read(f"pegainfer/engine/data/tiny-stdlib-trained/{path.name}") == path.read_bytes(), path.name
+        assert "pegainfer/engine/data/corpus.txt" in names

@@ -86,8 +86,10 @@ def test_service_lifecycle_under_real_systemd(booted):
     pid = b.show("MainPID")
     assert b.ctl("stat", "-c", "%U", f"/proc/{pid}") == "pegainfer"
     assert b.ctl("stat", "-c", "%U", "/var/log/pegainfer/traces.jsonl") == "pegainfer"
-    cached = b.ctl("sh", "-c", "ls /var/cache/pegainfer").split()  # CacheDirectory=: the model, the compile cache
-    assert "compile" in cached and any(c.startswith("tiny-seed0-") for c in cached), cached
+    # CacheDirectory=: owned by the service user; the compile cache lives there (the default model is package data)
+    assert b.ctl("stat", "-c", "%U", "/var/cache/pegainfer") == "pegainfer"
+    cached = b.ctl("sh", "-c", "ls /var/cache/pegainfer").split()
+    assert "compile" in cached, cached
 
     # A GPU thread stuck past WatchdogSec: systemd kills the service and Restart=on-failure restarts it.
     assert httpx.post(b.url + "/debug/stall?seconds=60", timeout=5).status_code == 200

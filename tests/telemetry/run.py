@@ -23,7 +23,7 @@ PARENT_SPAN_ID = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE_ID}-{PARENT_SPAN_ID}-01"
 FRONT_TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 FRONT_PARENT_SPAN_ID = "b7ad6b7169203331"
-STOP_PROMPT = [12]  # the embedded tiny model's greedy output from this prompt ends with EOS after 6 tokens
+STOP_PROMPT = [12]  # the random tiny preset's (seed 0) greedy output from this prompt ends with EOS after 6 tokens
 BATCH_TOKENS = (20, 24, 28, 32)  # four at once; the shortest outlasts the arrival of the other three
 LONG = {"max_tokens": 3000, "ignore_eos": True, "stream": True}  # still running when the test acts on it
 LATER_CHUNKS = 8  # chunks of the long stream read between two scrapes of /metrics
@@ -77,7 +77,8 @@ def _wait(url: str, key: str, at_least: int, timeout: float = 10.0) -> None:
 def run_daemon(tmp: Path) -> DaemonRun:
     t0 = time.monotonic()
     trace_path = tmp / "trace.jsonl"
-    daemon = DaemonProcess("--trace-file", str(trace_path), "--debug-hooks", "--debug-traces", "--max-active", "2",
+    from pegainfer.engine.default_model import ensure_default_model  # the random tiny preset: STOP_PROMPT's EOS
+    daemon = DaemonProcess("--model", str(ensure_default_model()), "--trace-file", str(trace_path), "--debug-hooks", "--debug-traces", "--max-active", "2",
                            "--access-log", "--log-stats-interval", str(STATS_INTERVAL_S),
                            log_path=tmp / "daemon.log").start()
     ids: dict[str, str] = {}

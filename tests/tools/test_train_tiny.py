@@ -27,7 +27,8 @@ def toy_run(tmp_path_factory) -> Path:
 
 def test_the_toy_checkpoint_has_the_lite_architecture_and_a_record(toy_run):
     cfg = json.loads((toy_run / "config.json").read_text())
-    assert cfg["q_lora_rank"] is None and cfg["rope_scaling"]["type"] == "yarn" and cfg["rope_scaling"]["factor"] == 40
+    from pegainfer.engine.presets import preset_config
+    assert cfg["q_lora_rank"] is None and cfg["rope_scaling"] == preset_config("lite")["rope_scaling"]  # Lite's YaRN
     assert cfg["first_k_dense_replace"] == 1 and cfg["num_hidden_layers"] >= 2
     assert cfg["n_routed_experts"] >= 16 and cfg["num_experts_per_tok"] >= 4 and cfg["n_shared_experts"] == 2
     assert (cfg["bos_token_id"], cfg["eos_token_id"], cfg["vocab_size"]) == (4094, 4095, 4096)
