@@ -35,10 +35,14 @@ import triton.language as tl
 
 from pegainfer.engine.kernels.argmax import block_best
 from pegainfer.engine.kernels.lowbias import log_noise
-from pegainfer.engine.kernels.sample_fold import (BAND, F_K2, F_KA, F_M, F_MALL, F_MS, F_RM, F_RS, F_WLN, F_WX, F_WY,
-                                                  F_X2, I_CALL, I_CS, I_FIRST, I_IDX2, I_NAN, I_WIDX, WHOLE,
-                                                  _final_kernel, layout, pick_raw, plan, row_max)
+from pegainfer.engine.kernels.sample_fold import _final_kernel
+from pegainfer.engine.kernels.sample_plan import (BAND, F_B1M, F_B2M, F_K2, F_KA, F_M, F_MALL, F_MS, F_R0K, F_R0X,
+                                                  F_R1K, F_R1X, F_RM, F_RS, F_WLN, F_WX, F_WY, F_X2, I_B1C, I_B2C,
+                                                  I_CALL, I_CS, I_FIRST, I_IDX2, I_NAN, I_R0C, I_R1C, I_WA, I_WIDX,
+                                                  WHOLE, kept_after, layout, pick_raw, plan, race_fold, race_tile,
+                                                  row_max)
 from pegainfer.engine.kernels.sample_row import row_of
+from pegainfer.engine.kernels.sample_select import MIN64
 from pegainfer.engine.kernels.sample_sweeps import BIG, deltas, mass, order_key, pick, shaped
 
 
@@ -105,9 +109,9 @@ def _count_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h
         if filtered:
             g_val = row_max(f_row, NF, F_M, TILES, TP)
             top = g_val * inv_t
-            _, lo, _, _, _, _, _, _, _, _, recount, top_s = plan(f_row, i_row, g_val, temp, top_k, top_p, CAP, NF, NI,
-                                                                 TILES, TP, P, False)
-            if recount:
+            _, lo, _, _, _, _, _, _, _, _, recount, top_s, _ = plan(f_row, i_row, g_val, temp, top_k, top_p, CAP, NF,
+                                                                    NI, TILES, TP, P, False)
+            if recount:  # and the rejection rounds' first race, among every entry >= lo
                 ts = lo + (top_s - lo) * ((j + 1).to(tl.float32) / (P + 1))
                 for t in range(t0, tl.minimum(t0 + PER, TILES)):
                     cols = t * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -117,6 +121,10 @@ def _count_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h
                     cs, ms = tile_counts(x, ok & (e > 0) & (e >= min_p), e, ts, P)
                     tl.store(i_row + t * NI + I_CS + 2 * P + 1 + j, cs)
                     tl.store(f_row + t * NF + F_MS + P + j, ms)
+                    _, _, r_key, r_col, r_x = race_tile(x, cols, ok, inv_t, top, min_p, state, lo, MIN64)
+                    tl.store(f_row + t * NF + F_R0K, r_key)
+                    tl.store(f_row + t * NF + F_R0X, r_x)
+                    tl.store(i_row + t * NI + I_R0C, r_col)
     elif filtered | race | LOGPROBS:
         g_val = row_max(f_row, NF, F_M, TILES, TP)
         top = g_val * inv_t
@@ -182,10 +190,17 @@ def _gather_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
         mode = WHOLE
         lo = tl.full([], float("-inf"), tl.float32)
         hi = tl.full([], float("inf"), tl.float32)
+        lo1 = lo
         ps = tl.full([], 0, tl.int32)
+        rounds = tl.full([], 0, tl.int1)
+        bound = tl.full([], 0, tl.int64)
         if filtered:
-            mode, lo, hi, _, _, _, lo_off, hi_off, _, _, _, _ = plan(f_row, i_row, g_val, temp, top_k, top_p, CAP, NF,
-                                                                     NI, TILES, TP, P, True)
+            mode, lo, hi, _, _, _, lo_off, hi_off, _, _, recount, _, lo1 = plan(f_row, i_row, g_val, temp, top_k, top_p,
+                                                                                CAP, NF, NI, TILES, TP, P, True)
+            rounds = (mode == WHOLE) & recount
+            if rounds:  # the second race: among the entries before the first's winner
+                w_col, w_x = race_fold(f_row, i_row, F_R0K, F_R0X, I_R0C, NF, NI, TILES, TP)
+                bound = order_key(w_x, w_col)
             ps = tl.sum(tl.load(i_row + k * NI + lo_off, mask=before, other=0), axis=0)
             if mode == BAND:  # the band only: less the tiles' entries above it
                 above = tl.sum(tl.load(i_row + k * NI + tl.maximum(hi_off, 0), mask=before, other=0), axis=0)
@@ -200,12 +215,20 @@ def _gather_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
             lo_r, c_r, jr = pick_raw(i_row, row_max(f_row, NF, F_RM, TILES, TP), N_TOP, NI, TILES, TP, P)
             pr = tl.sum(tl.load(i_row + k * NI + I_CS + P + 1 + jr, mask=before, other=0), axis=0)
         fast_r = c_r <= CAP
-        if fast_s | fast_r:
+        if fast_s | fast_r | rounds:
             for t in range(t0, tl.minimum(t0 + PER, TILES)):  # sample_sweeps.gather, these blocks
                 cols = t * BLOCK_V + tl.arange(0, BLOCK_V)
                 ok = cols < V
-                raw, x = shaped(x_ptr, h_ptr, b_ptr, has_h & fast_s, has_b & fast_s, presence, frequency, repetition,
+                shape = fast_s | rounds
+                raw, x = shaped(x_ptr, h_ptr, b_ptr, has_h & shape, has_b & shape, presence, frequency, repetition,
                                 cols, ok)
+                if rounds:
+                    cnt, tot, r_key, r_col, r_x = race_tile(x, cols, ok, inv_t, top, min_p, state, lo1, bound)
+                    tl.store(i_row + t * NI + I_B1C, cnt)
+                    tl.store(f_row + t * NF + F_B1M, tot)
+                    tl.store(f_row + t * NF + F_R1K, r_key)
+                    tl.store(f_row + t * NF + F_R1X, r_x)
+                    tl.store(i_row + t * NI + I_R1C, r_col)
                 if fast_s:
                     cand = ok & (x >= lo) & (x < hi_g)
                     if tl.max(cand.to(tl.int32), axis=0) > 0:
@@ -226,13 +249,43 @@ def _gather_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
                             a_key = tl.max(key, axis=0)
                             a_col = tl.min(tl.where(above & (key == a_key), cols, BIG), axis=0)
                         tl.store(f_row + t * NF + F_KA, a_key)
-                        tl.store(i_row + t * NI + NI - 1, a_col)
+                        tl.store(i_row + t * NI + I_WA, a_col)
                 if fast_r:  # every raw logit the counts counted (no upper bound: +inf counts as well)
                     cand = ok & (raw >= lo_r)
                     if tl.max(cand.to(tl.int32), axis=0) > 0:
                         pos = pr + tl.cumsum(cand.to(tl.int32), axis=0) - 1
                         tl.store(r_ptr + pos, order_key(raw, cols), mask=cand & (pos < CAP))
                         pr += tl.sum(cand.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _round_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b, pf_ptr, pi_ptr,
+                  V, CAP: tl.constexpr, BLOCK_V: tl.constexpr, TILES: tl.constexpr, TP: tl.constexpr,
+                  PER: tl.constexpr, P: tl.constexpr, NF: tl.constexpr, NI: tl.constexpr):
+    # the rejection rounds' second check: where the first winner is not kept, the count and mass of
+    # the entries before the second
+    s = tl.program_id(0)
+    (temp, top_p, min_p, presence, frequency, repetition, top_k, state, has_h, has_b, x_ptr, h_ptr, b_ptr, inv_t,
+     filtered, plain) = row_of(s, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b)
+    if filtered:
+        f_row = pf_ptr + s.to(tl.int64) * (TILES * NF)
+        i_row = pi_ptr + s.to(tl.int64) * (TILES * NI)
+        g_val = row_max(f_row, NF, F_M, TILES, TP)
+        top = g_val * inv_t
+        mode, _, _, _, _, _, _, _, k_lim, m_all, recount, _, lo1 = plan(f_row, i_row, g_val, temp, top_k, top_p, CAP,
+                                                                        NF, NI, TILES, TP, P, True)
+        if (mode == WHOLE) & recount:
+            if kept_after(f_row, i_row, F_B1M, I_B1C, k_lim, top_p, m_all, NF, NI, TILES, TP) == 0:
+                w_col, w_x = race_fold(f_row, i_row, F_R1K, F_R1X, I_R1C, NF, NI, TILES, TP)
+                bound = order_key(w_x, w_col)
+                t0 = tl.program_id(1) * PER
+                for t in range(t0, tl.minimum(t0 + PER, TILES)):
+                    cols = t * BLOCK_V + tl.arange(0, BLOCK_V)
+                    ok = cols < V
+                    _, x = shaped(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency, repetition, cols, ok)
+                    cnt, tot, _, _, _ = race_tile(x, cols, ok, inv_t, top, min_p, state, lo1, bound)
+                    tl.store(i_row + t * NI + I_B2C, cnt)
+                    tl.store(f_row + t * NF + F_B2M, tot)
 
 
 def programs_per_row(vocab: int, block_v: int, chunks: int) -> tuple[int, int, int]:
@@ -262,6 +315,7 @@ def launch(logits: torch.Tensor, rows, history: torch.Tensor, bias: torch.Tensor
         _count_kernel[(s, programs)](*row, pf, pi, v, N_TOP=n_top, LOGPROBS=logprobs, RECOUNT=recount, CAP=cap, TP=tp,
                                      P=pivots, **shape, **opts)
     _gather_kernel[(s, programs)](*row, scratch, pf, pi, v, N_TOP=n_top, CAP=cap, TP=tp, P=pivots, **shape, **opts)
+    _round_kernel[(s, programs)](*row, pf, pi, v, CAP=cap, TP=tp, P=pivots, **shape, **opts)
     _final_kernel[(s,)](*row, scratch, pf, pi, *outs, v, N_TOP=n_top, NP=triton.next_power_of_2(max(n_top, 1)),
                         LOGPROBS=logprobs, RECORD=record, COUNT=count, BLOCK_V=block_v, ONE_PIVOTS=one_pivots, CAP=cap,
                         TILES=tiles, TP=tp, P=pivots, NF=nf, NI=ni, **opts)

@@ -118,6 +118,29 @@ def test_edges_across_tiles(triton_interpreter):
         assert both(logits[:2], draws, 2, block_v=64, chunks=2).tokens.tolist() == [297] * 2
 
 
+def test_kept_sets_beyond_cap_stay_split(triton_interpreter):
+    """Flat logits (V 2000, 8 tiles, 4 programs) and cap 16: every kept set is beyond the cap. Top-k
+    or top-p alone: a recount inside the first count's band, then the band around the boundary
+    sorted (the entries above it raced where they lie: 4 passes) or, where the band is still beyond
+    the cap, the exact rejection rounds: the race's winner among the entries above the first
+    count's pivot if kept (4 passes), else the winner among those before it if kept (5); else, and
+    with top-k and top-p both, the one-program code (more)."""
+    gen = torch.Generator().manual_seed(7)
+    logits = (torch.randn(1, 2000, generator=gen) * 0.5).expand(9, 2000).contiguous()
+    seeds = [*range(1000, 1008), 1033]
+    draws = [Draw(r, SamplingParams(temperature=1.0, top_p=0.3), seed, 0, 3) for r, seed in enumerate(seeds)]
+    sweeps = torch.zeros(9, dtype=torch.int32)
+    both(logits, draws, None, block_v=256, cap=16, chunks=4, sweeps=sweeps)
+    # the first winner kept; the second; neither (seed 1033: the one program's further rounds)
+    assert set(sweeps[:8].tolist()) == {4, 5} and sweeps[8] > 5, sweeps
+    specs = [SamplingParams(temperature=1.0, top_k=300), SamplingParams(temperature=0.7, top_p=0.95),
+             SamplingParams(temperature=1.0, top_k=200, top_p=0.9), SamplingParams(temperature=1.0, top_p=0.05),
+             SamplingParams(temperature=1.0, top_p=0.5, min_p=0.5, presence_penalty=1.0)]
+    draws = [Draw(r, spec, 50 + r, 0, 1, [3, 4], [7, 7, 8]) for r, spec in enumerate(specs)]
+    both(logits[:5], draws, 3, block_v=256, cap=16, chunks=4, sweeps=sweeps)
+    assert (sweeps[[0, 1, 3, 4]] <= 5).all() and sweeps[2] > 5, sweeps  # both cuts: the one program
+
+
 def test_raw_logprobs_and_ties_across_tiles(triton_interpreter):
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(3, 700, generator=gen) * 4
