@@ -1,4 +1,4 @@
-"""The whole token choice of a step in one launch, one program per draw row: logit_bias, the
+"""The whole token choice of a step, on the device: logit_bias, the
 penalties, the greedy pick, temperature, min-p, top-k, top-p, the seeded exponential-race draw,
 the chosen token's raw log-prob and the top-N raw log-probs, with engine/sampler.py's semantics and
 order of operations, without sorting the row: it is swept in BLOCK_V tiles a few times
@@ -46,7 +46,15 @@ Semantics against engine.sampler.sample (tests/engine/kernels/test_sample.py che
 Per-request state the decode graph keeps on the device: `history` [slots, V] int32, a token's count
 in the output plus HISTORY_SEEN when it is in the prompt (the penalties' input; with record=True the
 launch adds 1 at the chosen token of every row that has a slot), and `bias` [slots, V] float32, the
-request's dense logit_bias row; SampleRows names each draw's slot (-1: none)."""
+request's dense logit_bias row; SampleRows names each draw's slot (-1: none).
+
+Two launch shapes (KernelConfig.sample.chunks): one program per draw row, one launch (chunks 0:
+`_sample_kernel`, whose row code is engine/kernels/sample_row.py); or each row's BLOCK_V tiles
+split over a fixed number of programs in six launches (engine/kernels/sample_split.py), so a
+batch-1 step is spread over ~50 SMs rather than one. The steps above are the one program's; the
+split runs them tile by tile and folds the tiles' parts in tile order, as the one program walks its
+blocks: the same tokens and log-probs, bit for bit, wherever both take the same path (sample_split.py
+says where they may not)."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,32 +1,42 @@
 """The device sampler with each row split over a fixed number of programs (KernelConfig.sample.chunks):
-engine/kernels/sample.py's choice in four launches, so a batch-1 step reads its row from ~50 SMs
+engine/kernels/sample.py's choice in six launches, so a batch-1 step reads its row from ~50 SMs
 rather than one. A row's vocabulary is cut into BLOCK_V tiles (the one-program kernel's blocks),
 program (row, c) takes ceil(tiles / chunks) of them, and every launch writes per-tile parts that
-the next reads back (engine/kernels/sample_fold.py combines them tile by tile, in tile order):
+the next reads back (engine/kernels/sample_plan.py: the layout and the folds, tile by tile in tile
+order). A launch's programs for rows it has nothing to do for return at once.
 
-1. `_first_kernel` (rows x chunks): per tile, the shaped logits' max, first max and first NaN (the
-   greedy pick), the raw logits' max, and for temperature-only rows the exponential race's winner
-   (the one program's comparison of blocks, replayed in the fold).
-2. `_count_kernel` (rows x chunks; rows with top-k / top-p, min-p, or log-probs only): the row's
-   max from 1's parts, then per tile the counts and masses above PIVOTS thresholds below it (the
-   one program's first pivot sweep), the raw counts for the top-N, min-p's race among its entries,
-   and the raw exp-sum against the max of the tiles up to this one (the one program's running
-   log-sum-exp, block for block).
-3. `_gather_kernel` (rows x chunks): the pivot chosen from 2's parts (every program of the row
-   makes the same choice), then each tile's candidates written as sort keys at the place the tiles
-   before it leave (their counts at that pivot): the one program's gather, in column order.
-4. `sample_fold._final_kernel` (one program per row): the greedy pick, the race's winner, or the
-   sort and draw among the gathered candidates (sample_select.draw_sorted); the log-probs, the top-N,
-   the history record. A row whose kept set or top-N is beyond CAP (a flat distribution's nucleus,
-   top-k above CAP, many ties at the N-th raw logit) is chosen whole by that program
-   (sample_row.sample_row, the one-program kernel's code): rare on a language model's logits.
+1. `_first_kernel`: per tile, the shaped logits' max, first max and first NaN (the greedy pick),
+   the raw logits' max, and for temperature-only rows the exponential race's winner (the one
+   program's comparison of blocks, replayed in the fold).
+2. `_count_kernel` (rows with top-k / top-p, min-p, or log-probs): the row's max from 1's parts,
+   then per tile the counts and masses above PIVOTS thresholds below it (the one program's first
+   pivot sweep), the raw counts for the top-N, min-p's race among its entries, and the raw exp-sum
+   against the max of the tiles up to this one (the one program's running log-sum-exp, block for
+   block).
+3. `_count_kernel` RECOUNT (top-k or top-p alone, where the first count's band around the boundary
+   holds more than CAP): counts at PIVOTS thresholds evenly inside that band, and the exponential
+   race's winner among every entry above the band's floor (the first rejection round).
+4. `_gather_kernel`: where the kept set ends (sample_plan.plan, the same choice in every program of
+   the row), then each tile's candidates written as sort keys at the place the tiles before it
+   leave (their counts): every entry that can be kept (ALL, the one program's gather, in column
+   order), or only the band holding the boundary, with the race's winner among the entries above
+   it (all kept: BAND); kept sets larger than that: the count and mass of the entries before the
+   first round's winner and the race among them (the second round).
+5. `_round_kernel`: where the first round's winner is not kept, the count and mass before the
+   second's.
+6. `sample_fold._final_kernel` (one program per row): the greedy pick, the race's winner, the sort
+   and draw among the gathered candidates (sample_select.draw_sorted, or sample_plan.draw_band
+   against the winner above the band), or the first kept round's winner; the log-probs, the top-N,
+   the history record. A row none of that settles (both rounds' winners outside, top-k and top-p
+   both with a kept set beyond CAP, many ties at the N-th raw logit) is chosen whole by that
+   program (sample_row.sample_row, the one-program kernel's code).
 
 How many programs a row gets depends only on the vocabulary and the config, never on the batch, and
 no part or fold depends on another row: a row's bits are the same at every batch size. The tokens
-are the one-program kernel's wherever both take the same path (same tiles, same pivot choice); a
-finer pivot set (PIVOTS here, ONE_PIVOTS there) can only change which rows go through the rejection
-rounds, whose kept sets equal the sorted path's up to the float rounding of a mass at top-p's
-boundary (engine/kernels/sample.py's semantics)."""
+are the one-program kernel's wherever both take the same path (same tiles; the gathered sets do
+not depend on the pivots, the rounds' races and checks are race_before's, tile for tile); where one
+sorts a band and the other runs rounds, the kept sets agree up to the float rounding of a mass at
+top-p's boundary (engine/kernels/sample.py's semantics)."""
 from __future__ import annotations
 
 import torch
@@ -299,7 +309,7 @@ def programs_per_row(vocab: int, block_v: int, chunks: int) -> tuple[int, int, i
 def launch(logits: torch.Tensor, rows, history: torch.Tensor, bias: torch.Tensor, scratch: torch.Tensor, *,
            outs: tuple[torch.Tensor, ...], n_top: int, logprobs: bool, record: bool, count: bool, chunks: int,
            block_v: int, pivots: int, one_pivots: int, cap: int, num_warps: int) -> None:
-    """The four launches for rows.floats.shape[0] draws (sample.sample's arguments, checked there).
+    """The six launches for rows.floats.shape[0] draws (sample.sample's arguments, checked there).
     outs: (tokens, chosen log-probs, top ids, top log-probs, sweeps) as the one-program kernel takes them."""
     s, v = rows.floats.shape[0], logits.shape[1]
     tiles, per, programs = programs_per_row(v, block_v, chunks)
