@@ -146,6 +146,21 @@ def test_kept_sets_beyond_cap_stay_split(triton_interpreter):
     assert (sweeps[[0, 1, 3, 4]] <= 5).all() and sweeps[2] > 5, sweeps  # both cuts: the one program
 
 
+def test_extreme_shaping_across_tiles(triton_interpreter):
+    """test_sample.py's extremes (+-1e30 from bias and penalties, a top_p of 1e-300, huge penalties)
+    over tiles of 2 columns (3 tiles: 2 programs, and 3) and one program of 2 tiles."""
+    logits = torch.tensor([[0.0, 5.0, -5.0, 1e-3, 2.0]])
+    specs = [SamplingParams(temperature=1e-5, repetition_penalty=1e-300, frequency_penalty=-2, presence_penalty=2),
+             SamplingParams(temperature=2.0, logit_bias=((2, 100.0), (1, -100.0)), top_p=1e-300),
+             SamplingParams(temperature=1.0, logit_bias=((0, 3e38), (4, 3e38)), repetition_penalty=1e-40),
+             SamplingParams(temperature=1.0, logit_bias=((0, -3e38), (1, -3e38), (2, -3e38)), top_k=2),
+             SamplingParams(logit_bias=((3, 3e38),), frequency_penalty=3e38)]
+    draws = [Draw(0, s, i, 0, 3, [0, 1], [1, 3, 3]) for i, s in enumerate(specs)]
+    for block_v, chunks in ((2, 2), (2, 64), (4, 1)):
+        got = both(logits, draws, 2, block_v=block_v, chunks=chunks)
+        assert torch.isfinite(got.logprobs).all() and torch.isfinite(got.top_logprobs).all()
+
+
 def test_raw_logprobs_and_ties_across_tiles(triton_interpreter):
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(3, 700, generator=gen) * 4
