@@ -1,6 +1,6 @@
-"""The split sampler's per-tile parts (engine/kernels/sample_split.py) and how a row's are combined:
-the layout of the parts, the folds over a row's tiles and the last launch, one program per draw row,
-that picks the token from them.
+"""The split sampler's (engine/kernels/sample_split.py) last step for a draw row: its tiles' parts
+(layout and folds: engine/kernels/sample_plan.py) combined into the token, the log-probs and the
+history record, by the program of the row's last launch that finishes last.
 
 Every fold reads the row's tiles in tile order: integer counts and maxima in any order (exact), the
 float sums (the pivots' masses, the log-sum-exp) and the exponential race's comparisons one tile
@@ -23,12 +23,13 @@ from pegainfer.engine.kernels.sample_sweeps import BIG, mass
 
 
 @triton.jit
-def _final_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b, scratch_ptr,
-                  pf_ptr, pi_ptr, tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, V, N_TOP: tl.constexpr,
-                  NP: tl.constexpr, LOGPROBS: tl.constexpr, RECORD: tl.constexpr, COUNT: tl.constexpr,
-                  BLOCK_V: tl.constexpr, ONE_PIVOTS: tl.constexpr, CAP: tl.constexpr, TILES: tl.constexpr,
-                  TP: tl.constexpr, P: tl.constexpr, NF: tl.constexpr, NI: tl.constexpr):
-    s = tl.program_id(0)
+def final_row(s, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b, scratch_ptr,
+              pf_ptr, pi_ptr, tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, V, N_TOP: tl.constexpr,
+              NP: tl.constexpr, LOGPROBS: tl.constexpr, RECORD: tl.constexpr, COUNT: tl.constexpr,
+              BLOCK_V: tl.constexpr, ONE_PIVOTS: tl.constexpr, CAP: tl.constexpr, TILES: tl.constexpr,
+              TP: tl.constexpr, P: tl.constexpr, NF: tl.constexpr, NI: tl.constexpr):
+    """Draw s's token, log-probs, top-N, pass count and history record from its tiles' parts (run by
+    the last program of the row's last launch: sample_split._round_kernel)."""
     (temp, top_p, min_p, presence, frequency, repetition, top_k, state, has_h, has_b, x_ptr, h_ptr, b_ptr, inv_t,
      filtered, plain) = row_of(s, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b)
     f_row = pf_ptr + s.to(tl.int64) * (TILES * NF)

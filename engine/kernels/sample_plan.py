@@ -191,9 +191,10 @@ def kept_after(f_row, i_row, F_B: tl.constexpr, I_B: tl.constexpr, k_lim, top_p,
     """Whether a round's winner is kept, from the tiles' count and mass of the entries before it
     (the mass summed tile after tile): fewer than k_lim, their share of total below top_p."""
     k = tl.arange(0, TP)
-    cnt = tl.sum(tl.load(i_row + k * NI + I_B, mask=k < TILES, other=0), axis=0)
+    # .cg: the last launch's tail reads the parts its own launch wrote (past the SM's L1)
+    cnt = tl.sum(tl.load(i_row + k * NI + I_B, mask=k < TILES, other=0, cache_modifier=".cg"), axis=0)
     before = tl.full([], 0.0, tl.float32)
     for t in tl.static_range(TILES):
-        before += tl.load(f_row + t * NF + F_B)
+        before += tl.load(f_row + t * NF + F_B, cache_modifier=".cg")
     goal = tl.where(top_p < 1.0, top_p, float("inf"))
     return (cnt == 0) | ((cnt < k_lim) & (tl.math.div_rn(before, total) < goal))

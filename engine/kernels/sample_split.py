@@ -1,5 +1,5 @@
 """The device sampler with each row split over a fixed number of programs (KernelConfig.sample.chunks):
-engine/kernels/sample.py's choice in six launches, so a batch-1 step reads its row from ~50 SMs
+engine/kernels/sample.py's choice in five launches, so a batch-1 step reads its row from ~50 SMs
 rather than one. A row's vocabulary is cut into BLOCK_V tiles (the one-program kernel's blocks),
 program (row, c) takes ceil(tiles / chunks) of them, and every launch writes per-tile parts that
 the next reads back (engine/kernels/sample_plan.py: the layout and the folds, tile by tile in tile
@@ -23,9 +23,9 @@ order). A launch's programs for rows it has nothing to do for return at once.
    it (all kept: BAND); kept sets larger than that: the count and mass of the entries before the
    first round's winner and the race among them (the second round).
 5. `_round_kernel`: where the first round's winner is not kept, the count and mass before the
-   second's.
-6. `sample_fold._final_kernel` (one program per row): the greedy pick, the race's winner, the sort
-   and draw among the gathered candidates (sample_select.draw_sorted, or sample_plan.draw_band
+   second's. Then the row's program that takes the last ticket (engine/kernels/ticket.py: who,
+   never an order of sums) picks (sample_fold.final_row): the greedy pick, the race's winner, the
+   sort and draw among the gathered candidates (sample_select.draw_sorted, or sample_plan.draw_band
    against the winner above the band), or the first kept round's winner; the log-probs, the top-N,
    the history record. A row none of that settles (both rounds' winners outside, top-k and top-p
    both with a kept set beyond CAP, many ties at the N-th raw logit) is chosen whole by that
@@ -45,7 +45,7 @@ import triton.language as tl
 
 from pegainfer.engine.kernels.argmax import block_best
 from pegainfer.engine.kernels.lowbias import log_noise
-from pegainfer.engine.kernels.sample_fold import _final_kernel
+from pegainfer.engine.kernels.sample_fold import final_row
 from pegainfer.engine.kernels.sample_plan import (BAND, F_B1M, F_B2M, F_K2, F_KA, F_M, F_MALL, F_MS, F_R0K, F_R0X,
                                                   F_R1K, F_R1X, F_RM, F_RS, F_WLN, F_WX, F_WY, F_X2, I_B1C, I_B2C,
                                                   I_CALL, I_CS, I_FIRST, I_IDX2, I_NAN, I_R0C, I_R1C, I_WA, I_WIDX,
@@ -53,6 +53,7 @@ from pegainfer.engine.kernels.sample_plan import (BAND, F_B1M, F_B2M, F_K2, F_KA
                                                   row_max)
 from pegainfer.engine.kernels.sample_row import row_of
 from pegainfer.engine.kernels.sample_select import MIN64
+from pegainfer.engine.kernels.ticket import last_to_finish
 from pegainfer.engine.kernels.sample_sweeps import BIG, deltas, mass, order_key, pick, shaped
 
 
@@ -269,11 +270,13 @@ def _gather_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
 
 
 @triton.jit
-def _round_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b, pf_ptr, pi_ptr,
-                  V, CAP: tl.constexpr, BLOCK_V: tl.constexpr, TILES: tl.constexpr, TP: tl.constexpr,
-                  PER: tl.constexpr, P: tl.constexpr, NF: tl.constexpr, NI: tl.constexpr):
+def _round_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b, scratch_ptr,
+                  pf_ptr, pi_ptr, tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, ticket_ptr, V, N_TOP: tl.constexpr,
+                  NP: tl.constexpr, LOGPROBS: tl.constexpr, RECORD: tl.constexpr, COUNT: tl.constexpr,
+                  ONE_PIVOTS: tl.constexpr, CAP: tl.constexpr, BLOCK_V: tl.constexpr, TILES: tl.constexpr,
+                  TP: tl.constexpr, PER: tl.constexpr, P: tl.constexpr, NF: tl.constexpr, NI: tl.constexpr):
     # the rejection rounds' second check: where the first winner is not kept, the count and mass of
-    # the entries before the second
+    # the entries before the second; then the row's last program to finish picks (sample_fold.final_row)
     s = tl.program_id(0)
     (temp, top_p, min_p, presence, frequency, repetition, top_k, state, has_h, has_b, x_ptr, h_ptr, b_ptr, inv_t,
      filtered, plain) = row_of(s, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b)
@@ -296,6 +299,11 @@ def _round_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h
                     cnt, tot, _, _, _ = race_tile(x, cols, ok, inv_t, top, min_p, state, lo1, bound)
                     tl.store(i_row + t * NI + I_B2C, cnt)
                     tl.store(f_row + t * NF + F_B2M, tot)
+    if last_to_finish(ticket_ptr + s, tl.num_programs(1)):  # decides who picks, never an order of sums
+        final_row(s, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b, scratch_ptr,
+                  pf_ptr, pi_ptr, tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, V, N_TOP, NP, LOGPROBS, RECORD, COUNT,
+                  BLOCK_V, ONE_PIVOTS, CAP, TILES, TP, P, NF, NI)
+        tl.store(ticket_ptr + s, 0)  # every program has taken its ticket: ready for the next launch
 
 
 def programs_per_row(vocab: int, block_v: int, chunks: int) -> tuple[int, int, int]:
@@ -307,10 +315,11 @@ def programs_per_row(vocab: int, block_v: int, chunks: int) -> tuple[int, int, i
 
 
 def launch(logits: torch.Tensor, rows, history: torch.Tensor, bias: torch.Tensor, scratch: torch.Tensor, *,
-           outs: tuple[torch.Tensor, ...], n_top: int, logprobs: bool, record: bool, count: bool, chunks: int,
-           block_v: int, pivots: int, one_pivots: int, cap: int, num_warps: int) -> None:
-    """The six launches for rows.floats.shape[0] draws (sample.sample's arguments, checked there).
-    outs: (tokens, chosen log-probs, top ids, top log-probs, sweeps) as the one-program kernel takes them."""
+           outs: tuple[torch.Tensor, ...], tickets: torch.Tensor, n_top: int, logprobs: bool, record: bool,
+           count: bool, chunks: int, block_v: int, pivots: int, one_pivots: int, cap: int, num_warps: int) -> None:
+    """The five launches for rows.floats.shape[0] draws (sample.sample's arguments, checked there).
+    outs: (tokens, chosen log-probs, top ids, top log-probs, sweeps) as the one-program kernel takes
+    them; tickets: [>= S] int32 zeros (engine/kernels/ticket.py), left at zero."""
     s, v = rows.floats.shape[0], logits.shape[1]
     tiles, per, programs = programs_per_row(v, block_v, chunks)
     nf, ni = layout(pivots)
@@ -325,7 +334,6 @@ def launch(logits: torch.Tensor, rows, history: torch.Tensor, bias: torch.Tensor
         _count_kernel[(s, programs)](*row, pf, pi, v, N_TOP=n_top, LOGPROBS=logprobs, RECOUNT=recount, CAP=cap, TP=tp,
                                      P=pivots, **shape, **opts)
     _gather_kernel[(s, programs)](*row, scratch, pf, pi, v, N_TOP=n_top, CAP=cap, TP=tp, P=pivots, **shape, **opts)
-    _round_kernel[(s, programs)](*row, pf, pi, v, CAP=cap, TP=tp, P=pivots, **shape, **opts)
-    _final_kernel[(s,)](*row, scratch, pf, pi, *outs, v, N_TOP=n_top, NP=triton.next_power_of_2(max(n_top, 1)),
-                        LOGPROBS=logprobs, RECORD=record, COUNT=count, BLOCK_V=block_v, ONE_PIVOTS=one_pivots, CAP=cap,
-                        TILES=tiles, TP=tp, P=pivots, NF=nf, NI=ni, **opts)
+    _round_kernel[(s, programs)](*row, scratch, pf, pi, *outs, tickets, v, N_TOP=n_top,
+                                 NP=triton.next_power_of_2(max(n_top, 1)), LOGPROBS=logprobs, RECORD=record,
+                                 COUNT=count, ONE_PIVOTS=one_pivots, CAP=cap, TP=tp, P=pivots, **shape, **opts)

@@ -191,11 +191,16 @@ def test_passes_record_and_the_program_count(triton_interpreter):
     rows, history, _ = kernel_inputs(draws, 1000, "cpu")
     before = history.clone()
     sweeps = torch.zeros(5, dtype=torch.int32)
-    out = sample(logits, rows, history=history, record=True, sweeps=sweeps, cap=256, block_v=256, chunks=4)
+    tickets = torch.zeros(8, dtype=torch.int32)  # the last launch's: who picks each row, left at zero
+    out = sample(logits, rows, history=history, record=True, sweeps=sweeps, cap=256, block_v=256, chunks=4,
+                 tickets=tickets)
     assert sweeps.tolist() == [1, 1, 2, 3, 3]  # the launches that read the row
-    assert torch.equal(out.tokens, reference(logits, draws).tokens)
+    assert torch.equal(out.tokens, reference(logits, draws).tokens) and not tickets.any()
     before[[0, 1], out.tokens[3:]] += 1  # the penalised draws (history slots 0 and 1) count their tokens
     assert torch.equal(history, before)
+    again = sample(logits, rows, history=before.clone(), sweeps=sweeps, cap=256, block_v=256, chunks=4, tickets=tickets)
+    assert not tickets.any() and sweeps.tolist() == [1, 1, 2, 3, 3]  # the same tickets, reused
+    assert torch.equal(again.tokens[[0, 1, 2]], out.tokens[[0, 1, 2]])  # the unpenalised rows: same draw
 
 
 # ---- GPU ----
