@@ -17,19 +17,20 @@ from pegainfer.engine.kernels.sample_plan import (ALL, F_B1M, F_B2M, F_K2, F_KA,
                                                   F_RM, F_RS, F_WLN, F_WX, F_WY, I_B1C, I_B2C, I_FIRST, I_IDX2, I_NAN,
                                                   I_R0C, I_R1C, I_WA, I_WIDX, WHOLE, draw_band, kept_after, pick_raw,
                                                   plan, race_fold)
-from pegainfer.engine.kernels.sample_row import row_of, sample_row
-from pegainfer.engine.kernels.sample_select import draw_sorted, top_sorted
+from pegainfer.engine.kernels.sample_row import row_of
+from pegainfer.engine.kernels.sample_select import top_sorted
 from pegainfer.engine.kernels.sample_sweeps import BIG, mass
 
 
 @triton.jit
 def final_row(s, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b, scratch_ptr,
-              pf_ptr, pi_ptr, tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, V, N_TOP: tl.constexpr,
-              NP: tl.constexpr, LOGPROBS: tl.constexpr, RECORD: tl.constexpr, COUNT: tl.constexpr,
-              BLOCK_V: tl.constexpr, ONE_PIVOTS: tl.constexpr, CAP: tl.constexpr, TILES: tl.constexpr,
-              TP: tl.constexpr, P: tl.constexpr, NF: tl.constexpr, NI: tl.constexpr):
+              pf_ptr, pi_ptr, tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, whole_ptr, N_TOP: tl.constexpr,
+              LOGPROBS: tl.constexpr, RECORD: tl.constexpr, COUNT: tl.constexpr, CAP: tl.constexpr,
+              TILES: tl.constexpr, TP: tl.constexpr, P: tl.constexpr, NF: tl.constexpr, NI: tl.constexpr):
     """Draw s's token, log-probs, top-N, pass count and history record from its tiles' parts (run by
-    the last program of the row's last launch: sample_split._round_kernel)."""
+    the last program of the row's round launch, sample_split._round_kernel), or, for a row the
+    passes did not settle, its pass count at whole_ptr[s] (else 0): sample_split._whole_kernel then
+    chooses it in one program."""
     (temp, top_p, min_p, presence, frequency, repetition, top_k, state, has_h, has_b, x_ptr, h_ptr, b_ptr, inv_t,
      filtered, plain) = row_of(s, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b)
     f_row = pf_ptr + s.to(tl.int64) * (TILES * NF)
@@ -55,7 +56,7 @@ def final_row(s, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h,
             r_s = r_s * tl.where(r_m == new, 1.0, tl.exp(r_m - new)) + tl.load(f_row + t * NF + F_RS)
             r_m = new
         log_s = tl.log(r_s)
-    mode = ALL
+    mode = tl.full([], ALL, tl.int32)
     c_lo = tl.full([], 0, tl.int32)
     c_hi = tl.full([], 0, tl.int32)
     m_hi = tl.full([], 0.0, tl.float32)
@@ -66,7 +67,7 @@ def final_row(s, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h,
     kept0 = tl.full([], 0, tl.int1)
     kept1 = tl.full([], 0, tl.int1)
     if filtered:
-        mode, _, _, c_lo, c_hi, m_hi, _, _, k_lim, m_all, recount, _, _ = plan(
+        mode, p_lo, p_hi, c_lo, c_hi, m_hi, p_lo_off, p_hi_off, k_lim, m_all, recount, p_top, p_lo1 = plan(
             f_row, i_row, g_val, temp, top_k, top_p, CAP, NF, NI, TILES, TP, P, True)
         passes = tl.where(recount, 4, 3).to(tl.int32)
         rounds = (mode == WHOLE) & recount
@@ -76,16 +77,14 @@ def final_row(s, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h,
                 kept1 = kept_after(f_row, i_row, F_B2M, I_B2C, k_lim, top_p, m_all, NF, NI, TILES, TP)
                 passes += 1
     if N_TOP > 0:
-        _, c_r, _ = pick_raw(i_row, r_m, N_TOP, NI, TILES, TP, P)
+        r_lo, c_r, r_j = pick_raw(i_row, r_m, N_TOP, NI, TILES, TP, P)
         passes = tl.maximum(passes, 3)
     if plain & (min_p > 0):
         passes = tl.maximum(passes, 2)
-    whole = filtered & (mode == WHOLE) & ((rounds & (kept0 | kept1)) == 0)
-    if whole | (c_r > CAP):  # beyond what the fixed passes settle: the row in one program
-        sample_row(s, passes, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b,
-                   scratch_ptr, tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, V, N_TOP, NP, LOGPROBS, RECORD, COUNT,
-                   BLOCK_V, ONE_PIVOTS, CAP)
-    else:
+    whole = (filtered & (mode == WHOLE) & ((rounds & (kept0 | kept1)) == 0)) | (c_r > CAP)
+    # beyond what the fixed passes settle: the row in one program, in the next launch (its passes so far)
+    tl.store(whole_ptr + s, tl.where(whole, passes, 0))
+    if whole == 0:
         if plain:  # the race's winner, tile by tile as the one program compares its blocks
             w_y = tl.full([], 0.0, tl.float32)
             w_ln = tl.full([], 0.0, tl.float32)
@@ -111,15 +110,17 @@ def final_row(s, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h,
                     best = tl.where(better, k2, best)
                 token = win
         if filtered:
-            if mode == ALL:
-                token = draw_sorted(s_ptr, c_lo, inv_t, top, k_lim, top_p, m_all, state, CAP)
-            elif mode == WHOLE:  # the rounds: the race's winner if kept, else the winner among those before it
-                w0, _ = race_fold(f_row, i_row, F_R0K, F_R0X, I_R0C, NF, NI, TILES, TP)
-                w1, _ = race_fold(f_row, i_row, F_R1K, F_R1X, I_R1C, NF, NI, TILES, TP)
+            if mode == WHOLE:  # the rounds: the race's winner if kept, else the winner among those before it
+                w0, w0_x = race_fold(f_row, i_row, F_R0K, F_R0X, I_R0C, NF, NI, TILES, TP)
+                w1, w1_x = race_fold(f_row, i_row, F_R1K, F_R1X, I_R1C, NF, NI, TILES, TP)
                 token = tl.where(kept0, w0, w1)
-            else:  # the band's winner against the best of the entries above it (all kept), ties to the column
-                b_key, b_col = draw_band(s_ptr, c_lo - c_hi, c_hi, m_hi, inv_t, top, k_lim, top_p, m_all, state, CAP)
-                a_keys = tl.load(f_row + k * NF + F_KA, mask=k_ok, other=float("-inf"))
+            else:  # the sorted candidates' winner (ALL: all of them, draw_sorted's draw; BAND: the band's,
+                # against the best of the entries above it, all kept; ties to the column)
+                band = mode != ALL
+                c_above = tl.where(band, c_hi, 0)
+                b_key, b_col = draw_band(s_ptr, c_lo - c_above, c_above, tl.where(band, m_hi, 0.0), inv_t, top, k_lim,
+                                         top_p, m_all, state, CAP)
+                a_keys = tl.where(band, tl.load(f_row + k * NF + F_KA, mask=k_ok, other=float("-inf")), float("-inf"))
                 a_key = tl.max(a_keys, axis=0)
                 a_col = tl.min(tl.where(k_ok & (a_keys == a_key), tl.load(i_row + k * NI + I_WA, mask=k_ok, other=BIG),
                                         BIG), axis=0)

@@ -1,5 +1,5 @@
 """The device sampler with each row split over a fixed number of programs (KernelConfig.sample.chunks):
-engine/kernels/sample.py's choice in five launches, so a batch-1 step reads its row from ~50 SMs
+engine/kernels/sample.py's choice in six launches, so a batch-1 step reads its row from ~50 SMs
 rather than one. A row's vocabulary is cut into BLOCK_V tiles (the one-program kernel's blocks),
 program (row, c) takes ceil(tiles / chunks) of them, and every launch writes per-tile parts that
 the next reads back (engine/kernels/sample_plan.py: the layout and the folds, tile by tile in tile
@@ -25,11 +25,13 @@ order). A launch's programs for rows it has nothing to do for return at once.
 5. `_round_kernel`: where the first round's winner is not kept, the count and mass before the
    second's. Then the row's program that takes the last ticket (engine/kernels/ticket.py: who,
    never an order of sums) picks (sample_fold.final_row): the greedy pick, the race's winner, the
-   sort and draw among the gathered candidates (sample_select.draw_sorted, or sample_plan.draw_band
-   against the winner above the band), or the first kept round's winner; the log-probs, the top-N,
-   the history record. A row none of that settles (both rounds' winners outside, top-k and top-p
-   both with a kept set beyond CAP, many ties at the N-th raw logit) is chosen whole by that
-   program (sample_row.sample_row, the one-program kernel's code).
+   sort and draw among the gathered candidates (sample_plan.draw_band: all of them, or the band
+   against the winner above it), or the first kept round's winner; the log-probs, the top-N, the
+   history record.
+6. `_whole_kernel` (one program per row): a row none of that settles (both rounds' winners outside,
+   top-k and top-p both with a kept set beyond CAP, many ties at the N-th raw logit) chosen whole
+   (sample_row.sample_row, the one-program kernel's code); the others return at once. Apart from
+   the round launch, so that the heavy one-program code is compiled once, on its own.
 
 How many programs a row gets depends only on the vocabulary and the config, never on the batch, and
 no part or fold depends on another row: a row's bits are the same at every batch size. The tokens
@@ -51,7 +53,7 @@ from pegainfer.engine.kernels.sample_plan import (BAND, F_B1M, F_B2M, F_K2, F_KA
                                                   I_CALL, I_CS, I_FIRST, I_IDX2, I_NAN, I_R0C, I_R1C, I_WA, I_WIDX,
                                                   WHOLE, kept_after, layout, pick_raw, plan, race_fold, race_tile,
                                                   row_max)
-from pegainfer.engine.kernels.sample_row import row_of
+from pegainfer.engine.kernels.sample_row import row_of, sample_row
 from pegainfer.engine.kernels.sample_select import MIN64
 from pegainfer.engine.kernels.ticket import last_to_finish
 from pegainfer.engine.kernels.sample_sweeps import BIG, deltas, mass, order_key, pick, shaped
@@ -120,19 +122,19 @@ def _count_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h
         if filtered:
             g_val = row_max(f_row, NF, F_M, TILES, TP)
             top = g_val * inv_t
-            _, lo, _, _, _, _, _, _, _, _, recount, top_s, _ = plan(f_row, i_row, g_val, temp, top_k, top_p, CAP, NF,
-                                                                    NI, TILES, TP, P, False)
+            (mode, lo, hi, c_lo, c_hi, m_hi, lo_off, hi_off, k_lim, m_all, recount, top_s,
+             lo1) = plan(f_row, i_row, g_val, temp, top_k, top_p, CAP, NF, NI, TILES, TP, P, False)
             if recount:  # and the rejection rounds' first race, among every entry >= lo
                 ts = lo + (top_s - lo) * ((j + 1).to(tl.float32) / (P + 1))
                 for t in range(t0, tl.minimum(t0 + PER, TILES)):
                     cols = t * BLOCK_V + tl.arange(0, BLOCK_V)
                     ok = cols < V
-                    _, x = shaped(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency, repetition, cols, ok)
+                    raw, x = shaped(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency, repetition, cols, ok)
                     e = mass(x, inv_t, top)
                     cs, ms = tile_counts(x, ok & (e > 0) & (e >= min_p), e, ts, P)
                     tl.store(i_row + t * NI + I_CS + 2 * P + 1 + j, cs)
                     tl.store(f_row + t * NF + F_MS + P + j, ms)
-                    _, _, r_key, r_col, r_x = race_tile(x, cols, ok, inv_t, top, min_p, state, lo, MIN64)
+                    r_cnt, r_tot, r_key, r_col, r_x = race_tile(x, cols, ok, inv_t, top, min_p, state, lo, MIN64)
                     tl.store(f_row + t * NF + F_R0K, r_key)
                     tl.store(f_row + t * NF + F_R0X, r_x)
                     tl.store(i_row + t * NI + I_R0C, r_col)
@@ -198,7 +200,7 @@ def _gather_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
         t0 = tl.program_id(1) * PER
         k = tl.arange(0, TP)
         before = k < t0  # the row's tiles before this program's: their candidates come first
-        mode = WHOLE
+        mode = tl.full([], WHOLE, tl.int32)
         lo = tl.full([], float("-inf"), tl.float32)
         hi = tl.full([], float("inf"), tl.float32)
         lo1 = lo
@@ -206,8 +208,8 @@ def _gather_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
         rounds = tl.full([], 0, tl.int1)
         bound = tl.full([], 0, tl.int64)
         if filtered:
-            mode, lo, hi, _, _, _, lo_off, hi_off, _, _, recount, _, lo1 = plan(f_row, i_row, g_val, temp, top_k, top_p,
-                                                                                CAP, NF, NI, TILES, TP, P, True)
+            (mode, lo, hi, c_lo, c_hi, m_hi, lo_off, hi_off, k_lim, m_all, recount, top_s,
+             lo1) = plan(f_row, i_row, g_val, temp, top_k, top_p, CAP, NF, NI, TILES, TP, P, True)
             rounds = (mode == WHOLE) & recount
             if rounds:  # the second race: among the entries before the first's winner
                 w_col, w_x = race_fold(f_row, i_row, F_R0K, F_R0X, I_R0C, NF, NI, TILES, TP)
@@ -271,10 +273,10 @@ def _gather_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
 
 @triton.jit
 def _round_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b, scratch_ptr,
-                  pf_ptr, pi_ptr, tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, ticket_ptr, V, N_TOP: tl.constexpr,
-                  NP: tl.constexpr, LOGPROBS: tl.constexpr, RECORD: tl.constexpr, COUNT: tl.constexpr,
-                  ONE_PIVOTS: tl.constexpr, CAP: tl.constexpr, BLOCK_V: tl.constexpr, TILES: tl.constexpr,
-                  TP: tl.constexpr, PER: tl.constexpr, P: tl.constexpr, NF: tl.constexpr, NI: tl.constexpr):
+                  pf_ptr, pi_ptr, tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, whole_ptr, ticket_ptr, V,
+                  N_TOP: tl.constexpr, LOGPROBS: tl.constexpr, RECORD: tl.constexpr, COUNT: tl.constexpr,
+                  CAP: tl.constexpr, BLOCK_V: tl.constexpr, TILES: tl.constexpr, TP: tl.constexpr, PER: tl.constexpr,
+                  P: tl.constexpr, NF: tl.constexpr, NI: tl.constexpr):
     # the rejection rounds' second check: where the first winner is not kept, the count and mass of
     # the entries before the second; then the row's last program to finish picks (sample_fold.final_row)
     s = tl.program_id(0)
@@ -285,8 +287,8 @@ def _round_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h
         i_row = pi_ptr + s.to(tl.int64) * (TILES * NI)
         g_val = row_max(f_row, NF, F_M, TILES, TP)
         top = g_val * inv_t
-        mode, _, _, _, _, _, _, _, k_lim, m_all, recount, _, lo1 = plan(f_row, i_row, g_val, temp, top_k, top_p, CAP,
-                                                                        NF, NI, TILES, TP, P, True)
+        (mode, lo, hi, c_lo, c_hi, m_hi, lo_off, hi_off, k_lim, m_all, recount, top_s,
+         lo1) = plan(f_row, i_row, g_val, temp, top_k, top_p, CAP, NF, NI, TILES, TP, P, True)
         if (mode == WHOLE) & recount:
             if kept_after(f_row, i_row, F_B1M, I_B1C, k_lim, top_p, m_all, NF, NI, TILES, TP) == 0:
                 w_col, w_x = race_fold(f_row, i_row, F_R1K, F_R1X, I_R1C, NF, NI, TILES, TP)
@@ -295,15 +297,29 @@ def _round_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h
                 for t in range(t0, tl.minimum(t0 + PER, TILES)):
                     cols = t * BLOCK_V + tl.arange(0, BLOCK_V)
                     ok = cols < V
-                    _, x = shaped(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency, repetition, cols, ok)
-                    cnt, tot, _, _, _ = race_tile(x, cols, ok, inv_t, top, min_p, state, lo1, bound)
+                    raw, x = shaped(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency, repetition, cols, ok)
+                    cnt, tot, r_key, r_col, r_x = race_tile(x, cols, ok, inv_t, top, min_p, state, lo1, bound)
                     tl.store(i_row + t * NI + I_B2C, cnt)
                     tl.store(f_row + t * NF + F_B2M, tot)
     if last_to_finish(ticket_ptr + s, tl.num_programs(1)):  # decides who picks, never an order of sums
         final_row(s, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b, scratch_ptr,
-                  pf_ptr, pi_ptr, tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, V, N_TOP, NP, LOGPROBS, RECORD, COUNT,
-                  BLOCK_V, ONE_PIVOTS, CAP, TILES, TP, P, NF, NI)
+                  pf_ptr, pi_ptr, tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, whole_ptr, N_TOP, LOGPROBS, RECORD,
+                  COUNT, CAP, TILES, TP, P, NF, NI)
         tl.store(ticket_ptr + s, 0)  # every program has taken its ticket: ready for the next launch
+
+
+@triton.jit
+def _whole_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b, scratch_ptr,
+                  tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, whole_ptr, V, N_TOP: tl.constexpr, NP: tl.constexpr,
+                  LOGPROBS: tl.constexpr, RECORD: tl.constexpr, COUNT: tl.constexpr, BLOCK_V: tl.constexpr,
+                  PIVOTS: tl.constexpr, CAP: tl.constexpr):
+    # the rows the split's passes did not settle, each whole in one program (the one-program kernel's code)
+    s = tl.program_id(0)
+    passes = tl.load(whole_ptr + s)
+    if passes > 0:
+        sample_row(s, passes, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b,
+                   scratch_ptr, tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, V, N_TOP, NP, LOGPROBS, RECORD, COUNT,
+                   BLOCK_V, PIVOTS, CAP)
 
 
 def programs_per_row(vocab: int, block_v: int, chunks: int) -> tuple[int, int, int]:
@@ -317,7 +333,7 @@ def programs_per_row(vocab: int, block_v: int, chunks: int) -> tuple[int, int, i
 def launch(logits: torch.Tensor, rows, history: torch.Tensor, bias: torch.Tensor, scratch: torch.Tensor, *,
            outs: tuple[torch.Tensor, ...], tickets: torch.Tensor, n_top: int, logprobs: bool, record: bool,
            count: bool, chunks: int, block_v: int, pivots: int, one_pivots: int, cap: int, num_warps: int) -> None:
-    """The five launches for rows.floats.shape[0] draws (sample.sample's arguments, checked there).
+    """The six launches for rows.floats.shape[0] draws (sample.sample's arguments, checked there).
     outs: (tokens, chosen log-probs, top ids, top log-probs, sweeps) as the one-program kernel takes
     them; tickets: [>= S] int32 zeros (engine/kernels/ticket.py), left at zero."""
     s, v = rows.floats.shape[0], logits.shape[1]
@@ -334,6 +350,9 @@ def launch(logits: torch.Tensor, rows, history: torch.Tensor, bias: torch.Tensor
         _count_kernel[(s, programs)](*row, pf, pi, v, N_TOP=n_top, LOGPROBS=logprobs, RECOUNT=recount, CAP=cap, TP=tp,
                                      P=pivots, **shape, **opts)
     _gather_kernel[(s, programs)](*row, scratch, pf, pi, v, N_TOP=n_top, CAP=cap, TP=tp, P=pivots, **shape, **opts)
-    _round_kernel[(s, programs)](*row, scratch, pf, pi, *outs, tickets, v, N_TOP=n_top,
-                                 NP=triton.next_power_of_2(max(n_top, 1)), LOGPROBS=logprobs, RECORD=record,
-                                 COUNT=count, ONE_PIVOTS=one_pivots, CAP=cap, TP=tp, P=pivots, **shape, **opts)
+    whole = torch.empty(s, dtype=torch.int32, device=logits.device)  # [S] passes of the rows left to _whole_kernel
+    flags = {"N_TOP": n_top, "LOGPROBS": logprobs, "RECORD": record, "COUNT": count, "CAP": cap}
+    _round_kernel[(s, programs)](*row, scratch, pf, pi, *outs, whole, tickets, v, TP=tp, P=pivots, **flags, **shape,
+                                 **opts)
+    _whole_kernel[(s,)](*row, scratch, *outs, whole, v, NP=triton.next_power_of_2(max(n_top, 1)), BLOCK_V=block_v,
+                        PIVOTS=one_pivots, **flags, **opts)
