@@ -13,10 +13,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from pegainfer.engine.kernels.sample_plan import (ALL, F_B1M, F_B2M, F_K2, F_KA, F_M, F_R0K, F_R0X, F_R1K, F_R1X,
-                                                  F_RM, F_RS, F_WLN, F_WX, F_WY, I_B1C, I_B2C, I_FIRST, I_IDX2, I_NAN,
-                                                  I_R0C, I_R1C, I_WA, I_WIDX, WHOLE, draw_band, kept_after, pick_raw,
-                                                  plan, race_fold)
+from pegainfer.engine.kernels.sample_plan import (ALL, F_B2M, F_K2, F_KA, F_M, F_R0K, F_R0X, F_R1K, F_R1X, F_RM, F_RS,
+                                                  F_WLN, F_WX, F_WY, I_B2C, I_FIRST, I_IDX2, I_NAN, I_R0C, I_R1C, I_WA,
+                                                  I_WIDX, WHOLE, draw_band, kept_after, pick_raw, race_fold)
 from pegainfer.engine.kernels.sample_row import row_of
 from pegainfer.engine.kernels.sample_select import top_sorted
 from pegainfer.engine.kernels.sample_sweeps import BIG, mass
@@ -24,13 +23,15 @@ from pegainfer.engine.kernels.sample_sweeps import BIG, mass
 
 @triton.jit
 def final_row(s, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b, scratch_ptr,
-              pf_ptr, pi_ptr, tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, whole_ptr, N_TOP: tl.constexpr,
+              pf_ptr, pi_ptr, tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, whole_ptr, mode, c_lo, c_hi, m_hi, k_lim,
+              m_all, recount, kept0, N_TOP: tl.constexpr,
               LOGPROBS: tl.constexpr, RECORD: tl.constexpr, COUNT: tl.constexpr, CAP: tl.constexpr,
               TILES: tl.constexpr, TP: tl.constexpr, P: tl.constexpr, NF: tl.constexpr, NI: tl.constexpr):
     """Draw s's token, log-probs, top-N, pass count and history record from its tiles' parts (run by
     the last program of the row's round launch, sample_split._round_kernel), or, for a row the
     passes did not settle, its pass count at whole_ptr[s] (else 0): sample_split._whole_kernel then
-    chooses it in one program."""
+    chooses it in one program. mode .. kept0: a top-k / top-p row's sample_plan.plan (defaults for
+    the others) and whether the first round's winner is kept, as the round launch found them."""
     (temp, top_p, min_p, presence, frequency, repetition, top_k, state, has_h, has_b, x_ptr, h_ptr, b_ptr, inv_t,
      filtered, plain) = row_of(s, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b)
     f_row = pf_ptr + s.to(tl.int64) * (TILES * NF)
@@ -56,26 +57,14 @@ def final_row(s, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h,
             r_s = r_s * tl.where(r_m == new, 1.0, tl.exp(r_m - new)) + tl.load(f_row + t * NF + F_RS)
             r_m = new
         log_s = tl.log(r_s)
-    mode = tl.full([], ALL, tl.int32)
-    c_lo = tl.full([], 0, tl.int32)
-    c_hi = tl.full([], 0, tl.int32)
-    m_hi = tl.full([], 0.0, tl.float32)
-    k_lim = tl.full([], BIG, tl.int32)
-    m_all = tl.full([], 0.0, tl.float32)
     c_r = tl.full([], 0, tl.int32)
-    rounds = tl.full([], 0, tl.int1)  # a kept set beyond CAP, raced: the first winner, or the second
-    kept0 = tl.full([], 0, tl.int1)
+    rounds = filtered & (mode == WHOLE) & recount  # a kept set beyond CAP, raced: the first winner, or the second
     kept1 = tl.full([], 0, tl.int1)
     if filtered:
-        mode, p_lo, p_hi, c_lo, c_hi, m_hi, p_lo_off, p_hi_off, k_lim, m_all, recount, p_top, p_lo1 = plan(
-            f_row, i_row, g_val, temp, top_k, top_p, CAP, NF, NI, TILES, TP, P, True)
         passes = tl.where(recount, 4, 3).to(tl.int32)
-        rounds = (mode == WHOLE) & recount
-        if rounds:
-            kept0 = kept_after(f_row, i_row, F_B1M, I_B1C, k_lim, top_p, m_all, NF, NI, TILES, TP)
-            if kept0 == 0:
-                kept1 = kept_after(f_row, i_row, F_B2M, I_B2C, k_lim, top_p, m_all, NF, NI, TILES, TP)
-                passes += 1
+        if rounds & (kept0 == 0):
+            kept1 = kept_after(f_row, i_row, F_B2M, I_B2C, k_lim, top_p, m_all, NF, NI, TILES, TP)
+            passes += 1
     if N_TOP > 0:
         r_lo, c_r, r_j = pick_raw(i_row, r_m, N_TOP, NI, TILES, TP, P)
         passes = tl.maximum(passes, 3)

@@ -48,7 +48,7 @@ import triton.language as tl
 from pegainfer.engine.kernels.argmax import block_best
 from pegainfer.engine.kernels.lowbias import log_noise
 from pegainfer.engine.kernels.sample_fold import final_row
-from pegainfer.engine.kernels.sample_plan import (BAND, F_B1M, F_B2M, F_K2, F_KA, F_M, F_MALL, F_MS, F_R0K, F_R0X,
+from pegainfer.engine.kernels.sample_plan import (ALL, BAND, F_B1M, F_B2M, F_K2, F_KA, F_M, F_MALL, F_MS, F_R0K, F_R0X,
                                                   F_R1K, F_R1X, F_RM, F_RS, F_WLN, F_WX, F_WY, F_X2, I_B1C, I_B2C,
                                                   I_CALL, I_CS, I_FIRST, I_IDX2, I_NAN, I_R0C, I_R1C, I_WA, I_WIDX,
                                                   WHOLE, kept_after, layout, pick_raw, plan, race_fold, race_tile,
@@ -282,15 +282,25 @@ def _round_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h
     s = tl.program_id(0)
     (temp, top_p, min_p, presence, frequency, repetition, top_k, state, has_h, has_b, x_ptr, h_ptr, b_ptr, inv_t,
      filtered, plain) = row_of(s, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b)
+    f_row = pf_ptr + s.to(tl.int64) * (TILES * NF)
+    i_row = pi_ptr + s.to(tl.int64) * (TILES * NI)
+    # the plan of a top-k / top-p row, made once here and handed to the pick
+    mode = tl.full([], ALL, tl.int32)
+    c_lo = tl.full([], 0, tl.int32)
+    c_hi = tl.full([], 0, tl.int32)
+    m_hi = tl.full([], 0.0, tl.float32)
+    k_lim = tl.full([], BIG, tl.int32)
+    m_all = tl.full([], 0.0, tl.float32)
+    recount = tl.full([], 0, tl.int1)
+    kept0 = tl.full([], 0, tl.int1)
     if filtered:
-        f_row = pf_ptr + s.to(tl.int64) * (TILES * NF)
-        i_row = pi_ptr + s.to(tl.int64) * (TILES * NI)
         g_val = row_max(f_row, NF, F_M, TILES, TP)
         top = g_val * inv_t
         (mode, lo, hi, c_lo, c_hi, m_hi, lo_off, hi_off, k_lim, m_all, recount, top_s,
          lo1) = plan(f_row, i_row, g_val, temp, top_k, top_p, CAP, NF, NI, TILES, TP, P, True)
         if (mode == WHOLE) & recount:
-            if kept_after(f_row, i_row, F_B1M, I_B1C, k_lim, top_p, m_all, NF, NI, TILES, TP) == 0:
+            kept0 = kept_after(f_row, i_row, F_B1M, I_B1C, k_lim, top_p, m_all, NF, NI, TILES, TP)
+            if kept0 == 0:
                 w_col, w_x = race_fold(f_row, i_row, F_R1K, F_R1X, I_R1C, NF, NI, TILES, TP)
                 bound = order_key(w_x, w_col)
                 t0 = tl.program_id(1) * PER
@@ -303,8 +313,8 @@ def _round_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h
                     tl.store(f_row + t * NF + F_B2M, tot)
     if last_to_finish(ticket_ptr + s, tl.num_programs(1)):  # decides who picks, never an order of sums
         final_row(s, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b, scratch_ptr,
-                  pf_ptr, pi_ptr, tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, whole_ptr, N_TOP, LOGPROBS, RECORD,
-                  COUNT, CAP, TILES, TP, P, NF, NI)
+                  pf_ptr, pi_ptr, tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, whole_ptr, mode, c_lo, c_hi, m_hi,
+                  k_lim, m_all, recount, kept0, N_TOP, LOGPROBS, RECORD, COUNT, CAP, TILES, TP, P, NF, NI)
         tl.store(ticket_ptr + s, 0)  # every program has taken its ticket: ready for the next launch
 
 
