@@ -12,7 +12,7 @@ import os
 import shutil
 import struct
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -108,25 +108,32 @@ def special_ids(preset: str, vocab_size: int) -> tuple[int, int]:
     return trained, trained + 1
 
 
-@functools.lru_cache(maxsize=4)
-def _trained_bpe(vocab: int) -> str:
-    """tokenizer.json text of the BPE learned from the corpus. The trainer has no randomness: the
-    same text comes out in every process (the CLI test compares a subprocess's write with ours)."""
+def train_bpe(lines: Iterable[str], vocab: int) -> str:
+    """tokenizer.json text of a byte-level BPE with `vocab` tokens learned from `lines`. The trainer
+    has no randomness: the same text comes out in every process for the same lines."""
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   special_tokens=[], show_progress=False)
-    tok.train_from_iterator(CORPUS.read_text(encoding="utf-8").splitlines(keepends=True), trainer)
+    tok.train_from_iterator(lines, trainer)
     return tok.to_str()
 
 
-def build_tokenizer(vocab_size: int, bos_id: int, eos_id: int) -> HFTokenizer:
-    """A tokenizer with exactly vocab_size ids: trained BPE first, then BOS/EOS at their ids, every
-    other id a reserved placeholder, so any id the model emits has a token to decode to."""
+@functools.lru_cache(maxsize=4)
+def _trained_bpe(vocab: int) -> str:
+    """The BPE of engine/data/corpus.txt (the random presets' tokenizer; the CLI test compares a
+    subprocess's write with ours)."""
+    return train_bpe(CORPUS.read_text(encoding="utf-8").splitlines(keepends=True), vocab)
+
+
+def build_tokenizer(vocab_size: int, bos_id: int, eos_id: int, *, bpe: str | None = None) -> HFTokenizer:
+    """A tokenizer with exactly vocab_size ids: trained BPE first (`bpe`, a train_bpe() result, else the
+    corpus.txt BPE), then BOS/EOS at their ids, every other id a reserved placeholder, so any id the
+    model emits has a token to decode to."""
     if vocab_size < MIN_VOCAB:
         raise ConfigError(f"vocab_size {vocab_size} is too small: the tokenizer needs at least {MIN_VOCAB} ids")
-    tok = HFTokenizer.from_str(_trained_bpe(min(TRAINED_VOCAB, vocab_size - 2)))
+    tok = HFTokenizer.from_str(bpe if bpe is not None else _trained_bpe(min(TRAINED_VOCAB, vocab_size - 2)))
     first_free = tok.get_vocab_size()
     if not (first_free <= bos_id < vocab_size and first_free <= eos_id < vocab_size and bos_id != eos_id):
         raise ConfigError(f"BOS/EOS ids {bos_id}/{eos_id} must be distinct and in [{first_free}, {vocab_size})")
@@ -223,16 +230,16 @@ def write_checkpoint(out_dir: str | Path, preset: str, seed: int = 0, overrides:
     so a crash never leaves a half-written checkpoint. An existing non-empty out_dir is an error
     (FileExistsError), also when another writer renames its copy in first."""
     raw, cfg = checkpoint_config(preset, overrides)
-    return _atomic_folder(Path(out_dir), lambda folder: _write_files(folder, preset, raw, cfg, seed, chat_template))
+    return atomic_folder(Path(out_dir), lambda folder: _write_files(folder, preset, raw, cfg, seed, chat_template))
 
 
 def write_tokenizer(out_dir: str | Path, preset: str) -> Path:
     """Only the tokenizer files of a preset's checkpoint (for serving its random weights unwritten)."""
     _, cfg = checkpoint_config(preset)
-    return _atomic_folder(Path(out_dir), lambda folder: _write_tokenizer(folder, preset, cfg))
+    return atomic_folder(Path(out_dir), lambda folder: _write_tokenizer(folder, preset, cfg))
 
 
-def _atomic_folder(out_dir: Path, fill: Callable[[Path], None]) -> Path:
+def atomic_folder(out_dir: Path, fill: Callable[[Path], None]) -> Path:
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise FileExistsError(f"{out_dir} already exists and is not empty")
     out_dir.parent.mkdir(parents=True, exist_ok=True)

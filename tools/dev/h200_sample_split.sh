@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 33's kernel speed on the H200 (the `device` tool's `run`, carrying .whl/): the device
-# sampler with each row split over a fixed number of programs (KernelConfig.sample.chunks 64, the
-# default: engine/kernels/sample_split.py) against one program per row (chunks 0, the kernel
-# before), docs/perf-notes.md row 47.
+# sampler with each row split over a fixed number of programs (KernelConfig.sample.chunks 64:
+# engine/kernels/sample_split.py) against one program per row (chunks 0, the default and the
+# kernel measured on 2026-12-05), docs/perf-notes.md row 47.
 #   1. GPU tests: the split against the one-program kernel bit for bit (tokens, log-probs, top-N) at
 #      lite's vocabulary, 1-256 rows, crowds, chi-square, a CUDA graph's replays
 #      (tests/engine/kernels/test_sample_split.py), and the one-program kernel's own tests
@@ -10,7 +10,7 @@
 #   2. tools/dev/sample_bench.py --chunks 0,64: both launch shapes per mix, batch and logits kind, with
 #      bits_equal_c64 (the split's bits against the one program's) and argmax_us for the greedy mix;
 #   3. bench_direct on random Lite weights, greedy / top-p / penalties / logprobs at batch 1 and 64,
-#      --sample-chunks 0 then the default: the sampled TPOT against greedy's, both launch shapes.
+#      --sample-chunks 0 then 64: the sampled TPOT against greedy's, both launch shapes.
 # Usage: bash tools/dev/h200_sample_split.sh [all|tests|kernel|direct]   (default all)
 # A fresh machine compiles every kernel variant first (the split's round launch ~30-70 s a variant on
 # a CPU core; Triton caches them on the machine): run the three sections as three calls on one warm

@@ -1,0 +1,1 @@
+"""Helpers of tools/train_tiny.py: the corpus and the checkpoint export."""
