@@ -46,6 +46,7 @@ class DeviceSampler:
         (False: engine.sampler.sample on the same state); tiling: its launch (KernelConfig.sample:
         one program per row, or each row split over a fixed number of programs)."""
         self.vocab, self.kernel, self.max_batch, self.tiling = vocab, kernel, max_batch, tiling
+        self.tickets = torch.zeros(max_batch, dtype=torch.int32, device=device)  # the split launch's, at rest 0
         self.top_n = min(MAX_LOGPROBS, vocab)
         self.history = torch.zeros(slots, vocab, dtype=torch.int32, device=device)  # [slots, V]
         self.bias = torch.zeros(slots, vocab, dtype=torch.float32, device=device)  # [slots, V]
@@ -140,7 +141,7 @@ class DeviceSampler:
             t = self.tiling
             sample(logits, rows, history=self.history, bias=self.bias, logprobs=self.top_n if logprobs else None,
                    record=True, out=out, block_v=t.block_v, pivots=t.one_pivots, cap=t.cap, num_warps=t.num_warps,
-                   chunks=t.chunks, split_pivots=t.pivots)
+                   chunks=t.chunks, split_pivots=t.pivots, tickets=self.tickets)
         else:
             self._reference(logits, rows, out)
         return tokens

@@ -17,6 +17,7 @@ Writes FILE.json (report_intent "direct_diagnostic") and a markdown summary FILE
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import sys
 from pathlib import Path
@@ -68,8 +69,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--device-sampler", choices=["auto", "off"], default="auto",
                    help="sampled rows chosen inside the decode graph (auto, the default) or by engine.sampler on "
                         "the graph's logits (off: the path before issue 33, the A/B's other side)")
+    p.add_argument("--sample-chunks", type=int,
+                   help="KernelConfig.sample.chunks: the device sampler's programs per row (0: one program per row, "
+                        "the default; 64: each row split over programs, the A/B)")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
+    if a.sample_chunks is not None and a.sample_chunks < 0:
+        p.error("--sample-chunks must be >= 0")
     try:
         a.batch_sizes = [int(x) for x in a.batches.split(",") if x.strip()]
     except ValueError:
@@ -129,6 +135,7 @@ def run_engine_side(a: argparse.Namespace, spec: EngineSpec) -> tuple[dict, obje
                   f"{row['decode_tok_s']:.1f} tok/s", file=sys.stderr)
         info = {"model": a.model or f"random preset {a.preset} (seed {a.seed})", "device": a.device,
                 "samples_on_device": engine.runner.samples_on_device, "device_sampler": a.device_sampler,
+                "sample_chunks": spec.kernels.sample.chunks,
                 "dtype": str(spec.torch_dtype()).removeprefix("torch."), "backend": engine.backend_name,
                 "maturity": engine.maturity, "batch_invariant": engine.batch_invariant, "ep_size": a.ep_size,
                 "max_model_len": engine.max_model_len,
@@ -155,6 +162,14 @@ def run_hf_side(a: argparse.Namespace, spec: EngineSpec, cfg, rows: list[dict], 
     return {"how": how, "patches": patches, **hf_side.describe(model)}
 
 
+def kernel_config(a: argparse.Namespace) -> KernelConfig:
+    """The engine's KernelConfig from the flags: batch invariance, the device sampler's programs per row."""
+    k = KernelConfig(batch_invariant=a.batch_invariant)
+    if a.sample_chunks is None:
+        return k
+    return dataclasses.replace(k, sample=dataclasses.replace(k.sample, chunks=a.sample_chunks))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     a = parse_args(argv)
@@ -165,8 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = EngineSpec(model_dir=a.model, random_preset=a.preset, seed=a.seed, device=a.device, dtype=a.dtype,
                       backend=a.backend, ep_size=a.ep_size, max_model_len=a.prompt_len + a.new_tokens,
-                      num_slots=max(a.batch_sizes), kernels=KernelConfig(batch_invariant=a.batch_invariant),
-                      device_sampler=a.device_sampler)
+                      num_slots=max(a.batch_sizes), kernels=kernel_config(a), device_sampler=a.device_sampler)
     engine_info, cfg, rows = run_engine_side(a, spec)
     samples_on_device = engine_info["samples_on_device"]
     hf_setup = None

@@ -91,14 +91,16 @@ class LinearTiling:
 class SampleTiling:
     """The device sampler's launches (engine/kernels/sample.py, sample_split.py). chunks: programs per
     draw row (0: one program walks the whole row, the kernel before the split); with chunks > 0 a row's
-    vocabulary is cut into block_v tiles, ceil(tiles / chunks) per program, in four launches (the
-    tiles' max, their pivot counts, the gather, the row's pick), every per-row sum and pick combined
-    tile by tile in tile order: the same bits at every batch size, and the one-program kernel's bits
-    where both take the same path. The count depends on the vocabulary and this field, never on the
-    batch. pivots: the split's count thresholds (the one-program kernel's: one_pivots); cap: the
-    candidates a row sorts at most. The split has never run on a GPU (only in Triton's interpreter), so
-    the default stays the one-program kernel that has (2026-12-05): `--sample-chunks 64` (lite: 50
-    tiles of 2,048, one program each) is its A/B (tools/dev/sample_bench.py, docs/perf-notes.md)."""
+    vocabulary is cut into block_v tiles, ceil(tiles / chunks) per program, in six launches (the
+    tiles' max, their pivot counts, a recount, the gather, a rejection round and the row's pick, the
+    rows left to one program), every per-row sum and pick combined tile by tile in tile order: the
+    same bits at every batch size, and the one-program kernel's tokens and log-probs. The count
+    depends on the vocabulary and this field, never on the batch. pivots: the split's count
+    thresholds (the one-program kernel's: one_pivots); cap: the candidates a row sorts at most. The
+    split has never run on a GPU (only in Triton's interpreter, and compiled for sm_90 by
+    tools/dev/sample_compile.py), so the default stays the one-program kernel that has (2026-12-05):
+    `--sample-chunks 64` (lite: 50 tiles of 2,048, one program each) is its A/B
+    (tools/dev/sample_bench.py, tools/dev/h200_sample_split.sh, docs/perf-notes.md row 47)."""
     chunks: int = 0
     block_v: int = 2048
     pivots: int = 8

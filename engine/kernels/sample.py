@@ -1,4 +1,4 @@
-"""The whole token choice of a step in one launch, one program per draw row: logit_bias, the
+"""The whole token choice of a step, on the device: logit_bias, the
 penalties, the greedy pick, temperature, min-p, top-k, top-p, the seeded exponential-race draw,
 the chosen token's raw log-prob and the top-N raw log-probs, with engine/sampler.py's semantics and
 order of operations, without sorting the row: it is swept in BLOCK_V tiles a few times
@@ -46,7 +46,15 @@ Semantics against engine.sampler.sample (tests/engine/kernels/test_sample.py che
 Per-request state the decode graph keeps on the device: `history` [slots, V] int32, a token's count
 in the output plus HISTORY_SEEN when it is in the prompt (the penalties' input; with record=True the
 launch adds 1 at the chosen token of every row that has a slot), and `bias` [slots, V] float32, the
-request's dense logit_bias row; SampleRows names each draw's slot (-1: none)."""
+request's dense logit_bias row; SampleRows names each draw's slot (-1: none).
+
+Two launch shapes (KernelConfig.sample.chunks): one program per draw row, one launch (chunks 0:
+`_sample_kernel`, whose row code is engine/kernels/sample_row.py); or each row's BLOCK_V tiles
+split over a fixed number of programs in six launches (engine/kernels/sample_split.py), so a
+batch-1 step is spread over ~50 SMs rather than one. The steps above are the one program's; the
+split runs them tile by tile and folds the tiles' parts in tile order, as the one program walks its
+blocks: the same tokens and log-probs, bit for bit, wherever both take the same path (sample_split.py
+says where they may not)."""
 from __future__ import annotations
 
 import dataclasses
@@ -117,8 +125,8 @@ class SampleOut(NamedTuple):
 def sample(logits: torch.Tensor, rows: SampleRows, *, history: torch.Tensor | None = None,
            bias: torch.Tensor | None = None, logprobs: int | None = None, record: bool = False,
            out: SampleOut | None = None, sweeps: torch.Tensor | None = None, block_v: int = BLOCK_V,
-           pivots: int = PIVOTS, cap: int = CAP, num_warps: int = 8, chunks: int = 0, split_pivots: int = 8
-           ) -> SampleOut:
+           pivots: int = PIVOTS, cap: int = CAP, num_warps: int = 8, chunks: int = 0, split_pivots: int = 8,
+           tickets: torch.Tensor | None = None) -> SampleOut:
     """One token per draw row of `rows` from logits [R, V] (float32; rows may be strided). history:
     [H, V] int32, bias: [B, V] float32 (contiguous rows), needed when a draw names a slot of them.
     logprobs: None, or N in [0, MAX_LOGPROBS]: the chosen tokens' raw log-probs and the top N.
@@ -126,7 +134,8 @@ def sample(logits: torch.Tensor, rows: SampleRows, *, history: torch.Tensor | No
     out: tensors to write into (a graph's static outputs). sweeps: [S] int32, filled with how many
     times each row was read (tests and tools/dev/sample_bench.py). chunks 0: one launch, a program
     per row; chunks > 0: each row over min(chunks, tiles) programs of block_v-column tiles, in four
-    launches (engine/kernels/sample_split.py; split_pivots its count thresholds). KernelConfig.sample
+    launches (engine/kernels/sample_split.py; split_pivots its count thresholds; tickets: [>= S] int32
+    zeros it leaves at zero, engine/kernels/ticket.py, made here when not given). KernelConfig.sample
     holds these knobs for the decode graph. No host sync."""
     (_, v), s = logits.shape, rows.floats.shape[0]
     dev = logits.device
@@ -158,7 +167,11 @@ def sample(logits: torch.Tensor, rows: SampleRows, *, history: torch.Tensor | No
     scratch = torch.empty(s, 2, cap, dtype=torch.int64, device=dev)  # [S, 2, CAP] sort keys
     block_v = min(block_v, triton.next_power_of_2(v))
     if chunks > 0:
-        launch(logits, rows, history, bias, scratch, outs=(out.tokens, lp, ids, lps, count), n_top=n_top,
+        if tickets is None:
+            tickets = torch.zeros(s, dtype=torch.int32, device=dev)
+        assert tickets.dtype == torch.int32 and tickets.numel() >= s
+        launch(logits, rows, history, bias, scratch, outs=(out.tokens, lp, ids, lps, count), tickets=tickets,
+               n_top=n_top,
                logprobs=logprobs is not None, record=record, count=sweeps is not None, chunks=chunks, block_v=block_v,
                pivots=split_pivots, one_pivots=pivots, cap=cap, num_warps=num_warps)
         return out

@@ -102,7 +102,7 @@ def sample_row(s, base, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, st
     token = tl.where(g_nan < BIG, g_nan, g_idx)
     top = g_val * inv_t  # max(x / T): multiplying by 1 / T > 0 keeps the order
     log_s = tl.log(r_s)
-    sweeps = base + 1
+    sweeps = tl.full([], 1, tl.int32) + base  # a tensor: the loops below add to it
     redraw = tl.full([], 0, tl.int1)
     if plain:
         token = w_idx

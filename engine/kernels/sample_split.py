@@ -1,32 +1,44 @@
 """The device sampler with each row split over a fixed number of programs (KernelConfig.sample.chunks):
-engine/kernels/sample.py's choice in four launches, so a batch-1 step reads its row from ~50 SMs
+engine/kernels/sample.py's choice in six launches, so a batch-1 step reads its row from ~50 SMs
 rather than one. A row's vocabulary is cut into BLOCK_V tiles (the one-program kernel's blocks),
 program (row, c) takes ceil(tiles / chunks) of them, and every launch writes per-tile parts that
-the next reads back (engine/kernels/sample_fold.py combines them tile by tile, in tile order):
+the next reads back (engine/kernels/sample_plan.py: the layout and the folds, tile by tile in tile
+order). A launch's programs for rows it has nothing to do for return at once.
 
-1. `_first_kernel` (rows x chunks): per tile, the shaped logits' max, first max and first NaN (the
-   greedy pick), the raw logits' max, and for temperature-only rows the exponential race's winner
-   (the one program's comparison of blocks, replayed in the fold).
-2. `_count_kernel` (rows x chunks; rows with top-k / top-p, min-p, or log-probs only): the row's
-   max from 1's parts, then per tile the counts and masses above PIVOTS thresholds below it (the
-   one program's first pivot sweep), the raw counts for the top-N, min-p's race among its entries,
-   and the raw exp-sum against the max of the tiles up to this one (the one program's running
-   log-sum-exp, block for block).
-3. `_gather_kernel` (rows x chunks): the pivot chosen from 2's parts (every program of the row
-   makes the same choice), then each tile's candidates written as sort keys at the place the tiles
-   before it leave (their counts at that pivot): the one program's gather, in column order.
-4. `sample_fold._final_kernel` (one program per row): the greedy pick, the race's winner, or the
-   sort and draw among the gathered candidates (sample_select.draw_sorted); the log-probs, the top-N,
-   the history record. A row whose kept set or top-N is beyond CAP (a flat distribution's nucleus,
-   top-k above CAP, many ties at the N-th raw logit) is chosen whole by that program
-   (sample_row.sample_row, the one-program kernel's code): rare on a language model's logits.
+1. `_first_kernel`: per tile, the shaped logits' max, first max and first NaN (the greedy pick),
+   the raw logits' max, and for temperature-only rows the exponential race's winner (the one
+   program's comparison of blocks, replayed in the fold).
+2. `_count_kernel` (rows with top-k / top-p, min-p, or log-probs): the row's max from 1's parts,
+   then per tile the counts and masses above PIVOTS thresholds below it (the one program's first
+   pivot sweep), the raw counts for the top-N, min-p's race among its entries, and the raw exp-sum
+   against the max of the tiles up to this one (the one program's running log-sum-exp, block for
+   block).
+3. `_count_kernel` RECOUNT (top-k or top-p alone, where the first count's band around the boundary
+   holds more than CAP): counts at PIVOTS thresholds evenly inside that band, and the exponential
+   race's winner among every entry above the band's floor (the first rejection round).
+4. `_gather_kernel`: where the kept set ends (sample_plan.plan, the same choice in every program of
+   the row), then each tile's candidates written as sort keys at the place the tiles before it
+   leave (their counts): every entry that can be kept (ALL, the one program's gather, in column
+   order), or only the band holding the boundary, with the race's winner among the entries above
+   it (all kept: BAND); kept sets larger than that: the count and mass of the entries before the
+   first round's winner and the race among them (the second round).
+5. `_round_kernel`: where the first round's winner is not kept, the count and mass before the
+   second's. Then the row's program that takes the last ticket (engine/kernels/ticket.py: who,
+   never an order of sums) picks (sample_fold.final_row): the greedy pick, the race's winner, the
+   sort and draw among the gathered candidates (sample_plan.draw_band: all of them, or the band
+   against the winner above it), or the first kept round's winner; the log-probs, the top-N, the
+   history record.
+6. `_whole_kernel` (one program per row): a row none of that settles (both rounds' winners outside,
+   top-k and top-p both with a kept set beyond CAP, many ties at the N-th raw logit) chosen whole
+   (sample_row.sample_row, the one-program kernel's code); the others return at once. Apart from
+   the round launch, so that the heavy one-program code is compiled once, on its own.
 
 How many programs a row gets depends only on the vocabulary and the config, never on the batch, and
 no part or fold depends on another row: a row's bits are the same at every batch size. The tokens
-are the one-program kernel's wherever both take the same path (same tiles, same pivot choice); a
-finer pivot set (PIVOTS here, ONE_PIVOTS there) can only change which rows go through the rejection
-rounds, whose kept sets equal the sorted path's up to the float rounding of a mass at top-p's
-boundary (engine/kernels/sample.py's semantics)."""
+are the one-program kernel's wherever both take the same path (same tiles; the gathered sets do
+not depend on the pivots, the rounds' races and checks are race_before's, tile for tile); where one
+sorts a band and the other runs rounds, the kept sets agree up to the float rounding of a mass at
+top-p's boundary (engine/kernels/sample.py's semantics)."""
 from __future__ import annotations
 
 import torch
@@ -35,10 +47,15 @@ import triton.language as tl
 
 from pegainfer.engine.kernels.argmax import block_best
 from pegainfer.engine.kernels.lowbias import log_noise
-from pegainfer.engine.kernels.sample_fold import (BAND, F_K2, F_KA, F_M, F_MALL, F_MS, F_RM, F_RS, F_WLN, F_WX, F_WY,
-                                                  F_X2, I_CALL, I_CS, I_FIRST, I_IDX2, I_NAN, I_WIDX, WHOLE,
-                                                  _final_kernel, layout, pick_raw, plan, row_max)
-from pegainfer.engine.kernels.sample_row import row_of
+from pegainfer.engine.kernels.sample_fold import final_row
+from pegainfer.engine.kernels.sample_plan import (ALL, BAND, F_B1M, F_B2M, F_K2, F_KA, F_M, F_MALL, F_MS, F_R0K, F_R0X,
+                                                  F_R1K, F_R1X, F_RM, F_RS, F_WLN, F_WX, F_WY, F_X2, I_B1C, I_B2C,
+                                                  I_CALL, I_CS, I_FIRST, I_IDX2, I_NAN, I_R0C, I_R1C, I_WA, I_WIDX,
+                                                  WHOLE, kept_after, layout, pick_raw, plan, race_fold, race_tile,
+                                                  row_max)
+from pegainfer.engine.kernels.sample_row import row_of, sample_row
+from pegainfer.engine.kernels.sample_select import MIN64
+from pegainfer.engine.kernels.ticket import last_to_finish
 from pegainfer.engine.kernels.sample_sweeps import BIG, deltas, mass, order_key, pick, shaped
 
 
@@ -105,18 +122,22 @@ def _count_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h
         if filtered:
             g_val = row_max(f_row, NF, F_M, TILES, TP)
             top = g_val * inv_t
-            _, lo, _, _, _, _, _, _, _, _, recount, top_s = plan(f_row, i_row, g_val, temp, top_k, top_p, CAP, NF, NI,
-                                                                 TILES, TP, P, False)
-            if recount:
+            (mode, lo, hi, c_lo, c_hi, m_hi, lo_off, hi_off, k_lim, m_all, recount, top_s,
+             lo1) = plan(f_row, i_row, g_val, temp, top_k, top_p, CAP, NF, NI, TILES, TP, P, False)
+            if recount:  # and the rejection rounds' first race, among every entry >= lo
                 ts = lo + (top_s - lo) * ((j + 1).to(tl.float32) / (P + 1))
                 for t in range(t0, tl.minimum(t0 + PER, TILES)):
                     cols = t * BLOCK_V + tl.arange(0, BLOCK_V)
                     ok = cols < V
-                    _, x = shaped(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency, repetition, cols, ok)
+                    raw, x = shaped(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency, repetition, cols, ok)
                     e = mass(x, inv_t, top)
                     cs, ms = tile_counts(x, ok & (e > 0) & (e >= min_p), e, ts, P)
                     tl.store(i_row + t * NI + I_CS + 2 * P + 1 + j, cs)
                     tl.store(f_row + t * NF + F_MS + P + j, ms)
+                    r_cnt, r_tot, r_key, r_col, r_x = race_tile(x, cols, ok, inv_t, top, min_p, state, lo, MIN64)
+                    tl.store(f_row + t * NF + F_R0K, r_key)
+                    tl.store(f_row + t * NF + F_R0X, r_x)
+                    tl.store(i_row + t * NI + I_R0C, r_col)
     elif filtered | race | LOGPROBS:
         g_val = row_max(f_row, NF, F_M, TILES, TP)
         top = g_val * inv_t
@@ -179,13 +200,20 @@ def _gather_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
         t0 = tl.program_id(1) * PER
         k = tl.arange(0, TP)
         before = k < t0  # the row's tiles before this program's: their candidates come first
-        mode = WHOLE
+        mode = tl.full([], WHOLE, tl.int32)
         lo = tl.full([], float("-inf"), tl.float32)
         hi = tl.full([], float("inf"), tl.float32)
+        lo1 = lo
         ps = tl.full([], 0, tl.int32)
+        rounds = tl.full([], 0, tl.int1)
+        bound = tl.full([], 0, tl.int64)
         if filtered:
-            mode, lo, hi, _, _, _, lo_off, hi_off, _, _, _, _ = plan(f_row, i_row, g_val, temp, top_k, top_p, CAP, NF,
-                                                                     NI, TILES, TP, P, True)
+            (mode, lo, hi, c_lo, c_hi, m_hi, lo_off, hi_off, k_lim, m_all, recount, top_s,
+             lo1) = plan(f_row, i_row, g_val, temp, top_k, top_p, CAP, NF, NI, TILES, TP, P, True)
+            rounds = (mode == WHOLE) & recount
+            if rounds:  # the second race: among the entries before the first's winner
+                w_col, w_x = race_fold(f_row, i_row, F_R0K, F_R0X, I_R0C, NF, NI, TILES, TP)
+                bound = order_key(w_x, w_col)
             ps = tl.sum(tl.load(i_row + k * NI + lo_off, mask=before, other=0), axis=0)
             if mode == BAND:  # the band only: less the tiles' entries above it
                 above = tl.sum(tl.load(i_row + k * NI + tl.maximum(hi_off, 0), mask=before, other=0), axis=0)
@@ -200,12 +228,20 @@ def _gather_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
             lo_r, c_r, jr = pick_raw(i_row, row_max(f_row, NF, F_RM, TILES, TP), N_TOP, NI, TILES, TP, P)
             pr = tl.sum(tl.load(i_row + k * NI + I_CS + P + 1 + jr, mask=before, other=0), axis=0)
         fast_r = c_r <= CAP
-        if fast_s | fast_r:
+        if fast_s | fast_r | rounds:
             for t in range(t0, tl.minimum(t0 + PER, TILES)):  # sample_sweeps.gather, these blocks
                 cols = t * BLOCK_V + tl.arange(0, BLOCK_V)
                 ok = cols < V
-                raw, x = shaped(x_ptr, h_ptr, b_ptr, has_h & fast_s, has_b & fast_s, presence, frequency, repetition,
+                shape = fast_s | rounds
+                raw, x = shaped(x_ptr, h_ptr, b_ptr, has_h & shape, has_b & shape, presence, frequency, repetition,
                                 cols, ok)
+                if rounds:
+                    cnt, tot, r_key, r_col, r_x = race_tile(x, cols, ok, inv_t, top, min_p, state, lo1, bound)
+                    tl.store(i_row + t * NI + I_B1C, cnt)
+                    tl.store(f_row + t * NF + F_B1M, tot)
+                    tl.store(f_row + t * NF + F_R1K, r_key)
+                    tl.store(f_row + t * NF + F_R1X, r_x)
+                    tl.store(i_row + t * NI + I_R1C, r_col)
                 if fast_s:
                     cand = ok & (x >= lo) & (x < hi_g)
                     if tl.max(cand.to(tl.int32), axis=0) > 0:
@@ -226,13 +262,74 @@ def _gather_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
                             a_key = tl.max(key, axis=0)
                             a_col = tl.min(tl.where(above & (key == a_key), cols, BIG), axis=0)
                         tl.store(f_row + t * NF + F_KA, a_key)
-                        tl.store(i_row + t * NI + NI - 1, a_col)
+                        tl.store(i_row + t * NI + I_WA, a_col)
                 if fast_r:  # every raw logit the counts counted (no upper bound: +inf counts as well)
                     cand = ok & (raw >= lo_r)
                     if tl.max(cand.to(tl.int32), axis=0) > 0:
                         pos = pr + tl.cumsum(cand.to(tl.int32), axis=0) - 1
                         tl.store(r_ptr + pos, order_key(raw, cols), mask=cand & (pos < CAP))
                         pr += tl.sum(cand.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _round_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b, scratch_ptr,
+                  pf_ptr, pi_ptr, tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, whole_ptr, ticket_ptr, V,
+                  N_TOP: tl.constexpr, LOGPROBS: tl.constexpr, RECORD: tl.constexpr, COUNT: tl.constexpr,
+                  CAP: tl.constexpr, BLOCK_V: tl.constexpr, TILES: tl.constexpr, TP: tl.constexpr, PER: tl.constexpr,
+                  P: tl.constexpr, NF: tl.constexpr, NI: tl.constexpr):
+    # the rejection rounds' second check: where the first winner is not kept, the count and mass of
+    # the entries before the second; then the row's last program to finish picks (sample_fold.final_row)
+    s = tl.program_id(0)
+    (temp, top_p, min_p, presence, frequency, repetition, top_k, state, has_h, has_b, x_ptr, h_ptr, b_ptr, inv_t,
+     filtered, plain) = row_of(s, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b)
+    f_row = pf_ptr + s.to(tl.int64) * (TILES * NF)
+    i_row = pi_ptr + s.to(tl.int64) * (TILES * NI)
+    # the plan of a top-k / top-p row, made once here and handed to the pick
+    mode = tl.full([], ALL, tl.int32)
+    c_lo = tl.full([], 0, tl.int32)
+    c_hi = tl.full([], 0, tl.int32)
+    m_hi = tl.full([], 0.0, tl.float32)
+    k_lim = tl.full([], BIG, tl.int32)
+    m_all = tl.full([], 0.0, tl.float32)
+    recount = tl.full([], 0, tl.int1)
+    kept0 = tl.full([], 0, tl.int1)
+    if filtered:
+        g_val = row_max(f_row, NF, F_M, TILES, TP)
+        top = g_val * inv_t
+        (mode, lo, hi, c_lo, c_hi, m_hi, lo_off, hi_off, k_lim, m_all, recount, top_s,
+         lo1) = plan(f_row, i_row, g_val, temp, top_k, top_p, CAP, NF, NI, TILES, TP, P, True)
+        if (mode == WHOLE) & recount:
+            kept0 = kept_after(f_row, i_row, F_B1M, I_B1C, k_lim, top_p, m_all, NF, NI, TILES, TP)
+            if kept0 == 0:
+                w_col, w_x = race_fold(f_row, i_row, F_R1K, F_R1X, I_R1C, NF, NI, TILES, TP)
+                bound = order_key(w_x, w_col)
+                t0 = tl.program_id(1) * PER
+                for t in range(t0, tl.minimum(t0 + PER, TILES)):
+                    cols = t * BLOCK_V + tl.arange(0, BLOCK_V)
+                    ok = cols < V
+                    raw, x = shaped(x_ptr, h_ptr, b_ptr, has_h, has_b, presence, frequency, repetition, cols, ok)
+                    cnt, tot, r_key, r_col, r_x = race_tile(x, cols, ok, inv_t, top, min_p, state, lo1, bound)
+                    tl.store(i_row + t * NI + I_B2C, cnt)
+                    tl.store(f_row + t * NF + F_B2M, tot)
+    if last_to_finish(ticket_ptr + s, tl.num_programs(1)):  # decides who picks, never an order of sums
+        final_row(s, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b, scratch_ptr,
+                  pf_ptr, pi_ptr, tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, whole_ptr, mode, c_lo, c_hi, m_hi,
+                  k_lim, m_all, recount, kept0, N_TOP, LOGPROBS, RECORD, COUNT, CAP, TILES, TP, P, NF, NI)
+        tl.store(ticket_ptr + s, 0)  # every program has taken its ticket: ready for the next launch
+
+
+@triton.jit
+def _whole_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b, scratch_ptr,
+                  tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, whole_ptr, V, N_TOP: tl.constexpr, NP: tl.constexpr,
+                  LOGPROBS: tl.constexpr, RECORD: tl.constexpr, COUNT: tl.constexpr, BLOCK_V: tl.constexpr,
+                  PIVOTS: tl.constexpr, CAP: tl.constexpr):
+    # the rows the split's passes did not settle, each whole in one program (the one-program kernel's code)
+    s = tl.program_id(0)
+    passes = tl.load(whole_ptr + s)
+    if passes > 0:
+        sample_row(s, passes, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b,
+                   scratch_ptr, tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, V, N_TOP, NP, LOGPROBS, RECORD, COUNT,
+                   BLOCK_V, PIVOTS, CAP)
 
 
 def programs_per_row(vocab: int, block_v: int, chunks: int) -> tuple[int, int, int]:
@@ -244,10 +341,11 @@ def programs_per_row(vocab: int, block_v: int, chunks: int) -> tuple[int, int, i
 
 
 def launch(logits: torch.Tensor, rows, history: torch.Tensor, bias: torch.Tensor, scratch: torch.Tensor, *,
-           outs: tuple[torch.Tensor, ...], n_top: int, logprobs: bool, record: bool, count: bool, chunks: int,
-           block_v: int, pivots: int, one_pivots: int, cap: int, num_warps: int) -> None:
-    """The four launches for rows.floats.shape[0] draws (sample.sample's arguments, checked there).
-    outs: (tokens, chosen log-probs, top ids, top log-probs, sweeps) as the one-program kernel takes them."""
+           outs: tuple[torch.Tensor, ...], tickets: torch.Tensor, n_top: int, logprobs: bool, record: bool,
+           count: bool, chunks: int, block_v: int, pivots: int, one_pivots: int, cap: int, num_warps: int) -> None:
+    """The six launches for rows.floats.shape[0] draws (sample.sample's arguments, checked there).
+    outs: (tokens, chosen log-probs, top ids, top log-probs, sweeps) as the one-program kernel takes
+    them; tickets: [>= S] int32 zeros (engine/kernels/ticket.py), left at zero."""
     s, v = rows.floats.shape[0], logits.shape[1]
     tiles, per, programs = programs_per_row(v, block_v, chunks)
     nf, ni = layout(pivots)
@@ -262,6 +360,9 @@ def launch(logits: torch.Tensor, rows, history: torch.Tensor, bias: torch.Tensor
         _count_kernel[(s, programs)](*row, pf, pi, v, N_TOP=n_top, LOGPROBS=logprobs, RECOUNT=recount, CAP=cap, TP=tp,
                                      P=pivots, **shape, **opts)
     _gather_kernel[(s, programs)](*row, scratch, pf, pi, v, N_TOP=n_top, CAP=cap, TP=tp, P=pivots, **shape, **opts)
-    _final_kernel[(s,)](*row, scratch, pf, pi, *outs, v, N_TOP=n_top, NP=triton.next_power_of_2(max(n_top, 1)),
-                        LOGPROBS=logprobs, RECORD=record, COUNT=count, BLOCK_V=block_v, ONE_PIVOTS=one_pivots, CAP=cap,
-                        TILES=tiles, TP=tp, P=pivots, NF=nf, NI=ni, **opts)
+    whole = torch.empty(s, dtype=torch.int32, device=logits.device)  # [S] passes of the rows left to _whole_kernel
+    flags = {"N_TOP": n_top, "LOGPROBS": logprobs, "RECORD": record, "COUNT": count, "CAP": cap}
+    _round_kernel[(s, programs)](*row, scratch, pf, pi, *outs, whole, tickets, v, TP=tp, P=pivots, **flags, **shape,
+                                 **opts)
+    _whole_kernel[(s,)](*row, scratch, *outs, whole, v, NP=triton.next_power_of_2(max(n_top, 1)), BLOCK_V=block_v,
+                        PIVOTS=one_pivots, **flags, **opts)

@@ -3,6 +3,7 @@ from the same weights, for a checkpoint folder and for a random preset) and phas
 the timed loop generates what engine.generate does; a weight mismatch shows in the comparison."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import torch
 
 from pegainfer.engine.engine import EngineSpec, build_engine
 from pegainfer.engine.generate import generate
+from pegainfer.engine.kernels.config import KernelConfig
 from tools import bench_direct
 from tools.benchkit import hf_side
 from tools.benchkit.direct import batch_prompts, run_ours, synchronizer, token_hash
@@ -139,3 +141,17 @@ def test_sampling_profiles_run_each_row_with_its_parameters(tiny_model_dir, tmp_
         with pytest.raises(SystemExit) as e:
             bench_direct.parse_args([*common, *bad, "--out", str(tmp_path / "x.json")])
         assert e.value.code == 2
+
+
+def test_sample_chunks_sets_the_device_samplers_launch(tmp_path):
+    """--sample-chunks: KernelConfig.sample.chunks of the engine it builds (64: each row split over
+    programs, the A/B's other side); absent: the config's default (0, one program per row); negative:
+    a usage error."""
+    common = ["--preset", "tiny", "--device", "cpu", "--out", str(tmp_path / "x.json")]
+    default = bench_direct.kernel_config(bench_direct.parse_args(common))
+    assert default.sample == KernelConfig().sample and default.sample.chunks == 0
+    split = bench_direct.kernel_config(bench_direct.parse_args([*common, "--sample-chunks", "64"]))
+    assert split == dataclasses.replace(default, sample=dataclasses.replace(default.sample, chunks=64))
+    with pytest.raises(SystemExit) as e:
+        bench_direct.parse_args([*common, "--sample-chunks", "-1"])
+    assert e.value.code == 2

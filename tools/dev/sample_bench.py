@@ -129,9 +129,11 @@ def row(mix: str, kind: str, rows: int, vocab: int, device: str, knobs: dict, ch
     want = torch_sample(logits, batch)
     out = {"mix": mix, "logits": kind, "rows": rows, "vocab": vocab, **knobs}
     first = None
+    tickets = torch.zeros(rows, dtype=torch.int32, device=device)  # the split's, left at zero (as DeviceSampler's)
     for c in chunks:
         sweeps = torch.zeros(rows, dtype=torch.int32, device=device)
-        got = sample(logits, inputs, history=history, logprobs=logprobs, sweeps=sweeps, chunks=c, **knobs)
+        got = sample(logits, inputs, history=history, logprobs=logprobs, sweeps=sweeps, chunks=c, tickets=tickets,
+                     **knobs)
         out[f"same_tokens_c{c}"] = int((got.tokens == want.tokens).sum())
         out[f"sweeps_mean_c{c}"] = round(float(sweeps.float().mean()), 2)
         if first is None:
@@ -139,7 +141,7 @@ def row(mix: str, kind: str, rows: int, vocab: int, device: str, knobs: dict, ch
         else:
             out[f"bits_equal_c{c}"] = all(a is None and b is None or torch.equal(a, b) for a, b in zip(got, first))
         out[f"kernel_us_c{c}"], _ = device_us(lambda: sample(logits, inputs, history=history, logprobs=logprobs,
-                                                             chunks=c, **knobs))
+                                                             chunks=c, tickets=tickets, **knobs))
     out["torch_us"], out["torch_timing"] = device_us(lambda: torch_sample(logits, batch))
     if mix == "greedy" and device == "cuda":
         from pegainfer.engine.kernels.argmax import argmax
