@@ -21,11 +21,13 @@ echo "ready after $(( $(date +%s) - t0 )) s"; grep -E 'startup_time|warmup_done'
 timeout $(( $(left) > 170 ? 170 : $(left) )) python3 tools/reliability.py --url http://127.0.0.1:8000 \
   --trace-file /tmp/trace-rel.jsonl --allow-skips --burst 256x2 --out "$OUT/reliability-url-lite-cuda.json" 2>&1 | tail -14
 kill -TERM $pid; wait $pid
-echo "== 2. GPU tests at $(( $(date +%s) - t0 )) s"
-timeout $(( $(left) - 200 > 60 ? $(left) - 200 : 60 )) python3 -m pytest -q -p no:cacheprovider -rf \
-  tests/engine/test_gpu_device_sampler.py tests/engine/test_gpu_prefill.py tests/engine/test_gpu_batch_invariance.py \
+echo "== 2. GPU tests at $(( $(date +%s) - t0 )) s (the device sampler's first, alone, its whole output kept)"
+timeout 100 python3 -m pytest -q -p no:cacheprovider -rfE -x --tb=short tests/engine/test_gpu_device_sampler.py \
+  > "$OUT/gpu-tests-sampler.txt" 2>&1; tail -30 "$OUT/gpu-tests-sampler.txt"
+timeout $(( $(left) - 200 > 60 ? $(left) - 200 : 60 )) python3 -m pytest -q -p no:cacheprovider -rfE --tb=short \
+  tests/engine/test_gpu_prefill.py tests/engine/test_gpu_batch_invariance.py \
   tests/engine/kernels/test_sample.py "tests/engine/kernels/test_linear.py::test_gpu_tickets_give_the_second_launchs_bits_every_time" \
-  2>&1 | tail -25 | tee "$OUT/gpu-tests.txt"
+  > "$OUT/gpu-tests.txt" 2>&1; tail -25 "$OUT/gpu-tests.txt"
 if [ "$(left)" -gt 80 ]; then
   echo "== 3. bench_direct batch 1, each sampling profile, at $(( $(date +%s) - t0 )) s"
   timeout 75 python3 tools/bench_direct.py --preset lite --batches 1 --prompt-len 86 --new-tokens 64 \
