@@ -7,7 +7,8 @@
 #      stability on the GPU), tracebacks counted;
 #   2. the GPU tests of the merged parts: batch invariance through the graphs, the device sampler in
 #      the decode graph and its kernel, the prefill bank graphs and warm-up, the linear's tickets;
-#   3. bench_direct at batch 1 with each sampling profile on one engine (issue 33's c=1 shape);
+#   3. bench_direct at batch 1 with each sampling profile on one engine (issue 33's c=1 shape), the
+#      sampler one program per row (--sample-chunks 0, the default) then split over 64 programs;
 #   4. bench_serving short profile at c=256, batch invariant against --no-batch-invariant (issue 26's cost).
 # Everything it writes goes to $OUT.
 set -uo pipefail
@@ -28,11 +29,13 @@ timeout $(( $(left) - 200 > 60 ? $(left) - 200 : 60 )) python3 -m pytest -q -p n
   tests/engine/test_gpu_prefill.py tests/engine/test_gpu_batch_invariance.py \
   tests/engine/kernels/test_sample.py "tests/engine/kernels/test_linear.py::test_gpu_tickets_give_the_second_launchs_bits_every_time" \
   > "$OUT/gpu-tests.txt" 2>&1; tail -25 "$OUT/gpu-tests.txt"
-if [ "$(left)" -gt 80 ]; then
-  echo "== 3. bench_direct batch 1, each sampling profile, at $(( $(date +%s) - t0 )) s"
-  timeout 75 python3 tools/bench_direct.py --preset lite --batches 1 --prompt-len 86 --new-tokens 64 \
-    --sampling greedy,top-p,penalties,logprobs --out "$OUT/direct-sampling-b1.json" 2>&1 | grep -E "TPOT|rror" | tail -6
-fi
+for chunks in 0 64; do
+  [ "$(left)" -gt 100 ] || { echo "== 3. bench_direct --sample-chunks $chunks: skipped (time)"; continue; }
+  echo "== 3. bench_direct batch 1, each sampling profile, --sample-chunks $chunks, at $(( $(date +%s) - t0 )) s"
+  timeout 90 python3 tools/bench_direct.py --preset lite --batches 1 --prompt-len 86 --new-tokens 64 \
+    --sampling greedy,top-p,penalties,logprobs --sample-chunks $chunks --out "$OUT/direct-sampling-b1-c$chunks.json" \
+    2>&1 | grep -E "TPOT|rror" | tail -6
+done
 for mode in batch-invariant no-batch-invariant; do
   [ "$(left)" -gt 90 ] || { echo "== 4. serving --$mode: skipped (time)"; continue; }
   echo "== 4. serving c=256 --$mode at $(( $(date +%s) - t0 )) s"

@@ -20,8 +20,8 @@ late() { [ $(( $(date +%s) - T0 )) -gt "${1:-470}" ] && echo "skipped: past ${1:
 
 echo "== 1. GPU tests (paged kernels, engine) $(left)"
 timeout ${TEST_S:-120} python3 -m pytest -q -p no:cacheprovider tests/engine/kernels/test_mla_decode.py \
-  tests/engine/kernels/test_mla_prep.py tests/engine/kernels/test_mla_output.py tests/engine/test_gpu_*.py -rf 2>&1 \
-  | tail -15 | tee "$OUT/gpu-tests.txt"
+  tests/engine/kernels/test_mla_prep.py tests/engine/kernels/test_mla_output.py tests/engine/test_gpu_*.py -rfE --tb=short \
+  > "$OUT/gpu-tests.txt" 2>&1; tail -15 "$OUT/gpu-tests.txt"
 
 echo "== 2. bench_direct lite, batch 1/256/512/1024 $(left)"
 timeout ${DIRECT_S:-150} python3 tools/bench_direct.py --preset lite --batches 1,256,512,1024 --prompt-len 86 \
