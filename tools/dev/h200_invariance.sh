@@ -8,11 +8,22 @@
 #                                              with and without --no-batch-invariant (alternating,
 #                                              the first server runs colder), then the reliability gate:
 #                                              --url against the GPU daemon (lite, --max-active 32), and
-#                                              --spawn on the GPU with host-staged ep 2 (tiny model).
+#                                              --spawn on the GPU with host-staged ep 2 (tiny model);
+#   bash tools/dev/h200_invariance.sh timeline the decode graph's kernel timeline (gpu_probe --timeline)
+#                                              at batch 1 and 256, invariant and not: where the cost is.
 # Everything it writes goes to $OUT.
 set -uo pipefail
 source tools/dev/h200_env.sh
 what=${1:-tests}
+if [ "$what" = timeline ]; then
+  for bi in 1 0; do
+    echo "== gpu_probe --timeline --batch-invariant $bi"
+    timeout ${TIMELINE_S:-120} python3 tools/dev/gpu_probe.py --batches 1,256 --variants triton --timeline \
+      --batch-invariant $bi --out "$OUT/timeline-bi$bi.json" > "$OUT/timeline-bi$bi.txt" 2>&1
+    grep -E '"tpot_p50_ms"|timeline_batch' "$OUT/timeline-bi$bi.txt" | cut -c1-400
+  done
+  exit 0
+fi
 if [ "$what" = tests ]; then
   echo "== GPU tests"
   timeout ${TEST_S:-260} python3 -m pytest -q -p no:cacheprovider tests/engine/kernels tests/engine/test_gpu_*.py tests/engine/test_sampler.py \
