@@ -9,6 +9,7 @@
 #      the decode graph and its kernel, the prefill bank graphs and warm-up, the linear's tickets;
 #   3. bench_direct at batch 1 with each sampling profile on one engine (issue 33's c=1 shape), the
 #      sampler one program per row (--sample-chunks 0, the default) then split over 64 programs;
+#   3b. issue 30's bf16 agreement on the trained default model (tools/agreement.py, as h200_trained.sh);
 #   4. bench_serving short profile at c=256, batch invariant against --no-batch-invariant (issue 26's cost).
 # Everything it writes goes to $OUT.
 set -uo pipefail
@@ -36,6 +37,12 @@ for chunks in 0 64; do
     --sampling greedy,top-p,penalties,logprobs --sample-chunks $chunks --out "$OUT/direct-sampling-b1-c$chunks.json" \
     2>&1 | grep -E "TPOT|rror" | tail -6
 done
+if [ "$(left)" -gt 170 ]; then
+  echo "== 3b. issue 30: tools/agreement.py on the trained default model (bf16 vs float32, 64 prompts x 64 tokens) at $(( $(date +%s) - t0 )) s"
+  timeout 150 python3 tools/agreement.py --model engine/data/tiny-stdlib-trained --device cuda --dtype bfloat16 \
+    --cases tests/data/cases_python.json --max-tokens 64 --out "$OUT/agreement-trained.json" > "$OUT/agreement-trained.txt" 2>&1
+  tail -12 "$OUT/agreement-trained.txt"
+fi
 for mode in batch-invariant no-batch-invariant; do
   [ "$(left)" -gt 90 ] || { echo "== 4. serving --$mode: skipped (time)"; continue; }
   echo "== 4. serving c=256 --$mode at $(( $(date +%s) - t0 )) s"
