@@ -15,3 +15,10 @@ serve() {
   pid=$!
   for _ in $(seq ${READY_TRIES:-240}); do curl -sf http://127.0.0.1:8000/ready >/dev/null && break; sleep 0.5; done
 }
+
+agreement_trained() {  # agreement_trained SECONDS: issue 30's bf16 agreement on the trained default model
+  # (ours and HF bf16 against HF float32, 64 held-out Python prompts x 64 greedy tokens), whole output kept
+  timeout "$1" python3 tools/agreement.py --model engine/data/tiny-stdlib-trained --device cuda --dtype bfloat16 \
+    --cases tests/data/cases_python.json --max-tokens 64 --out "$OUT/agreement-trained.json" > "$OUT/agreement-trained.txt" 2>&1
+  tail -20 "$OUT/agreement-trained.txt"
+}

@@ -39,9 +39,7 @@ for chunks in 0 64; do
 done
 if [ "$(left)" -gt 170 ]; then
   echo "== 3b. issue 30: tools/agreement.py on the trained default model (bf16 vs float32, 64 prompts x 64 tokens) at $(( $(date +%s) - t0 )) s"
-  timeout 150 python3 tools/agreement.py --model engine/data/tiny-stdlib-trained --device cuda --dtype bfloat16 \
-    --cases tests/data/cases_python.json --max-tokens 64 --out "$OUT/agreement-trained.json" > "$OUT/agreement-trained.txt" 2>&1
-  tail -12 "$OUT/agreement-trained.txt"
+  agreement_trained 150
 fi
 for mode in batch-invariant no-batch-invariant; do
   [ "$(left)" -gt 90 ] || { echo "== 4. serving --$mode: skipped (time)"; continue; }

@@ -17,8 +17,7 @@ what=${1:-agreement}
 MODEL=engine/data/tiny-stdlib-trained
 if [ "$what" = agreement ]; then
   echo "== tools/agreement.py, trained checkpoint, bf16 vs float32, 64 prompts x 64 tokens"
-  timeout ${AGREE_S:-360} python3 tools/agreement.py --model $MODEL --device cuda --dtype bfloat16 \
-    --cases tests/data/cases_python.json --max-tokens 64 --out "$OUT/agreement-trained.json" 2>&1 | tail -20
+  agreement_trained ${AGREE_S:-360}
   echo "== tools/hf_oracle.py, trained checkpoint, float32 on cuda (committed case set)"
   timeout ${GATE_S:-180} python3 tools/hf_oracle.py --model $MODEL --device cuda --dtype float32 \
     --out "$OUT/gate-trained-cuda.json" 2>&1 | tail -3
