@@ -1,11 +1,13 @@
 """The device sampler inside the captured decode graph on CUDA (skipped without a GPU; issue 33): the
 Triton sampler (engine/kernels/sample.py) replayed in the graph, fed by the per-slot history and
 bias and the static per-row parameters, against the same graphs returning logits to engine.sampler
-("off", the path before issue 33), on mixed batches, overlapped and not. In float32 every token is
-the same and the log-probs agree within 1e-5; in bfloat16 (ties between logits are common, and the
-kernel breaks a tie at a top-k / top-p boundary by column where torch's sort breaks it its own way)
-the greedy rows, penalised or not, are the same token for token, and the sampled ones agree almost
-everywhere. Bitwise batch invariance through this path: tests/engine/test_gpu_batch_invariance.py.
+("off", the path before issue 33), on mixed batches, overlapped and not, in bfloat16: ties between
+logits are common, and the kernel breaks a tie at a top-k / top-p boundary by column where torch's
+sort breaks it its own way, so the greedy rows, penalised or not, are the same token for token, and
+the sampled ones agree almost everywhere. Only bfloat16: float32 on CUDA runs the per-expert loop,
+which reads counts on the host, so no decode graph is captured (ExpertKernel.choose; the H100 run of
+2026-12-05 showed the float32 fixture's engine without graphs). The float32 comparison, token and
+log-prob exact, runs on the CPU with the graphs replayed there: tests/engine/test_device_sampler.py. Bitwise batch invariance through this path: tests/engine/test_gpu_batch_invariance.py.
 Run on a GPU machine: pytest tests/engine/test_gpu_device_sampler.py"""
 from __future__ import annotations
 
@@ -20,9 +22,9 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 GREEDY_ROWS = ("greedy", "logprobs", "greedy-pen")
 
 
-@pytest.fixture(scope="module", params=["float32", "bfloat16"])
-def engine(request):
-    e = build_engine(EngineSpec(random_preset="tiny", device="cuda:0", dtype=request.param, num_slots=12))
+@pytest.fixture(scope="module")
+def engine():
+    e = build_engine(EngineSpec(random_preset="tiny", device="cuda:0", dtype="bfloat16", num_slots=12))
     assert e.runner.graphs is not None and e.runner.graphs.sampler is not None and e.runner.graphs.sampler.kernel
     yield e
     e.close()
@@ -34,9 +36,6 @@ def test_the_graph_sampler_chooses_what_engine_sampler_chooses(engine, overlap):
     got, overlapped, kinds = serve_with(engine, "auto", MIXED, overlap)
     assert off_kinds == {"logits"} and {"sample", "sample_lp"} <= kinds
     assert (overlapped > 0) == overlap  # sampled decode steps ran launched, fed on the device
-    if engine.spec.torch_dtype() == torch.float32:
-        assert_same(got, off, atol=1e-5)
-        return
     assert_same({k: v for k, v in got.items() if k[0] in GREEDY_ROWS},
                 {k: v for k, v in off.items() if k[0] in GREEDY_ROWS}, atol=1e-4)
     same = total = 0
