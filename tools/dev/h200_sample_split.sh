@@ -40,16 +40,5 @@ if [ "$what" = all ] || [ "$what" = direct ]; then
 fi
 if [ "$what" = all ] || [ "$what" = direct ]; then
   echo "== the same tokens from both launch shapes (bench_direct's token_hash per profile and batch)"
-  python3 - "$OUT/direct-chunks0.json" "$OUT/direct-chunks64.json" <<'PY'
-import json, sys
-try:
-    a, b = (json.load(open(p))["batches"] for p in sys.argv[1:])
-except (OSError, KeyError, ValueError) as e:
-    sys.exit(f"cannot compare: {e}")
-key = lambda r: (r["sampling"], r["batch"])
-one = {key(r): r["token_hash"] for r in a}
-for r in b:
-    k = key(r)
-    print(k, "same tokens" if one.get(k) == r["token_hash"] else f"DIFFERENT: {one.get(k)} vs {r['token_hash']}")
-PY
+  python3 tools/dev/same_tokens.py "$OUT/direct-chunks0.json" "$OUT/direct-chunks64.json"
 fi
