@@ -28,7 +28,8 @@ timeout 100 python3 -m pytest -q -p no:cacheprovider -rfE -x --tb=short tests/en
   > "$OUT/gpu-tests-sampler.txt" 2>&1; tail -30 "$OUT/gpu-tests-sampler.txt"
 # one pytest per file, each under its own limit, so that a cut keeps the files before it whole (one
 # selection cut by the call's guard twice lost every failure's message)
-for sel in tests/engine/test_gpu_prefill.py tests/engine/test_gpu_batch_invariance.py tests/engine/kernels/test_sample.py \
+for sel in "tests/engine/kernels/test_linear.py::test_gpu_tiny_shapes_keep_their_bits_across_the_wide_row_blocks" \
+    tests/engine/test_gpu_prefill.py tests/engine/test_gpu_batch_invariance.py tests/engine/kernels/test_sample.py \
     "tests/engine/kernels/test_linear.py::test_gpu_tickets_give_the_second_launchs_bits_every_time"; do
   [ "$(left)" -gt 260 ] || { echo "skipped (time): $sel" | tee -a "$OUT/gpu-tests.txt"; continue; }
   echo "== $sel" >> "$OUT/gpu-tests.txt"

@@ -23,6 +23,9 @@ INTERP_SIZES = (1, 5, 16, 17, 40)
 # expert, two), dense down, dense gate_up
 LITE = ((2048, 2048), (3648, 2048), (2816, 2048), (102400, 2048), (2048, 1408), (2048, 2816), (2048, 10944),
         (21888, 2048))
+# the tiny preset's (the GPU tests' engine): q_proj, kv_a, both fused, kv_b, o_proj, dense gate_up and down, shared
+# gate_up and down, LM head; K 32 is less than one block_k
+TINY = ((96, 64), (40, 64), (136, 64), (128, 32), (64, 64), (256, 64), (64, 128), (128, 64), (1024, 64))
 GPU_SIZES = (1, 2, 7, 16, 33, 64, 128, 255, 256, 1024, 4096)
 GPU_SIZES_F32 = (1, 2, 7, 16, 33, 64, 128, 255, 256)  # float32 sums on FMA units: the large sizes take minutes
 
@@ -192,6 +195,22 @@ def test_gpu_rows_are_the_same_alone_and_in_any_crowd(triton_gpu, dtype, nk):
     assert_close_to_f_linear(L.triton_linear(x, w, t), x, w)
     whole, split = dataclasses.replace(t, programs=1), dataclasses.replace(t, programs=10**9)
     assert torch.equal(L.triton_linear(x, w, whole), L.triton_linear(x, w, split))  # both walks, two column blocks
+
+
+@pytest.mark.parametrize("nk", TINY, ids=[f"n{n}-k{k}" for n, k in TINY])
+def test_gpu_tiny_shapes_keep_their_bits_across_the_wide_row_blocks(triton_gpu, nk):
+    """From wide_rows rows the kernel takes wide_block_m-row blocks (wgmma on Hopper, mma.sync below):
+    at the tiny preset's shapes too, a row's bits must not change at that crossing (a prefill graph's
+    padded bucket of 256 tokens against the same 221 tokens eagerly failed bitwise on an H100,
+    tests/engine/test_gpu_prefill.py, 2026-12-05; this test separates the linear from the rest)."""
+    n, k = nk
+    t = KernelConfig().linear
+    g = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator().manual_seed(1)
+    w = _lite_weights(n, k, torch.bfloat16, g)
+    row = torch.randn(1, k, generator=gen).to(device="cuda", dtype=torch.bfloat16)
+    sizes = (1, 16, 221, t.wide_rows - 1, t.wide_rows, t.wide_rows + 1, 1024)
+    assert crowd_mismatches(lambda x: L.triton_linear(x, w, t), row, sizes, gen, "cuda") == []
 
 
 def test_gpu_linear_dispatches_to_the_kernel(triton_gpu):
