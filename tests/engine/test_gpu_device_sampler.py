@@ -7,7 +7,8 @@ sort breaks it its own way, so the greedy rows, penalised or not, are the same t
 the sampled ones agree almost everywhere. Only bfloat16: float32 on CUDA runs the per-expert loop,
 which reads counts on the host, so no decode graph is captured (ExpertKernel.choose; the H100 run of
 2026-12-05 showed the float32 fixture's engine without graphs). The float32 comparison, token and
-log-prob exact, runs on the CPU with the graphs replayed there: tests/engine/test_device_sampler.py. Bitwise batch invariance through this path: tests/engine/test_gpu_batch_invariance.py.
+log-prob exact, runs on the CPU with the graphs replayed there: tests/engine/test_device_sampler.py.
+Bitwise batch invariance through this path: tests/engine/test_gpu_batch_invariance.py.
 Run on a GPU machine: pytest tests/engine/test_gpu_device_sampler.py"""
 from __future__ import annotations
 

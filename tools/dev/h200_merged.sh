@@ -8,7 +8,7 @@
 #   2. the GPU tests of the merged parts: batch invariance through the graphs, the device sampler in
 #      the decode graph and its kernel, the prefill bank graphs and warm-up, the linear's tickets;
 #   3. bench_direct at batch 1 with each sampling profile on one engine (issue 33's c=1 shape), the
-#      sampler one program per row (--sample-chunks 0, the default) then split over 64 programs;
+#      sampler one program per row (--sample-chunks 0, the default) then split over 64 programs, their tokens compared (tools/dev/same_tokens.py);
 #   3b. issue 30's bf16 agreement on the trained default model (tools/agreement.py, as h200_trained.sh);
 #   4. bench_serving short profile at c=256, batch invariant against --no-batch-invariant (issue 26's cost).
 # Everything it writes goes to $OUT.

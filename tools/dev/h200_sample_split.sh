@@ -10,7 +10,7 @@
 #   2. tools/dev/sample_bench.py --chunks 0,64: both launch shapes per mix, batch and logits kind, with
 #      bits_equal_c64 (the split's bits against the one program's) and argmax_us for the greedy mix;
 #   3. bench_direct on random Lite weights, greedy / top-p / penalties / logprobs at batch 1 and 64,
-#      --sample-chunks 0 then 64: the sampled TPOT against greedy's, both launch shapes.
+#      --sample-chunks 0 then 64: the sampled TPOT against greedy's, both launch shapes, and their tokens compared (tools/dev/same_tokens.py).
 # Usage: bash tools/dev/h200_sample_split.sh [all|tests|kernel|direct]   (default all)
 # A fresh machine compiles every kernel variant first (the split's round launch ~30-70 s a variant on
 # a CPU core; Triton caches them on the machine): run the three sections as three calls on one warm
@@ -37,8 +37,6 @@ if [ "$what" = all ] || [ "$what" = direct ]; then
       --new-tokens 32 --warmup 1 --iters 3 --sampling greedy,top-p,penalties,logprobs --sample-chunks $chunks \
       --out "$OUT/direct-chunks$chunks.json" 2>&1 | grep -E "TPOT|rror" | tail -10
   done
-fi
-if [ "$what" = all ] || [ "$what" = direct ]; then
   echo "== the same tokens from both launch shapes (bench_direct's token_hash per profile and batch)"
   python3 tools/dev/same_tokens.py "$OUT/direct-chunks0.json" "$OUT/direct-chunks64.json"
 fi
