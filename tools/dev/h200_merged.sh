@@ -17,12 +17,17 @@ source tools/dev/h200_env.sh
 export READY_TRIES=${READY_TRIES:-480}
 t0=$(date +%s); budget=${BUDGET_S:-540}
 left() { echo $(( budget - $(date +%s) + t0 )); }
+# SECTIONS picks which run (default all): e.g. SECTIONS="2 3" when the gate already passed on this tree
+SECTIONS=" ${SECTIONS:-1 2 3 3b 4} "; on() { [[ "$SECTIONS" == *" $1 "* ]]; }
+if on 1; then
 echo "== 1. serve (defaults, --max-active 32) and the reliability gate --url"
 serve rel --trace-file /tmp/trace-rel.jsonl --max-active 32
 echo "ready after $(( $(date +%s) - t0 )) s"; grep -E 'startup_time|warmup_done' "$OUT/serve-rel.log" | cut -c1-600
 timeout $(( $(left) > 170 ? 170 : $(left) )) python3 tools/reliability.py --url http://127.0.0.1:8000 \
   --trace-file /tmp/trace-rel.jsonl --allow-skips --burst 256x2 --out "$OUT/reliability-url-lite-cuda.json" 2>&1 | tail -14
 kill -TERM $pid; wait $pid
+fi
+if on 2; then
 echo "== 2. GPU tests at $(( $(date +%s) - t0 )) s (the device sampler's first, alone, its whole output kept)"
 timeout 100 python3 -m pytest -q -p no:cacheprovider -rfE -x --tb=short tests/engine/test_gpu_device_sampler.py \
   > "$OUT/gpu-tests-sampler.txt" 2>&1; tail -30 "$OUT/gpu-tests-sampler.txt"
@@ -37,6 +42,8 @@ for sel in "tests/engine/kernels/test_linear.py::test_gpu_tiny_shapes_keep_their
   echo "$sel: $(tail -1 "$OUT/gpu-tests.txt")"
 done
 grep -E "^(FAILED|ERROR)|^E " "$OUT/gpu-tests.txt" | head -20
+fi
+if on 3; then
 for chunks in 0 64; do
   [ "$(left)" -gt 130 ] || { echo "== 3. bench_direct --sample-chunks $chunks: skipped (time)"; continue; }
   echo "== 3. bench_direct batch 1, each sampling profile, --sample-chunks $chunks, at $(( $(date +%s) - t0 )) s"
@@ -46,11 +53,13 @@ for chunks in 0 64; do
 done
 echo "== 3. the same tokens from both launch shapes:"
 python3 tools/dev/same_tokens.py "$OUT/direct-sampling-b1-c0.json" "$OUT/direct-sampling-b1-c64.json"
-if [ "$(left)" -gt 170 ]; then
+fi
+if on 3b && [ "$(left)" -gt 170 ]; then
   echo "== 3b. issue 30: tools/agreement.py on the trained default model (bf16 vs float32, 64 prompts x 64 tokens) at $(( $(date +%s) - t0 )) s"
   agreement_trained 150
 fi
 for mode in batch-invariant no-batch-invariant; do
+  on 4 || continue
   [ "$(left)" -gt 90 ] || { echo "== 4. serving --$mode: skipped (time)"; continue; }
   echo "== 4. serving c=256 --$mode at $(( $(date +%s) - t0 )) s"
   serve "$mode" --$mode
