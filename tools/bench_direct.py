@@ -70,8 +70,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="sampled rows chosen inside the decode graph (auto, the default) or by engine.sampler on "
                         "the graph's logits (off: the path before issue 33, the A/B's other side)")
     p.add_argument("--sample-chunks", type=int,
-                   help="KernelConfig.sample.chunks: the device sampler's programs per row (0: one program per row, "
-                        "the default; 64: each row split over programs, the A/B)")
+                   help="KernelConfig.sample.chunks: the device sampler's programs per row (64, the default: each row "
+                        "split over programs; 0: one program per row, the A/B)")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
     if a.sample_chunks is not None and a.sample_chunks < 0:

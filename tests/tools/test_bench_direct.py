@@ -144,14 +144,14 @@ def test_sampling_profiles_run_each_row_with_its_parameters(tiny_model_dir, tmp_
 
 
 def test_sample_chunks_sets_the_device_samplers_launch(tmp_path):
-    """--sample-chunks: KernelConfig.sample.chunks of the engine it builds (64: each row split over
-    programs, the A/B's other side); absent: the config's default (0, one program per row); negative:
-    a usage error."""
+    """--sample-chunks: KernelConfig.sample.chunks of the engine it builds (0: one program per row, the
+    A/B's other side); absent: the config's default (64, each row split over programs); negative: a
+    usage error."""
     common = ["--preset", "tiny", "--device", "cpu", "--out", str(tmp_path / "x.json")]
     default = bench_direct.kernel_config(bench_direct.parse_args(common))
-    assert default.sample == KernelConfig().sample and default.sample.chunks == 0
-    split = bench_direct.kernel_config(bench_direct.parse_args([*common, "--sample-chunks", "64"]))
-    assert split == dataclasses.replace(default, sample=dataclasses.replace(default.sample, chunks=64))
+    assert default.sample == KernelConfig().sample and default.sample.chunks == 64
+    one = bench_direct.kernel_config(bench_direct.parse_args([*common, "--sample-chunks", "0"]))
+    assert one == dataclasses.replace(default, sample=dataclasses.replace(default.sample, chunks=0))
     with pytest.raises(SystemExit) as e:
         bench_direct.parse_args([*common, "--sample-chunks", "-1"])
     assert e.value.code == 2
