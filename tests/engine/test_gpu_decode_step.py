@@ -20,6 +20,7 @@ def test_one_row_steps_choose_as_the_two_launch_form(tiny_model_dir):
 
     def tokens(rows: int) -> list[list[int]]:
         engine = build_engine(EngineSpec(model_dir=str(tiny_model_dir), device="cuda", dtype="bfloat16", num_slots=1,
+                                         kv_cache_tokens=4096,
                                          kernels=KernelConfig(head_argmax_rows=rows, batch_invariant=False)))
         try:
             assert engine.runner.graphs is not None and engine.model.kernels.triton

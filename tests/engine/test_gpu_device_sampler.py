@@ -25,7 +25,8 @@ GREEDY_ROWS = ("greedy", "logprobs", "greedy-pen")
 
 @pytest.fixture(scope="module")
 def engine():
-    e = build_engine(EngineSpec(random_preset="tiny", device="cuda:0", dtype="bfloat16", num_slots=12))
+    e = build_engine(EngineSpec(random_preset="tiny", device="cuda:0", dtype="bfloat16", num_slots=12,
+                                kv_cache_tokens=12 * 4096))  # not most of the free memory
     assert e.runner.graphs is not None and e.runner.graphs.sampler is not None and e.runner.graphs.sampler.kernel
     yield e
     e.close()

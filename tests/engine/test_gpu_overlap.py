@@ -43,7 +43,8 @@ def _run(engine, overlap: bool, admits: list[Admit]) -> tuple[dict, dict, list]:
 
 @pytest.fixture(scope="module")
 def engine():
-    e = build_engine(EngineSpec(random_preset="tiny", device="cuda:0", dtype="bfloat16", num_slots=8))
+    e = build_engine(EngineSpec(random_preset="tiny", device="cuda:0", dtype="bfloat16", num_slots=8,
+                                kv_cache_tokens=8 * 4096))  # not most of the free memory
     assert e.runner.graphs is not None
     yield e
     e.close()
@@ -58,7 +59,11 @@ def test_overlapped_graph_steps_equal_the_step_by_step_thread(engine):
     assert sum(r.overlapped for r in records) >= 30
     assert [(r.rows, r.positions_max) for r in records] == [(r.rows, r.positions_max) for r in ref_records]
     # the expert counters of a launched-ahead step are read without a wait, yet match step by step
-    assert [r.routes_per_expert for r in records] == [r.routes_per_expert for r in ref_records]
+    # (an H100 run at d85d649 failed here: the first record's routes were twice the overlapped run's,
+    # undiagnosed; the per-record sums say whether routes were counted twice or moved between steps)
+    assert [r.routes_per_expert for r in records] == [r.routes_per_expert for r in ref_records], \
+        [(i, sum(a.routes_per_expert), sum(b.routes_per_expert), a.rows) for i, (a, b) in enumerate(zip(records, ref_records))
+         if a.routes_per_expert != b.routes_per_expert]
     assert all(sum(r.routes_per_expert) > 0 for r in records)
     assert engine.cache.free_slots == engine.cache.num_slots
 

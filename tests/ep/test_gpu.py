@@ -24,6 +24,7 @@ GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 def _spec(**fields) -> EngineSpec:
     if "cuda_graphs" in {f.name for f in dataclasses.fields(EngineSpec)}:
         fields.setdefault("cuda_graphs", False)  # compare the eager paths: multi-rank backends sync per layer
+    fields.setdefault("kv_cache_tokens", 8 * 4096)  # not the default, most of the free memory: several engines per test
     return EngineSpec(random_preset="tiny", device="cuda:0", **fields)
 
 
