@@ -12,20 +12,29 @@
 #      then the shared-prefix TTFT (the second request's TTFT should be <= 15 ms) and its output
 #      compared with the cache-off server's, token for token.
 # Usage: bash tools/dev/h200_paged.sh      (everything goes to $OUT; a summary at the end)
+#   SECTIONS="4" runs only what is named (default "1 2 3 4"); section 4 alone compares the prefix
+#   output with PREFIX_OFF (default: the cache-off reference recorded on 2026-12-05,
+#   docs/benchmarks/2026-12-05b-h100/call5/prefix-off.json).
 set -uo pipefail
 source tools/dev/h200_env.sh
 T0=$(date +%s)
+SECTIONS=" ${SECTIONS:-1 2 3 4} "; on() { [[ "$SECTIONS" == *" $1 "* ]]; }
+PREFIX_OFF=${PREFIX_OFF:-docs/benchmarks/2026-12-05b-h100/call5/prefix-off.json}
 left() { echo "[$(( $(date +%s) - T0 )) s]"; }
 late() { [ $(( $(date +%s) - T0 )) -gt "${1:-470}" ] && echo "skipped: past ${1:-470} s of the call"; }
 
+if on 1; then
 echo "== 1. GPU tests (paged kernels, engine) $(left)"
 timeout ${TEST_S:-120} python3 -m pytest -q -p no:cacheprovider tests/engine/kernels/test_mla_decode.py \
   tests/engine/kernels/test_mla_prep.py tests/engine/kernels/test_mla_output.py tests/engine/test_gpu_*.py -rfE --tb=short \
   > "$OUT/gpu-tests.txt" 2>&1; tail -15 "$OUT/gpu-tests.txt"
 
+fi
+if on 2; then
 echo "== 2. bench_direct lite, batch 1/256/512/1024 $(left)"
 timeout ${DIRECT_S:-150} python3 tools/bench_direct.py --preset lite --batches 1,256,512,1024 --prompt-len 86 \
   --new-tokens 48 --out "$OUT/direct-paged.json" 2>&1 | grep -E "TPOT|rror" | tail -6
+fi
 
 watch_ready() {  # poll /ready until the file $1 is removed; the largest engine.running seen etc. go to $2
   local flag=$1 out=$2
@@ -70,6 +79,7 @@ warm() {  # capture the decode graphs of the large buckets before measuring
     --max-tokens 24 --concurrency 1024 --num-requests 1024 --no-progress --out /tmp/warm.json >/dev/null 2>&1
 }
 
+if on 3; then
 echo "== 3. serve --max-model-len 32768 --no-prefix-caching $(left)"
 serve ctx32k --max-model-len 32768 --no-prefix-caching
 curl -s http://127.0.0.1:8000/ready | head -c 600; echo
@@ -78,16 +88,20 @@ bench c512-32k 512 1024
 bench c1024-32k 1024 2048
 timeout 60 python3 tools/dev/prefix_ttft.py --base-url http://127.0.0.1:8000 --out "$OUT/prefix-off.json"
 kill -TERM $pid; wait $pid
+PREFIX_OFF="$OUT/prefix-off.json"
+fi
 
+if on 4; then
 echo "== 4. serve --max-model-len 131072 (prefix caching on) $(left)"
 serve ctx128k --max-model-len 131072
 curl -s http://127.0.0.1:8000/ready | head -c 600; echo
 warm
 bench c512-128k 512 1024
 timeout 60 python3 tools/dev/prefix_ttft.py --base-url http://127.0.0.1:8000 --out "$OUT/prefix-on.json" \
-  --compare "$OUT/prefix-off.json"; echo "prefix compare exit $?"
+  --compare "$PREFIX_OFF"; echo "prefix compare exit $?"
 curl -s http://127.0.0.1:8000/metrics | grep -E "^pegainfer:(prefix_cache|num_preemptions|kv_cache_usage)" | cut -c1-160
 kill -TERM $pid; wait $pid
+fi
 
 echo "== summary $(left)"
 grep -E "passed|failed" "$OUT/gpu-tests.txt" | tail -1
