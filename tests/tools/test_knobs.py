@@ -82,11 +82,12 @@ def test_head_argmax_flags():
 
 
 def test_sample_flags():
-    """--sample-chunks 64: the device sampler split over programs, the A/B against the default one
-    program per row; --sample-pivots: the split's count thresholds."""
-    config, done = _config("--sample-chunks", "64")
-    assert done == {"sample.chunks": 64} and config.sample == dataclasses.replace(DEFAULT.sample, chunks=64)
-    assert DEFAULT.sample.chunks == 0  # the split is the A/B's other side until a GPU has timed it
+    """--sample-chunks 0: the device sampler one program per row, the A/B's other side against the
+    default split over 64 programs (since an H100 timed both); --sample-pivots: the split's count
+    thresholds."""
+    config, done = _config("--sample-chunks", "0")
+    assert done == {"sample.chunks": 0} and config.sample == dataclasses.replace(DEFAULT.sample, chunks=0)
+    assert DEFAULT.sample.chunks == 64
     config, done = _config("--sample-pivots", "16", "--sample-chunks", "32")
     assert config.sample == SampleTiling(chunks=32, pivots=16) and config.linear == DEFAULT.linear
     with pytest.raises(ValueError):

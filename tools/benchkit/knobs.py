@@ -34,8 +34,8 @@ engine's KernelConfig (engine/kernels/config.py), which the tool hands to the en
     --dense-k             dense.block_k                its K block
     --dense-warps         dense.num_warps              its warps per program
     --linear-ticket       linear.ticket                1: the split linear's last program sums (default); 0: a second launch
-    --sample-chunks       sample.chunks                the device sampler's programs per row (0, default: one program
-                                                       per row; 64: the split launches, 50 at lite, not yet on a GPU)
+    --sample-chunks       sample.chunks                the device sampler's programs per row (64, default: the split
+                                                       launches, 50 at lite; 0: one program per row)
     --sample-pivots       sample.pivots                the split sampler's count thresholds
 """
 from __future__ import annotations
