@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pegainfer.daemon.protocol import CompletionRequest, bad_request, parse_completion, unsupported
+from pegainfer.daemon.protocol import CompletionRequest, bad_request, parse_completion, unsupported, whole_numbers
 from pegainfer.engine.contract import BOUNDS, MAX_LOGPROBS
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -44,6 +44,7 @@ def parse_chat(body: Any, *, max_tokens_default: int | None = None) -> ChatReque
     """Validate a /v1/chat/completions body. max_tokens_default: None (the rest of the context)."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
+    body = whole_numbers(body)
     _refuse_unsupported(body)
     messages = _messages(body.get("messages"))
     sub = {name: body[name] for name in SHARED if name in body}
@@ -81,6 +82,8 @@ def _top_logprobs(body: dict) -> int | None:
                               f"{OPENAI_MAX_TOP_LOGPROBS}), got {top}", "top_logprobs")
         raise bad_request(str(found), "top_logprobs")
     if not wanted:
+        if top == 0:  # as vLLM: 0 asks for nothing, so it needs no 'logprobs'
+            return None
         raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     return top
 

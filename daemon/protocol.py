@@ -111,6 +111,22 @@ def _typed(body: dict, name: str, kinds: tuple[type, ...], label: str) -> Any:
     return value
 
 
+# the fields that take an integer (the contract's integer bounds and the chat API's own two)
+INTEGER_FIELDS = frozenset({name for name, bound in BOUNDS.items() if bound.integer}
+                           | {"max_completion_tokens", "top_logprobs"})
+
+
+def whole_numbers(body: Any) -> Any:
+    """The body with a whole float in an integer field made an int (5.0 is 5), as vLLM's pydantic
+    models take it; a fraction stays a float (a 400 later), and so does a float too large to print
+    as a bounded integer (its 400 says a float came: a JSON integer beyond 64 bits parses as one)."""
+    if not isinstance(body, dict):
+        return body
+    fixed = {name: int(value) for name, value in body.items()
+             if name in INTEGER_FIELDS and isinstance(value, float) and value.is_integer() and abs(value) < 1e30}
+    return {**body, **fixed} if fixed else body
+
+
 def _integer(body: dict, name: str) -> int | None:
     """An integer field, None when absent; a 400 unless the contract's BOUNDS allow it."""
     value = body.get(name)
@@ -195,6 +211,7 @@ def parse_completion(body: Any, *, max_tokens_default: int) -> CompletionRequest
     handed can overflow a device tensor."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
+    body = whole_numbers(body)
     model = _typed(body, "model", (str,), "a string")
     if body.get("suffix") is not None:
         raise unsupported("suffix", "'suffix' (insertion)", yet=False)

@@ -21,9 +21,11 @@ SERVER_SHUTDOWN = "server_shutdown"  # the code of a request the server's shutdo
 ENGINE_FAILED_MESSAGE = "the engine failed while running this request"
 LOAD_FAILED_MESSAGE = "the engine failed to load"
 
-# state -> (HTTP status, error type, code) when the end carries no code of its own
+# state -> (HTTP status, error type, code) when the end carries no code of its own. A request cancelled
+# through the API is a 499 (gRPC's CANCELLED in Google's HTTP mapping), not a 5xx: the OpenAI SDKs
+# retry every 5xx, so a 503 made them send the cancelled request again and run it to the end
 _BY_STATE = {
-    RequestState.CANCELLED: (503, "cancelled", "request_cancelled"),
+    RequestState.CANCELLED: (499, "cancelled", "request_cancelled"),
     RequestState.DISCONNECTED: (499, "disconnected", "client_disconnected"),
     RequestState.FAILED: (500, "server_error", "engine_failed"),
 }

@@ -192,6 +192,16 @@ def test_bad_chat_bodies_are_400(daemon, body, param, contains):
     assert_error(chat(daemon, max_tokens=2, **body), 400, param, contains=contains or "")
 
 
+def test_top_logprobs_zero_needs_no_logprobs_and_whole_floats_count(daemon):
+    """vLLM's checks: top_logprobs 0 without logprobs asks for nothing (200, no log-probs); 3.0
+    where an integer goes is 3."""
+    r = chat(daemon, max_tokens=3.0, top_logprobs=0, logprobs=False)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["logprobs"] is None and r.json()["usage"]["completion_tokens"] == 3
+    assert_error(chat(daemon, max_tokens=2, top_logprobs=1), 400, "top_logprobs", contains="needs 'logprobs': true")
+
+
 def test_accepted_no_op_fields_and_the_text_response_format(daemon):
     r = chat(daemon, max_tokens=2, user="u1", store=False, metadata={"a": "b"}, response_format={"type": "text"},
              tool_choice="none", modalities=["text"], parallel_tool_calls=False)

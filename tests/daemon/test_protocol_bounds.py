@@ -1,6 +1,6 @@
 """Every numeric field of a completions body is bounded at parse time, from the one table in
 engine/contract.py: integers beyond int64 (orjson parses up to 2^64 - 1), booleans and floats where
-an integer goes, NaN-like strings, penalties and logit_bias outside their ranges all get a 400
+an integer goes (a whole float is its integer, as in vLLM), NaN-like strings, penalties and logit_bias outside their ranges all get a 400
 naming the field; the model-dependent bounds (token ids and top_k against the vocabulary) are
 checked once the vocabulary is known; and the parse builds the engine's Admit, the contract's
 SamplingParams inside it, with the values the body sent."""
@@ -32,9 +32,19 @@ INTEGER_FIELDS = ["max_tokens", "top_k", "seed", "n", "best_of", "logprobs"]
 
 
 @pytest.mark.parametrize("name", INTEGER_FIELDS)
-@pytest.mark.parametrize("value", HUGE + [True, 2.0, "5", "NaN", [1], {"a": 1}])
+@pytest.mark.parametrize("value", HUGE + [True, 2.5, 1e30, "5", "NaN", [1], {"a": 1}])
 def test_integer_fields_refuse_huge_and_mistyped_values(name, value):
     refused(name, **{name: value})
+
+
+def test_a_whole_float_is_taken_as_its_integer_as_vllm_does():
+    """vLLM's pydantic fields (lax mode) take 5.0 where an integer goes; a fraction is still a 400,
+    and a JSON integer past 64 bits (a float once parsed) gets the range's message, not the type's."""
+    r = parse(max_tokens=5.0, n=2.0, best_of=3.0, top_k=40.0, seed=-7.0, logprobs=2.0)
+    assert (r.max_tokens, r.n, r.best_of, r.sampling.top_k, r.sampling.seed, r.logprobs) == (5, 2, 3, 40, -7, 2)
+    assert all(type(v) is int for v in (r.max_tokens, r.n, r.best_of, r.sampling.top_k, r.sampling.seed))
+    assert "64-bit" in refused("seed", seed=orjson.loads(b"1180591620717411303424")).message
+    assert "integer, got float" in refused("max_tokens", max_tokens=5.5).message
 
 
 @pytest.mark.parametrize("name", ["temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
