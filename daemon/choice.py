@@ -29,8 +29,10 @@ class ChoiceOutput:
     """Tokens after the choice ended (those the engine made before it heard of a stop string) are
     ignored. A stop token (EOS, a stop_token_ids entry) ends the choice without adding its text."""
 
-    def __init__(self, index: int, tok: Tokenizer, stops: list[str], logprobs: bool, prefix: Delta | None = None):
+    def __init__(self, index: int, tok: Tokenizer, stops: list[str], logprobs: bool, prefix: Delta | None = None,
+                 *, echo_only: bool = False):
         self.index = index
+        self.echo_only = echo_only  # the echoed prompt is the whole reply: the one token made is dropped
         self.tok = tok
         self.detok = IncrementalDetokenizer(tok)
         self.stop = StopText(stops)
@@ -48,6 +50,9 @@ class ChoiceOutput:
     def push(self, t: Token) -> Delta:
         if self.finish_reason is not None:
             return Delta()
+        if self.echo_only:  # max_tokens 0: nothing generated is returned or billed
+            self.finish_reason = "length"
+            return self._opened(Delta(finish_reason="length"))
         self.tokens += 1
         if t.logprob is not None:
             self.cumulative_logprob += t.logprob

@@ -73,6 +73,9 @@ class CompletionRequest:
     sampling: SamplingParams = SamplingParams()
     logprobs: int | None = None  # as the API asked (the response carries log-probs when not None)
     echo: bool = False
+    # echo with max_tokens 0 (OpenAI's and vLLM's prompt scoring): the engine makes one token, which
+    # the reply leaves out: the prompt (and its log-probs) alone, finish_reason "length", 0 tokens billed
+    echo_only: bool = False
     stop: list[str] = dataclasses.field(default_factory=list)
     stop_token_ids: list[int] = dataclasses.field(default_factory=list)
     n: int = 1
@@ -217,7 +220,8 @@ def parse_completion(body: Any, *, max_tokens_default: int) -> CompletionRequest
         raise unsupported("suffix", "'suffix' (insertion)", yet=False)
     prompts = _prompts(body.get("prompt"))
 
-    max_tokens = _integer(body, "max_tokens")
+    echo_only = body.get("max_tokens") == 0 and body.get("echo") is True and not isinstance(body["max_tokens"], bool)
+    max_tokens = 1 if echo_only else _integer(body, "max_tokens")
     if max_tokens is None:
         max_tokens = max_tokens_default
     stream = bool(_typed(body, "stream", (bool,), "a boolean") or False)
@@ -236,7 +240,7 @@ def parse_completion(body: Any, *, max_tokens_default: int) -> CompletionRequest
     first = prompts[0]
     req = CompletionRequest(model, first if isinstance(first, str) else None, None if isinstance(first, str) else first,
                             max_tokens, stream, include_usage, ignore_eos, body, logprobs=sampling.logprobs,
-                            prompts=prompts)
+                            prompts=prompts, echo_only=echo_only)
     _choices(body, req)
     # best_of ranks candidates by cumulative log-prob: the engine reports the chosen tokens' log-probs
     # whenever there is a choice to make; echo with logprobs asks for the prompt's too

@@ -104,7 +104,7 @@ class HostileBodies:
         }
         pool = specific[name]
         if name in INT_FIELDS:
-            pool = pool + HUGE_INTS + [2.0, 1.0]  # past int64, and floats where an integer goes
+            pool = pool + HUGE_INTS + [2.5, 0.5]  # past int64, and fractions where an integer goes
         if name in ("prompt", "stop_token_ids"):
             pool = pool + [[1, h] for h in HUGE_INTS]
         if name == "user":

@@ -137,6 +137,35 @@ def test_sampling_parameters_are_accepted(daemon, body):
     assert len(r.json()["choices"]) == body.get("n", 1)
 
 
+def test_echo_with_max_tokens_zero_scores_the_prompt(daemon):
+    """OpenAI's and vLLM's prompt scoring (lm-eval-harness's loglikelihood): echo with max_tokens 0
+    returns the prompt and its log-probs, nothing generated, nothing billed; streamed the same. Without
+    echo, max_tokens 0 stays a 400."""
+    scored = post(daemon, {"prompt": "the cat sat", "max_tokens": 0, "echo": True, "logprobs": 2})
+    assert scored.status_code == 200, scored.text
+    body = scored.json()
+    choice = body["choices"][0]
+    assert choice["text"] == "the cat sat" and choice["finish_reason"] == "length"
+    lp = choice["logprobs"]
+    prompt_tokens = body["usage"]["prompt_tokens"]
+    assert body["usage"]["completion_tokens"] == 0 and body["usage"]["total_tokens"] == prompt_tokens
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == prompt_tokens
+    assert lp["token_logprobs"][0] is None and all(isinstance(x, float) for x in lp["token_logprobs"][1:])
+    # the same log-probs as the prompt part of an echo that generates
+    generated = post(daemon, {"prompt": "the cat sat", "max_tokens": 2, "echo": True, "logprobs": 2,
+                              "ignore_eos": True}).json()["choices"][0]["logprobs"]
+    assert generated["token_logprobs"][:prompt_tokens] == lp["token_logprobs"]
+    with httpx.stream("POST", daemon.url + "/v1/completions", timeout=60,
+                      json={"prompt": "the cat sat", "max_tokens": 0, "echo": True, "stream": True}) as r:
+        lines = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    chunks = [json.loads(x) for x in lines[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "the cat sat"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert_error(post(daemon, {"prompt": "hi", "max_tokens": 0}), 400, param="max_tokens")
+    assert_error(post(daemon, {"prompt": "hi", "max_tokens": False, "echo": True}), 400, param="max_tokens")
+
+
 def test_unknown_fields_are_ignored(daemon):
     assert post(daemon, {"prompt": "hi", "max_tokens": 2, "user": "x", "some_vendor_field": {"a": 1}}).status_code == 200
 
