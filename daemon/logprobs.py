@@ -10,7 +10,8 @@ log-prob: null in token_logprobs and top_logprobs.
 
 Chat completions carry the same log-probs in their own shape (`as_chat`): per token `{token,
 logprob, bytes, top_logprobs: [{token, logprob, bytes}, ...]}` with exactly the top N in rank order,
-the chosen token not added."""
+the chosen token not added; `bytes` are the token's own (engine.tokenizer token_bytes), so a token
+holding part of a character carries that part, and the bytes joined give the text's UTF-8."""
 from __future__ import annotations
 
 import dataclasses
@@ -25,19 +26,21 @@ class LogprobEntry:
     logprob: float | None
     top: dict[str, float] | None
     offset: int
-    ranked: tuple[tuple[str, float], ...] = ()  # the top N as the engine ranked them (chat's top_logprobs)
+    # the top N as the engine ranked them, each (text, log-prob, its bytes): chat's top_logprobs
+    ranked: tuple[tuple[str, float, bytes], ...] = ()
+    raw: bytes | None = None  # the token's own bytes (chat's `bytes`; part of a character, maybe)
 
 
 def entry(tok: Tokenizer, token_id: int, logprob: float | None, top: TopLogprobs, offset: int) -> LogprobEntry:
     token = tok.decode([token_id])
     if logprob is None:
         return LogprobEntry(token, None, None, offset)
-    alternatives = tuple((tok.decode([tid]), lp) for tid, lp in top)
+    alternatives = tuple((tok.decode([tid]), lp, tok.token_bytes(tid)) for tid, lp in top)
     merged: dict[str, float] = {}
-    for text, lp in alternatives:
+    for text, lp, _ in alternatives:
         merged.setdefault(text, lp)  # two ids that decode alike: keep the likelier
     merged.setdefault(token, logprob)
-    return LogprobEntry(token, logprob, merged, offset, alternatives)
+    return LogprobEntry(token, logprob, merged, offset, alternatives, tok.token_bytes(token_id))
 
 
 def prompt_entries(tok: Tokenizer, prompt_ids: list[int],
@@ -59,6 +62,7 @@ def as_openai(entries: list[LogprobEntry]) -> dict:
 
 def as_chat(entries: list[LogprobEntry]) -> dict:
     """The chat completions shape: `{"content": [...]}`, one item per generated token."""
-    return {"content": [{"token": e.token, "logprob": e.logprob, "bytes": list(e.token.encode()),
-                         "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in e.ranked]}
+    return {"content": [{"token": e.token, "logprob": e.logprob,
+                         "bytes": list(e.raw if e.raw is not None else e.token.encode()),
+                         "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(raw)} for t, lp, raw in e.ranked]}
                         for e in entries]}

@@ -4,6 +4,7 @@ UTF-8 character."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -37,6 +38,8 @@ class Tokenizer:
         # during which no other Python thread runs), and the fast variant skips the offsets we never
         # read (1 MB: 0.27 s instead of 0.61 s). Same ids (tests/engine/test_token_bound.py).
         self._encode_batch = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+        self._byte_level: bool | None = None  # token_bytes: the decoder is byte-level BPE (found on first use)
+        self._added = frozenset(self._tok.get_added_tokens_decoder())  # ids of added tokens: their text as is
 
     def _special_id(self, config: dict, key: str, source: Path) -> int:
         token = config.get(key)
@@ -61,6 +64,33 @@ class Tokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The token's own bytes, which may be part of a character (OpenAI's log-prob `bytes`: joined
+        in order they give the text's UTF-8, where each token's decoded text would be U+FFFD). A
+        byte-level BPE token's string spells its bytes in GPT-2's byte alphabet; any other token (an
+        added or special one, another decoder's) is its decoded text's UTF-8."""
+        if self._byte_level is None:
+            self._byte_level = type(self._tok.decoder).__name__ == "ByteLevel"
+        piece = self._tok.id_to_token(token_id) if self._byte_level else None
+        if piece is not None and token_id not in self._added:
+            table = _unicode_to_byte()
+            if all(ch in table for ch in piece):
+                return bytes(table[ch] for ch in piece)
+        return self.decode([token_id]).encode()
+
+
+@functools.cache
+def _unicode_to_byte() -> dict[str, int]:
+    """GPT-2's byte alphabet, reversed: each of the 256 bytes is spelled by one printable character,
+    the printable Latin-1 bytes by themselves and the rest by the characters from U+0100 on, in
+    byte order (what the `tokenizers` ByteLevel pre-tokenizer writes into a vocabulary)."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+            *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    spelled = {b: chr(b) for b in kept}
+    for n, b in enumerate(b for b in range(256) if b not in spelled):
+        spelled[b] = chr(256 + n)
+    return {ch: b for b, ch in spelled.items()}
 
 
 @dataclasses.dataclass(slots=True)

@@ -122,7 +122,9 @@ def test_logprobs_come_in_the_chat_shape_and_equal_the_completions(daemon, clien
     assert [e.token for e in content] == same["tokens"]
     assert [e.logprob for e in content] == pytest.approx(same["token_logprobs"])
     for e in content:
-        assert len(e.top_logprobs) == 3 and e.bytes == list(e.token.encode())
+        # a token's bytes spell its text (U+FFFD where it holds part of a character)
+        assert len(e.top_logprobs) == 3 and bytes(e.bytes).decode("utf-8", "replace") == e.token
+        assert all(bytes(t.bytes).decode("utf-8", "replace") == t.token for t in e.top_logprobs)
         ranked = [t.logprob for t in e.top_logprobs]
         assert ranked == sorted(ranked, reverse=True) and e.logprob <= ranked[0] + 1e-6
     only = client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=3, logprobs=True)
@@ -190,6 +192,25 @@ def test_the_callers_request_id_names_the_reply(daemon):
 ])
 def test_bad_chat_bodies_are_400(daemon, body, param, contains):
     assert_error(chat(daemon, max_tokens=2, **body), 400, param, contains=contains or "")
+
+
+def test_chat_logprob_bytes_are_each_tokens_own_even_inside_a_character(daemon, tiny_model_dir):
+    """OpenAI: `bytes` are the token's UTF-8 bytes, to be joined for the text. Two tokens that each
+    hold half of "é" (0xC3, 0xA9) forced by logit_bias: each carries its own byte (its decoded text
+    is U+FFFD), and the bytes of every token joined decode to the reply's content."""
+    tok = Tokenizer(tiny_model_dir)
+    halves = {tok.token_bytes(i): i for i in range(tok.vocab_size)}
+    lead, tail = halves[b"\xc3"], halves[b"\xa9"]
+    r = chat(daemon, max_tokens=6, temperature=1, seed=5, logit_bias={str(lead): 100, str(tail): 100},
+             logprobs=True, top_logprobs=2)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    content = choice["logprobs"]["content"]
+    assert len(content) == 6 and all(e["bytes"] in ([0xC3], [0xA9]) for e in content), content
+    assert all(bytes(t["bytes"]).decode("utf-8", "replace") == t["token"] for e in content for t in e["top_logprobs"])
+    joined = bytes(b for e in content for b in e["bytes"])
+    assert joined.decode("utf-8", "replace") == choice["message"]["content"]
+    assert "\u00e9" in choice["message"]["content"] or b"\xc3\xa9" not in joined
 
 
 def test_top_logprobs_zero_needs_no_logprobs_and_whole_floats_count(daemon):

@@ -53,6 +53,15 @@ def test_byte_level_bpe_learned_multibyte_merges(tok: Tokenizer, multibyte_ids: 
     assert len(tok.encode("山谷尽头的小港", add_bos=False)) < len("山谷尽头的小港".encode())
 
 
+@pytest.mark.parametrize("text", SAMPLES)
+def test_token_bytes_join_to_the_texts_utf8(tok: Tokenizer, text: str):
+    """Each token's own bytes (OpenAI's log-prob `bytes`): joined, the text's UTF-8, although many of
+    these tokens hold part of a character and decode alone to U+FFFD; special tokens hold none."""
+    ids = tok.encode(text, add_bos=False)
+    assert b"".join(tok.token_bytes(i) for i in ids) == text.encode()
+    assert tok.token_bytes(tok.bos_id) == tok.token_bytes(tok.eos_id) == b""
+
+
 def test_decode_skips_special_tokens(tok: Tokenizer):
     ids = tok.encode("hi")
     assert tok.decode([*ids, tok.eos_id, tok.bos_id]) == "hi"
