@@ -29,8 +29,9 @@ SHARED = ("model", "stream", "stream_options", "temperature", "top_p", "top_k", 
 IGNORED = ("user", "store", "metadata", "service_tier", "parallel_tool_calls", "prompt_cache_key",
            "safety_identifier")
 CHAT_FIELDS = frozenset({*SHARED, *IGNORED, "messages", "max_completion_tokens", "logprobs", "top_logprobs",
-                         "add_generation_prompt", "tools", "tool_choice", "functions", "function_call",
-                         "response_format", "audio", "modalities", "prediction"})
+                         "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "tools",
+                         "tool_choice", "functions", "function_call", "response_format", "audio", "modalities",
+                         "prediction"})
 
 
 @dataclasses.dataclass(slots=True)
@@ -38,6 +39,8 @@ class ChatRequest:
     messages: list[dict[str, str]]  # {role, content[, name]}, as the template reads them
     add_generation_prompt: bool
     completion: CompletionRequest  # everything else; its prompt is the rendered template (set later)
+    continue_final: bool = False  # vLLM's continue_final_message: the last message is continued
+    template_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)  # chat_template_kwargs
 
 
 def parse_chat(body: Any, *, max_tokens_default: int | None = None) -> ChatRequest:
@@ -63,7 +66,16 @@ def parse_chat(body: Any, *, max_tokens_default: int | None = None) -> ChatReque
     add = body.get("add_generation_prompt", True)
     if not isinstance(add, bool):
         raise bad_request("'add_generation_prompt' must be a boolean", "add_generation_prompt")
-    return ChatRequest(messages, add, completion)
+    cont = body.get("continue_final_message", False)
+    if not isinstance(cont, bool):
+        raise bad_request("'continue_final_message' must be a boolean", "continue_final_message")
+    if cont and body.get("add_generation_prompt") is True:  # as vLLM: only when both are sent true
+        raise bad_request("'continue_final_message' and 'add_generation_prompt' cannot both be true",
+                          "continue_final_message")
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    return ChatRequest(messages, add and not cont, completion, cont, kwargs)
 
 
 def _top_logprobs(body: dict) -> int | None:
@@ -93,6 +105,8 @@ def _refuse_unsupported(body: dict) -> None:
     for name in ("tools", "functions"):
         if body.get(name):
             raise unsupported(name, "tool calling", yet=False)
+    if body.get("tools") == []:  # OpenAI's schema and vLLM refuse an empty list
+        raise bad_request("'tools' must not be an empty array; leave it out", "tools")
     if body.get("tool_choice") not in (None, "none"):
         raise unsupported("tool_choice", "tool calling", yet=False)
     if body.get("function_call") not in (None, "none"):

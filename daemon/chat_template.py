@@ -29,6 +29,7 @@ TEMPLATE_FILE = "chat_template.jinja"
 CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 MAX_ERROR_CHARS = 300  # of a template's own error message, in a client's 400
+CONTINUE_MARK = "<<pegainfer-continue-here>> "  # continue_final_message: where the final content ends
 
 
 class _Generation(jinja2.ext.Extension):
@@ -74,20 +75,44 @@ class ChatTemplate:
     source: str  # where it came from (for the start-up log)
     problem: str | None = None  # why this checkpoint serves no chat
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               continue_final: bool = False, extra: dict[str, Any] | None = None) -> str:
         """The prompt text of `messages`; a 400 when the template refuses them (its raise_exception)
-        or fails on them."""
+        or fails on them. continue_final (vLLM's and transformers' continue_final_message): the text
+        ends right after the last message's content, so the model continues that message; extra:
+        the request's chat_template_kwargs, more names for the template (they may override the
+        defaults given here, as in vLLM, but not `messages`)."""
         if self.template is None:
             raise APIError(400, f"this model has no usable chat template ({self.problem}); send the prompt to "
                                 f"/v1/completions instead", "invalid_request_error", "messages", "no_chat_template")
+        if continue_final:  # the final content marked, to cut the text where it ends
+            messages = [*messages[:-1], {**messages[-1], "content": messages[-1]["content"] + CONTINUE_MARK}]
+        names = {"tools": None, "documents": None, "add_generation_prompt": add_generation_prompt, **self.special,
+                 **(extra or {}), "messages": messages}
+        text = self._render(names)
+        return _open_ended(text, messages[-1]["content"][:-len(CONTINUE_MARK)]) if continue_final else text
+
+    def _render(self, names: dict[str, Any]) -> str:
+        assert self.template is not None
         try:
-            return self.template.render(messages=messages, tools=None, documents=None,
-                                        add_generation_prompt=add_generation_prompt, **self.special)
+            return self.template.render(**names)
         except jinja2.exceptions.TemplateError as e:  # raise_exception, an undefined name, a sandbox refusal
             raise bad_request(f"the chat template refused these messages: {_short(e)}", "messages") from None
         except (TypeError, ValueError, LookupError, ArithmeticError) as e:  # the template's own code failed on them
             raise bad_request(f"the chat template failed on these messages: {type(e).__name__}: {_short(e)}",
                               "messages") from None
+
+
+def _open_ended(text: str, final: str) -> str:
+    """The text rendered with CONTINUE_MARK after the last message's content, cut where the content
+    ends (what transformers 5 does for continue_final_message): at the mark, or, where the template
+    trimmed the content's end (and the mark's space with it), at the mark less the trailing space
+    before it; a 400 when the template did not write the content and the mark."""
+    at = text.rfind(CONTINUE_MARK.strip())
+    if at < 0 or final.strip() not in text:
+        raise bad_request("'continue_final_message' is set but the chat template did not write the final "
+                          "message's content, so it cannot be continued", "continue_final_message")
+    return text[:at] if text.startswith(CONTINUE_MARK, at) else text[:at].rstrip()
 
 
 def _short(e: Exception) -> str:

@@ -125,7 +125,8 @@ async def _parse(http: HTTPRequest, rt: Runtime, shape: Shape) -> CompletionRequ
         raise rejection_error(NotReady(1.0))
     if chat is not None:
         size = sum(len(m["content"]) for m in chat.messages)
-        text = await rt.tokenize.call(size, rt.chat_template.render, chat.messages, chat.add_generation_prompt)
+        text = await rt.tokenize.call(size, rt.chat_template.render, chat.messages, chat.add_generation_prompt,
+                                      chat.continue_final, chat.template_kwargs)
         if not text:
             raise protocol.bad_request("the chat template rendered these messages as an empty prompt", "messages")
         req.prompt, req.prompts = text, [text]

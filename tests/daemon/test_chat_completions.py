@@ -213,6 +213,30 @@ def test_chat_logprob_bytes_are_each_tokens_own_even_inside_a_character(daemon, 
     assert "\u00e9" in choice["message"]["content"] or b"\xc3\xa9" not in joined
 
 
+def test_continue_final_message_continues_the_assistants_text(daemon, tiny_model_dir):
+    """vLLM's continue_final_message: the prompt ends inside the last (assistant) message, so the reply
+    continues it: the same tokens as a completion of that rendered text; with add_generation_prompt
+    also sent true, a 400 (as vLLM); chat_template_kwargs reach the template without harm."""
+    from pegainfer.daemon.chat_template import load_chat_template
+    messages = HELLO + [{"role": "assistant", "content": "The answer is"}]
+    text = load_chat_template(tiny_model_dir).render(messages, False, continue_final=True)
+    assert text.endswith("Assistant: The answer is")
+    ids = Tokenizer(tiny_model_dir).encode(text, add_bos=False)
+    want = completion(daemon, prompt=ids, max_tokens=4, ignore_eos=True)["choices"][0]["text"]
+    r = daemon.client.post("/v1/chat/completions", json={
+        "messages": messages, "continue_final_message": True, "add_generation_prompt": False, "max_tokens": 4,
+        "ignore_eos": True, "chat_template_kwargs": {"unused_flag": True}})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == want
+    assert r.json()["usage"]["prompt_tokens"] == len(ids)
+    both = daemon.client.post("/v1/chat/completions", json={"messages": messages, "continue_final_message": True,
+                                                             "add_generation_prompt": True})
+    assert_error(both, 400, "continue_final_message", contains="cannot both be true")
+    assert_error(chat(daemon, continue_final_message="yes"), 400, "continue_final_message")
+    assert_error(chat(daemon, chat_template_kwargs=[1]), 400, "chat_template_kwargs")
+    assert_error(chat(daemon, tools=[]), 400, "tools", contains="empty")
+
+
 def test_top_logprobs_zero_needs_no_logprobs_and_whole_floats_count(daemon):
     """vLLM's checks: top_logprobs 0 without logprobs asks for nothing (200, no log-probs); 3.0
     where an integer goes is 3."""

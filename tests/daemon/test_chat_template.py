@@ -58,6 +58,35 @@ def test_the_tiny_checkpoints_template_renders_as_transformers_does(add):
     assert ours.endswith("Again\nplease\n\nAssistant:" if add else "Again\nplease\n\n")
 
 
+@pytest.mark.parametrize("final", ["The answer is", "  padded content  ", ""])
+def test_continue_final_message_renders_as_transformers_does(tmp_path, final):
+    """vLLM's continue_final_message is transformers': the text ends right after the last message's
+    content (no end of turn, no generation prompt), for the tiny checkpoints' template and for one
+    that trims contents; an empty final content leaves the text as rendered."""
+    transformers = pytest.importorskip("transformers")
+    messages = MESSAGES[:3] + [{"role": "user", "content": "Go on"}, {"role": "assistant", "content": final}]
+    trims = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] | trim }}</s>{% endfor %}"
+    for folder in (ensure_preset_tokenizer("tiny"), folder_with(tmp_path, trims, "trims")):
+        tok = transformers.PreTrainedTokenizerFast.from_pretrained(str(folder))
+        want = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=False,
+                                       continue_final_message=True)
+        assert load_chat_template(folder).render(messages, False, continue_final=True) == want
+        if final.strip():
+            assert want.rstrip().endswith(final.strip())
+    gone = folder_with(tmp_path, "{% for m in messages %}{{ m['role'] }}{% endfor %}", "no-content")
+    with pytest.raises(APIError) as e:
+        load_chat_template(gone).render(messages[:4] + [{"role": "assistant", "content": "x"}], False,
+                                        continue_final=True)
+    assert e.value.status == 400 and e.value.param == "continue_final_message"
+
+
+def test_chat_template_kwargs_reach_the_template(tmp_path):
+    folder = folder_with(tmp_path, "{% if brief %}B:{% endif %}{{ messages[0]['content'] }}{{ flavour }}")
+    template = load_chat_template(folder)
+    assert template.render(MESSAGES[:1], extra={"brief": True, "flavour": "!"}) == "B:Be brief.!"
+    assert template.render(MESSAGES[:1], extra={"messages": []}) == "Be brief."  # never the messages
+
+
 def test_a_template_using_what_transformers_provides_renders_the_same(tmp_path):
     folder = folder_with(tmp_path, FANCY)
     ours = load_chat_template(folder).render(MESSAGES)
