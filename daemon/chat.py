@@ -137,6 +137,8 @@ def _message(m: Any, where: str) -> dict[str, str]:
     role = m.get("role")
     if role in ("tool", "function"):
         raise unsupported("messages", f"'{where}.role' {role!r} (tool calling)", yet=False)
+    if role is None:
+        raise bad_request(f"'{where}.role' is required (one of {', '.join(ROLES)})", "messages")
     if not isinstance(role, str) or role not in ROLES:
         shown = role[:40] if isinstance(role, str) else type(role).__name__
         raise bad_request(f"'{where}.role' must be one of {', '.join(ROLES)}, got {shown!r}", "messages")

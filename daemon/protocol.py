@@ -216,6 +216,7 @@ def parse_completion(body: Any, *, max_tokens_default: int) -> CompletionRequest
         raise bad_request("the request body must be a JSON object")
     body = whole_numbers(body)
     model = _typed(body, "model", (str,), "a string")
+    _typed(body, "user", (str,), "a string")  # OpenAI's end-user id: unused here, but typed as the API types it
     if body.get("suffix") is not None:
         raise unsupported("suffix", "'suffix' (insertion)", yet=False)
     prompts = _prompts(body.get("prompt"))
@@ -232,7 +233,7 @@ def parse_completion(body: Any, *, max_tokens_default: int) -> CompletionRequest
             raise bad_request("'stream_options' must be an object", "stream_options")
         if not stream:
             raise bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
-        include_usage = opts.get("include_usage", False)
+        include_usage = opts.get("include_usage") or False  # null: not asked (vLLM's Optional[bool])
         if not isinstance(include_usage, bool):
             raise bad_request("'stream_options.include_usage' must be a boolean", "stream_options")
     ignore_eos = bool(_typed(body, "ignore_eos", (bool,), "a boolean") or False)

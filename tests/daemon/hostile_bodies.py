@@ -108,7 +108,7 @@ class HostileBodies:
         if name in ("prompt", "stop_token_ids"):
             pool = pool + [[1, h] for h in HUGE_INTS]
         if name == "user":
-            return r.choice(JUNK)  # unknown to the server: ignored, whatever its type
+            return r.choice(JUNK)  # OpenAI's end-user id: a 400 unless a string (or null)
         pool = pool + [j for j in JUNK if not isinstance(j, bool) or name not in ("echo", "stream", "ignore_eos")]
         return r.choice(pool)
 

@@ -183,6 +183,7 @@ def test_the_callers_request_id_names_the_reply(daemon):
     ({"logprobs": True, "top_logprobs": -1}, "top_logprobs", "[0, 5]"),
     ({"top_logprobs": 2}, "top_logprobs", "needs 'logprobs': true"),
     ({"logprobs": 3}, "logprobs", "boolean"),
+    ({"messages": [{"content": "no role"}]}, "messages", "role' is required"),
     ({"max_completion_tokens": 0}, "max_completion_tokens", ">= 1"),
     ({"temperature": 3}, "temperature", "[0, 2]"),
     ({"n": 17}, "n", None),

@@ -115,6 +115,7 @@ def test_openai_client_unchanged(daemon):
     ({"prompt": "hi", "stop": 7}, "stop", None),
     ({"prompt": "hi", "stop_token_ids": [99999]}, "stop_token_ids", None),
     ({"prompt": "hi", "echo": "yes"}, "echo", None),
+    ({"prompt": "hi", "user": 5}, "user", None),
     ({"prompt": [1, 99999]}, "prompt", None),
 ])
 def test_invalid_requests_400(daemon, body, param, code):
@@ -164,6 +165,16 @@ def test_echo_with_max_tokens_zero_scores_the_prompt(daemon):
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert_error(post(daemon, {"prompt": "hi", "max_tokens": 0}), 400, param="max_tokens")
     assert_error(post(daemon, {"prompt": "hi", "max_tokens": False, "echo": True}), 400, param="max_tokens")
+
+
+def test_include_usage_null_is_not_asked(daemon):
+    """vLLM types stream_options.include_usage Optional[bool]: null streams without the usage chunk."""
+    with httpx.stream("POST", daemon.url + "/v1/completions", timeout=60,
+                      json={"prompt": "hi", "max_tokens": 2, "stream": True,
+                            "stream_options": {"include_usage": None}}) as r:
+        assert r.status_code == 200
+        lines = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]" and all(json.loads(x).get("usage") is None for x in lines[:-1])
 
 
 def test_unknown_fields_are_ignored(daemon):
