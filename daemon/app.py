@@ -1,5 +1,6 @@
-"""The HTTP application: routes for completions, chat completions, cancel, models, health, readiness and metrics (and
-/debug/traces), the bearer-token check on /v1/* and /debug/* (daemon.access), and OpenAI-shaped JSON
+"""The HTTP application: routes for completions, chat completions, cancel, models, vLLM's /tokenize,
+/detokenize and /version, health, readiness and metrics (and /debug/traces), the bearer-token check on
+/v1/*, /tokenize, /detokenize and /debug/* (daemon.access), and OpenAI-shaped JSON
 for every error the framework itself answers (unknown route, wrong method, a trailing slash, an
 unhandled exception). Handlers stay thin; the work lives in completions.py. What /ready and /metrics
 say of the engine comes from the snapshot the GPU thread publishes (daemon.bridge), never from its
@@ -17,7 +18,7 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, request_response
 
-from pegainfer.daemon import access
+from pegainfer.daemon import access, tokenize_api
 from pegainfer.daemon.access_log import AccessLog
 from pegainfer.daemon.completions import create_chat_completion, create_completion
 from pegainfer.daemon.output import error_response
@@ -49,6 +50,20 @@ def build_app(rt: Runtime) -> Starlette:
                 return error_response(e)
             return await create(http, rt, owner=access.identity(http.headers, rt.settings.api_key))
         return endpoint
+
+    def api(handler: Callable[[HTTPRequest, Runtime], Awaitable[Response]]) -> Endpoint:
+        """A JSON route's handler: a declared non-JSON body is a 415, an APIError its error JSON."""
+        async def endpoint(http: HTTPRequest) -> Response:
+            try:
+                if (e := content_type_error(http.headers)) is not None:
+                    raise e
+                return await handler(http, rt)
+            except APIError as e:
+                return error_response(e)
+        return endpoint
+
+    async def version(http: HTTPRequest) -> Response:
+        return JSONResponse({"version": tokenize_api.version()})
 
     async def cancel(http: HTTPRequest) -> Response:
         rid = http.path_params["request_id"]
@@ -132,6 +147,9 @@ def build_app(rt: Runtime) -> Starlette:
         Route("/v1/completions/{request_id}/cancel", guarded(cancel), methods=["POST"]),
         Route("/v1/models", guarded(models), methods=["GET"]),
         Route("/v1/models/{model_id:path}", guarded(model), methods=["GET"]),
+        Route("/tokenize", guarded(api(tokenize_api.tokenize)), methods=["POST"]),
+        Route("/detokenize", guarded(api(tokenize_api.detokenize)), methods=["POST"]),
+        Route("/version", version, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),

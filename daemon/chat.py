@@ -121,6 +121,11 @@ def _refuse_unsupported(body: dict) -> None:
         raise unsupported("prediction", "predicted outputs", yet=False)
 
 
+def parse_messages(raw: Any) -> list[dict[str, str]]:
+    """A chat body's `messages`, checked as /v1/chat/completions checks them (also /tokenize's)."""
+    return _messages(raw)
+
+
 def _messages(raw: Any) -> list[dict[str, str]]:
     if raw is None:
         raise bad_request("'messages' is required", "messages")
