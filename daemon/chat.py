@@ -48,6 +48,8 @@ def parse_chat(body: Any, *, max_tokens_default: int | None = None) -> ChatReque
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     body = whole_numbers(body)
+    if body.get("user") is not None and not isinstance(body["user"], str):  # as completions check it
+        raise bad_request(f"'user' must be a string, got {type(body['user']).__name__}", "user")
     _refuse_unsupported(body)
     messages = _messages(body.get("messages"))
     sub = {name: body[name] for name in SHARED if name in body}
@@ -72,7 +74,8 @@ def parse_chat(body: Any, *, max_tokens_default: int | None = None) -> ChatReque
     if cont and body.get("add_generation_prompt") is True:  # as vLLM: only when both are sent true
         raise bad_request("'continue_final_message' and 'add_generation_prompt' cannot both be true",
                           "continue_final_message")
-    kwargs = body.get("chat_template_kwargs") or {}
+    kwargs = body.get("chat_template_kwargs")
+    kwargs = {} if kwargs is None else kwargs
     if not isinstance(kwargs, dict):
         raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
     return ChatRequest(messages, add and not cont, completion, cont, kwargs)

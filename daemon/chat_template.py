@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import secrets
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,9 @@ TEMPLATE_FILE = "chat_template.jinja"
 CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 MAX_ERROR_CHARS = 300  # of a template's own error message, in a client's 400
-CONTINUE_MARK = "<<pegainfer-continue-here>> "  # continue_final_message: where the final content ends
+# continue_final_message: where the final content ends (with a random part per request, so that no
+# message can carry it)
+CONTINUE_MARK = "<<pegainfer-continue-{}>> "
 
 
 class _Generation(jinja2.ext.Extension):
@@ -85,12 +88,14 @@ class ChatTemplate:
         if self.template is None:
             raise APIError(400, f"this model has no usable chat template ({self.problem}); send the prompt to "
                                 f"/v1/completions instead", "invalid_request_error", "messages", "no_chat_template")
+        mark = CONTINUE_MARK.format(secrets.token_hex(8))
         if continue_final:  # the final content marked, to cut the text where it ends
-            messages = [*messages[:-1], {**messages[-1], "content": messages[-1]["content"] + CONTINUE_MARK}]
+            final = messages[-1]["content"]
+            messages = [*messages[:-1], {**messages[-1], "content": final + mark}]
         names = {"tools": None, "documents": None, "add_generation_prompt": add_generation_prompt, **self.special,
                  **(extra or {}), "messages": messages}
         text = self._render(names)
-        return _open_ended(text, messages[-1]["content"][:-len(CONTINUE_MARK)]) if continue_final else text
+        return _open_ended(text, final, mark) if continue_final else text
 
     def _render(self, names: dict[str, Any]) -> str:
         assert self.template is not None
@@ -98,21 +103,22 @@ class ChatTemplate:
             return self.template.render(**names)
         except jinja2.exceptions.TemplateError as e:  # raise_exception, an undefined name, a sandbox refusal
             raise bad_request(f"the chat template refused these messages: {_short(e)}", "messages") from None
-        except (TypeError, ValueError, LookupError, ArithmeticError) as e:  # the template's own code failed on them
+        # the template's own code failed on them (RecursionError: a kwarg nested ~1,000 deep through tojson)
+        except (TypeError, ValueError, LookupError, ArithmeticError, RecursionError) as e:
             raise bad_request(f"the chat template failed on these messages: {type(e).__name__}: {_short(e)}",
                               "messages") from None
 
 
-def _open_ended(text: str, final: str) -> str:
-    """The text rendered with CONTINUE_MARK after the last message's content, cut where the content
+def _open_ended(text: str, final: str, mark: str) -> str:
+    """The text rendered with `mark` after the last message's content, cut where the content
     ends (what transformers 5 does for continue_final_message): at the mark, or, where the template
     trimmed the content's end (and the mark's space with it), at the mark less the trailing space
     before it; a 400 when the template did not write the content and the mark."""
-    at = text.rfind(CONTINUE_MARK.strip())
+    at = text.rfind(mark.strip())
     if at < 0 or final.strip() not in text:
         raise bad_request("'continue_final_message' is set but the chat template did not write the final "
                           "message's content, so it cannot be continued", "continue_final_message")
-    return text[:at] if text.startswith(CONTINUE_MARK, at) else text[:at].rstrip()
+    return text[:at] if text.startswith(mark, at) else text[:at].rstrip()
 
 
 def _short(e: Exception) -> str:

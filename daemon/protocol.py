@@ -233,7 +233,8 @@ def parse_completion(body: Any, *, max_tokens_default: int) -> CompletionRequest
             raise bad_request("'stream_options' must be an object", "stream_options")
         if not stream:
             raise bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
-        include_usage = opts.get("include_usage") or False  # null: not asked (vLLM's Optional[bool])
+        include_usage = opts.get("include_usage")
+        include_usage = False if include_usage is None else include_usage  # null: not asked (vLLM's Optional[bool])
         if not isinstance(include_usage, bool):
             raise bad_request("'stream_options.include_usage' must be a boolean", "stream_options")
     ignore_eos = bool(_typed(body, "ignore_eos", (bool,), "a boolean") or False)

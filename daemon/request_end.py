@@ -14,6 +14,7 @@ import re
 
 from pegainfer.daemon.protocol import APIError
 from pegainfer.engine.startup_log import log_event
+from pegainfer.lifecycle.scheduler import SLOW_READER_CODE
 from pegainfer.lifecycle.sink import SinkEnd
 from pegainfer.lifecycle.states import RequestState
 
@@ -32,6 +33,7 @@ _BY_STATE = {
 # an end's own code -> (HTTP status, error type)
 _BY_CODE = {
     SERVER_SHUTDOWN: (503, "service_unavailable"),
+    SLOW_READER_CODE: (503, "service_unavailable"),  # the scheduler's cancel (the reply fell 4,096 tokens behind)
 }
 # "expert rank 1 exited ...", "expert rank(s) 1, 2 did not complete ...", "expert ranks 1 and 3 ..."
 _RANKS = re.compile(r"expert ranks?(?:\(s\))? (\d+(?:(?:,\s*|\s+and\s+)\d+)*)")

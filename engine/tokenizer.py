@@ -65,6 +65,11 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
 
+    def pieces(self, ids: list[int]) -> list[str]:
+        """Each id's vocabulary entry as the tokenizer stores it (transformers' convert_ids_to_tokens:
+        byte-level pieces such as "Ġthe", special tokens' own text)."""
+        return [self._tok.id_to_token(i) or "" for i in ids]
+
     def token_bytes(self, token_id: int) -> bytes:
         """The token's own bytes, which may be part of a character (OpenAI's log-prob `bytes`: joined
         in order they give the text's UTF-8, where each token's decoded text would be U+FFFD). A

@@ -29,6 +29,7 @@ from pegainfer.lifecycle.service_rate import ServiceRate
 from pegainfer.lifecycle.states import ENGINE_HELD, FinishReason, RequestState
 
 SLOW_READER = "client too slow to read"
+SLOW_READER_CODE = "slow_reader"  # the server's cancel, not the caller's: a 503 for a JSON request
 
 
 class Scheduler:
@@ -170,7 +171,7 @@ class Scheduler:
         sink = request.sink
         sink.push(token)
         if sink.overflowed:
-            self._abort(request, RequestState.CANCELLED, SLOW_READER)
+            self._abort(request, RequestState.CANCELLED, SLOW_READER, SLOW_READER_CODE)
 
     def on_finished(self, request_id: str, reason: FinishReason | str) -> None:
         finish_reason = FinishReason(reason)

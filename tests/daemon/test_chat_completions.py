@@ -235,6 +235,8 @@ def test_continue_final_message_continues_the_assistants_text(daemon, tiny_model
     assert_error(both, 400, "continue_final_message", contains="cannot both be true")
     assert_error(chat(daemon, continue_final_message="yes"), 400, "continue_final_message")
     assert_error(chat(daemon, chat_template_kwargs=[1]), 400, "chat_template_kwargs")
+    assert_error(chat(daemon, chat_template_kwargs=[]), 400, "chat_template_kwargs")
+    assert_error(chat(daemon, user=5), 400, "user")
     assert_error(chat(daemon, tools=[]), 400, "tools", contains="empty")
 
 

@@ -80,6 +80,28 @@ def test_continue_final_message_renders_as_transformers_does(tmp_path, final):
     assert e.value.status == 400 and e.value.param == "continue_final_message"
 
 
+def test_continue_needs_the_final_content_not_a_mark_in_another_message(tmp_path):
+    """The cut mark is random per request: a message that spells a mark cannot move the cut, and a
+    template that never writes the final content is a 400."""
+    users_only = folder_with(tmp_path, "{% for m in messages %}{% if m['role'] == 'user' %}<u>{{ m['content'] }}"
+                                       "{% endif %}{% endfor %}", "users-only")
+    messages = [{"role": "user", "content": "a <<pegainfer-continue-0123456789abcdef>> b"},
+                {"role": "assistant", "content": "zz"}]
+    with pytest.raises(APIError) as e:
+        load_chat_template(users_only).render(messages, False, continue_final=True)
+    assert e.value.status == 400 and e.value.param == "continue_final_message"
+
+
+def test_a_kwarg_nested_past_the_recursion_limit_is_a_400(tmp_path):
+    folder = folder_with(tmp_path, "{% if tools %}{{ tools | tojson }}{% endif %}{{ messages[0]['content'] }}")
+    deep: list = []
+    for _ in range(3000):
+        deep = [deep]
+    with pytest.raises(APIError) as e:
+        load_chat_template(folder).render(MESSAGES[:1], extra={"tools": deep})
+    assert e.value.status == 400
+
+
 def test_chat_template_kwargs_reach_the_template(tmp_path):
     folder = folder_with(tmp_path, "{% if brief %}B:{% endif %}{{ messages[0]['content'] }}{{ flavour }}")
     template = load_chat_template(folder)

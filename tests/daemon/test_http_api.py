@@ -164,6 +164,9 @@ def test_echo_with_max_tokens_zero_scores_the_prompt(daemon):
     assert "".join(c["choices"][0]["text"] for c in chunks) == "the cat sat"
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert_error(post(daemon, {"prompt": "hi", "max_tokens": 0}), 400, param="max_tokens")
+    # scoring runs one position past the prompt: a prompt of the whole context says so
+    assert_error(post(daemon, {"prompt": [5] * 256, "max_tokens": 0, "echo": True}), 400,
+                 code="context_length_exceeded", contains=("echo with max_tokens 0",))
     assert_error(post(daemon, {"prompt": "hi", "max_tokens": False, "echo": True}), 400, param="max_tokens")
 
 
@@ -175,6 +178,9 @@ def test_include_usage_null_is_not_asked(daemon):
         assert r.status_code == 200
         lines = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "[DONE]" and all(json.loads(x).get("usage") is None for x in lines[:-1])
+    for falsy in (0, "", []):  # only null means "not asked"
+        assert_error(post(daemon, {"prompt": "hi", "stream": True, "stream_options": {"include_usage": falsy}}), 400,
+                     param="stream_options")
 
 
 def test_unknown_fields_are_ignored(daemon):

@@ -52,6 +52,10 @@ def test_cancellations_keep_the_servers_words_and_take_their_code():
     assert (shutdown.status, shutdown.type, shutdown.code) == (503, "service_unavailable", "server_shutdown")
     assert shutdown.message == "server shutting down (forced stop)"
     api = end_error("r", SinkEnd(RequestState.CANCELLED, TerminalReason.CANCELLED, message="cancelled by API request"))
+    from pegainfer.lifecycle.scheduler import SLOW_READER, SLOW_READER_CODE
+    slow = end_error("r", SinkEnd(RequestState.CANCELLED, TerminalReason.CANCELLED, message=SLOW_READER,
+                                  code=SLOW_READER_CODE))
+    assert (slow.status, slow.code) == (503, SLOW_READER_CODE)  # the server's cancel: the caller may retry
     # not a 5xx, which the OpenAI SDKs retry (they would run the cancelled request again)
     assert (api.status, api.code, api.message) == (499, "request_cancelled", "cancelled by API request")
     gone = end_error("r", SinkEnd(RequestState.DISCONNECTED, TerminalReason.DISCONNECTED))
