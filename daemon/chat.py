@@ -65,6 +65,14 @@ def parse_chat(body: Any, *, max_tokens_default: int | None = None) -> ChatReque
     if sub.get("max_tokens") is None:
         completion.max_tokens = max_tokens_default
     completion.prompt, completion.prompts, completion.add_bos = None, [], False
+    add, cont, kwargs = template_options(body)
+    return ChatRequest(messages, add, completion, cont, kwargs)
+
+
+def template_options(body: dict) -> tuple[bool, bool, dict[str, Any]]:
+    """How a chat body asks its messages to be rendered (the chat route's and /tokenize's):
+    (add_generation_prompt, continue_final_message, chat_template_kwargs); the generation prompt is
+    off where the final message is continued."""
     add = body.get("add_generation_prompt", True)
     if not isinstance(add, bool):
         raise bad_request("'add_generation_prompt' must be a boolean", "add_generation_prompt")
@@ -78,7 +86,7 @@ def parse_chat(body: Any, *, max_tokens_default: int | None = None) -> ChatReque
     kwargs = {} if kwargs is None else kwargs
     if not isinstance(kwargs, dict):
         raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
-    return ChatRequest(messages, add and not cont, completion, cont, kwargs)
+    return add and not cont, cont, kwargs
 
 
 def _top_logprobs(body: dict) -> int | None:

@@ -12,7 +12,7 @@ import orjson
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 
-from pegainfer.daemon.chat import parse_messages
+from pegainfer.daemon.chat import parse_messages, template_options
 from pegainfer.daemon.completions import read_body, rejection_error
 from pegainfer.daemon.protocol import APIError, bad_request
 from pegainfer.daemon.runtime import Runtime
@@ -36,16 +36,9 @@ async def tokenize(http: HTTPRequest, rt: Runtime) -> Response:
     tok = rt.tokenizer
     if "messages" in body:
         messages = parse_messages(body.get("messages"))
-        add_gen, cont = _flag(body, "add_generation_prompt", True), _flag(body, "continue_final_message", False)
-        if cont and body.get("add_generation_prompt") is True:
-            raise bad_request("'continue_final_message' and 'add_generation_prompt' cannot both be true",
-                              "continue_final_message")
-        kwargs = body.get("chat_template_kwargs")
-        kwargs = {} if kwargs is None else kwargs
-        if not isinstance(kwargs, dict):
-            raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+        add_gen, cont, kwargs = template_options(body)
         size = sum(len(m["content"]) for m in messages)
-        text = await rt.tokenize.call(size, rt.chat_template.render, messages, add_gen and not cont, cont, kwargs)
+        text = await rt.tokenize.call(size, rt.chat_template.render, messages, add_gen, cont, kwargs)
         add_special = _flag(body, "add_special_tokens", False)  # the template writes BOS itself (vLLM's default)
     else:
         text = body.get("prompt")
