@@ -121,12 +121,13 @@ INTEGER_FIELDS = frozenset({name for name, bound in BOUNDS.items() if bound.inte
 
 def whole_numbers(body: Any) -> Any:
     """The body with a whole float in an integer field made an int (5.0 is 5), as vLLM's pydantic
-    models take it; a fraction stays a float (a 400 later), and so does a float too large to print
-    as a bounded integer (its 400 says a float came: a JSON integer beyond 64 bits parses as one)."""
+    models take it; a fraction stays a float (a 400 later), and so does one past 2^53, where a float
+    no longer names one integer (a JSON integer beyond 64 bits parses as such a float: -2^63 - 1
+    would round to the valid -2^63)."""
     if not isinstance(body, dict):
         return body
     fixed = {name: int(value) for name, value in body.items()
-             if name in INTEGER_FIELDS and isinstance(value, float) and value.is_integer() and abs(value) < 1e30}
+             if name in INTEGER_FIELDS and isinstance(value, float) and value.is_integer() and abs(value) <= 2**53}
     return {**body, **fixed} if fixed else body
 
 

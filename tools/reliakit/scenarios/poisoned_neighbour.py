@@ -42,7 +42,7 @@ def _poisoned(model: str | None) -> list[tuple[str, dict]]:
         ("prompt_id_2^63", {**issue, "top_k": 5, "prompt": [1, 2**63]}),
         ("logit_bias_outside_vocab", {**issue, "top_k": 5, "logit_bias": {"99999999": 100}}),
         ("repetition_penalty_1e308", {**issue, "top_k": 5, "repetition_penalty": 1e308}),
-        ("top_k_float", {**issue, "top_k": 5.0}),
+        ("top_k_float", {**issue, "top_k": 5.5}),  # a fraction (a whole float is its integer, as in vLLM)
     ]
 
 
