@@ -24,9 +24,9 @@ OPENAI_MAX_TOP_LOGPROBS = 20
 # Fields read as a completion's, under the same names.
 SHARED = ("model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
           "frequency_penalty", "repetition_penalty", "stop", "stop_token_ids", "n", "logit_bias", "ignore_eos",
-          "max_tokens")
+          "max_tokens", "user")
 # Accepted and without effect here (no tools, no storage, one service tier): not "unknown".
-IGNORED = ("user", "store", "metadata", "service_tier", "parallel_tool_calls", "prompt_cache_key",
+IGNORED = ("store", "metadata", "service_tier", "parallel_tool_calls", "prompt_cache_key",
            "safety_identifier")
 CHAT_FIELDS = frozenset({*SHARED, *IGNORED, "messages", "max_completion_tokens", "logprobs", "top_logprobs",
                          "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "tools",
@@ -48,8 +48,6 @@ def parse_chat(body: Any, *, max_tokens_default: int | None = None) -> ChatReque
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     body = whole_numbers(body)
-    if body.get("user") is not None and not isinstance(body["user"], str):  # as completions check it
-        raise bad_request(f"'user' must be a string, got {type(body['user']).__name__}", "user")
     _refuse_unsupported(body)
     messages = _messages(body.get("messages"))
     sub = {name: body[name] for name in SHARED if name in body}

@@ -88,14 +88,13 @@ class ChatTemplate:
         if self.template is None:
             raise APIError(400, f"this model has no usable chat template ({self.problem}); send the prompt to "
                                 f"/v1/completions instead", "invalid_request_error", "messages", "no_chat_template")
-        mark = CONTINUE_MARK.format(secrets.token_hex(8))
-        if continue_final:  # the final content marked, to cut the text where it ends
-            final = messages[-1]["content"]
-            messages = [*messages[:-1], {**messages[-1], "content": final + mark}]
         names = {"tools": None, "documents": None, "add_generation_prompt": add_generation_prompt, **self.special,
                  **(extra or {}), "messages": messages}
-        text = self._render(names)
-        return _open_ended(text, final, mark) if continue_final else text
+        if not continue_final:
+            return self._render(names)
+        final, mark = messages[-1]["content"], CONTINUE_MARK.format(secrets.token_hex(8))
+        names["messages"] = [*messages[:-1], {**messages[-1], "content": final + mark}]  # where the content ends
+        return _open_ended(self._render(names), final, mark)
 
     def _render(self, names: dict[str, Any]) -> str:
         assert self.template is not None

@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import math
 import time
+from typing import Any
 
 import orjson
 from starlette.requests import ClientDisconnect
@@ -102,15 +103,29 @@ async def _serve(http: HTTPRequest, rt: Runtime, owner: str | None, shape: Shape
             rt.request_ids.release(rid)
 
 
+async def read_json(http: HTTPRequest, rt: Runtime) -> Any:
+    """The request body read within the settings' size and time limits and parsed as JSON (a 400 if
+    it is not)."""
+    s = rt.settings
+    raw = await read_body(http, s.max_body_bytes, s.http_body_timeout)
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise protocol.bad_request(f"the request body is not valid JSON: {e}") from None
+
+
+def check_model(rt: Runtime, model: Any) -> None:
+    """A 404 unless `model` (the body's, None when left out) is the one this server serves."""
+    if model is not None and model != rt.model_name:
+        raise APIError(404, f"the model {str(model)[:200]!r} does not exist; this server serves {rt.model_name!r}",
+                       "not_found_error", "model", "model_not_found")
+
+
 async def _parse(http: HTTPRequest, rt: Runtime, shape: Shape) -> CompletionRequest:
     """The body, read, parsed and checked as far as it can be before tokenising; a chat's messages
     rendered into its prompt. Raises the APIError to answer with."""
     s = rt.settings
-    raw = await read_body(http, s.max_body_bytes, s.http_body_timeout)
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise protocol.bad_request(f"the request body is not valid JSON: {e}") from None
+    body = await read_json(http, rt)
     rt.unknown_fields.note(shape.route, body, CHAT_FIELDS if shape is CHAT else COMPLETION_FIELDS)
     chat = None
     if shape is CHAT:
@@ -118,9 +133,7 @@ async def _parse(http: HTTPRequest, rt: Runtime, shape: Shape) -> CompletionRequ
         req = chat.completion
     else:
         req = protocol.parse_completion(body, max_tokens_default=s.max_tokens_default)
-    if req.model is not None and req.model != rt.model_name:
-        raise APIError(404, f"the model {req.model!r} does not exist; this server serves {rt.model_name!r}",
-                       "not_found_error", "model", "model_not_found")
+    check_model(rt, req.model)
     if rt.scheduler is None or rt.tokenizer is None:
         raise rejection_error(NotReady(1.0))
     if chat is not None:

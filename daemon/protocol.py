@@ -142,7 +142,7 @@ def _integer(body: dict, name: str) -> int | None:
     return value
 
 
-def _token_ids(value: Any, name: str) -> list[int]:
+def token_ids(value: Any, name: str) -> list[int]:
     """A list of token ids: non-negative 64-bit integers (the vocabulary: vocabulary_problem)."""
     if not isinstance(value, list):
         raise bad_request(f"'{name}' must be a list of token ids", name)
@@ -185,7 +185,7 @@ def _choices(body: dict, req: CompletionRequest) -> None:
     req.echo = bool(_typed(body, "echo", (bool,), "a boolean") or False)
     req.stop = _stop(body)
     ids = body.get("stop_token_ids")
-    req.stop_token_ids = list(dict.fromkeys(_token_ids(ids, "stop_token_ids"))) if ids is not None else []
+    req.stop_token_ids = list(dict.fromkeys(token_ids(ids, "stop_token_ids"))) if ids is not None else []
     req.n = _integer(body, "n") or 1
     best_of = _integer(body, "best_of")
     if best_of is not None:
@@ -271,7 +271,7 @@ def _prompts(prompt: Any) -> list[Prompt]:
     if not prompt:
         raise bad_request("'prompt' is empty", "prompt")
     if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return [_token_ids(prompt, "prompt")]
+        return [token_ids(prompt, "prompt")]
     if len(prompt) > MAX_PROMPTS:
         raise bad_request(f"'prompt' holds {len(prompt)} prompts; one request may hold at most {MAX_PROMPTS}",
                           "prompt")
@@ -283,7 +283,7 @@ def _prompts(prompt: Any) -> list[Prompt]:
         for i, p in enumerate(prompt):
             if not p:
                 raise bad_request(f"'prompt[{i}]' is empty", "prompt")
-            _token_ids(p, "prompt")
+            token_ids(p, "prompt")
         return [list(p) for p in prompt]
     raise bad_request("'prompt' must be a string, a list of token ids, a list of strings or a list of token-id "
                       "lists (not a mix)", "prompt")

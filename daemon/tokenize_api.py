@@ -13,16 +13,11 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 
 from pegainfer.daemon.chat import parse_messages, template_options
-from pegainfer.daemon.completions import read_body, rejection_error
-from pegainfer.daemon.protocol import APIError, bad_request
+from pegainfer.daemon.completions import check_model, read_json, rejection_error
+from pegainfer.daemon.protocol import bad_request, token_ids
 from pegainfer.daemon.runtime import Runtime
-from pegainfer.engine.contract import INT64_MAX
 from pegainfer.engine.tokenizer import Tokenizer
 from pegainfer.lifecycle.rejection import NotReady
-
-TOKENIZE_FIELDS = frozenset({"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
-                             "continue_final_message", "chat_template_kwargs", "return_token_strs"})
-
 
 def version() -> str:
     try:
@@ -60,15 +55,11 @@ def _tokenized(tok: Tokenizer, text: str, add_special: bool, strs: bool, max_mod
 
 async def detokenize(http: HTTPRequest, rt: Runtime) -> Response:
     body = await _body(http, rt)
-    ids = body.get("tokens")
-    if not isinstance(ids, list):
-        raise bad_request("'tokens' must be a list of token ids", "tokens")
+    ids = token_ids(body.get("tokens"), "tokens")
     vocab = rt.tokenizer.vocab_size
-    for t in ids:
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= INT64_MAX:
-            raise bad_request(f"'tokens' must hold token ids (integers in [0, 2^63)), got {str(t)[:40]}", "tokens")
-        if t >= vocab:
-            raise bad_request(f"token id {t} is outside the vocabulary (size {vocab})", "tokens")
+    outside = next((t for t in ids if t >= vocab), None)
+    if outside is not None:
+        raise bad_request(f"token id {outside} is outside the vocabulary (size {vocab})", "tokens")
     text = await rt.tokenize.call(len(ids), rt.tokenizer.decode, ids)
     return JSONResponse({"prompt": text})
 
@@ -76,18 +67,10 @@ async def detokenize(http: HTTPRequest, rt: Runtime) -> Response:
 async def _body(http: HTTPRequest, rt: Runtime) -> dict[str, Any]:
     """The JSON object posted, after the checks every route makes: its model is this server's, and the
     tokenizer is loaded."""
-    s = rt.settings
-    raw = await read_body(http, s.max_body_bytes, s.http_body_timeout)
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise bad_request(f"the request body is not valid JSON: {e}") from None
+    body = await read_json(http, rt)
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
-    model = body.get("model")
-    if model is not None and model != rt.model_name:
-        raise APIError(404, f"the model {str(model)[:200]!r} does not exist; this server serves {rt.model_name!r}",
-                       "not_found_error", "model", "model_not_found")
+    check_model(rt, body.get("model"))
     if rt.tokenizer is None:
         raise rejection_error(NotReady(1.0))
     return body

@@ -38,8 +38,10 @@ class Tokenizer:
         # during which no other Python thread runs), and the fast variant skips the offsets we never
         # read (1 MB: 0.27 s instead of 0.61 s). Same ids (tests/engine/test_token_bound.py).
         self._encode_batch = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
-        self._byte_level: bool | None = None  # token_bytes: the decoder is byte-level BPE (found on first use)
-        self._added = frozenset(self._tok.get_added_tokens_decoder())  # ids of added tokens: their text as is
+        # token_bytes: a byte-level BPE vocabulary spells bytes; added tokens are their text as is
+        self._byte_level = type(self._tok.decoder).__name__ == "ByteLevel"
+        self._added = frozenset(self._tok.get_added_tokens_decoder())
+        self._bytes: dict[int, bytes] = {}  # token_bytes, per id once (log-prob replies ask for N + 1 a token)
 
     def _special_id(self, config: dict, key: str, source: Path) -> int:
         token = config.get(key)
@@ -75,8 +77,12 @@ class Tokenizer:
         in order they give the text's UTF-8, where each token's decoded text would be U+FFFD). A
         byte-level BPE token's string spells its bytes in GPT-2's byte alphabet; any other token (an
         added or special one, another decoder's) is its decoded text's UTF-8."""
-        if self._byte_level is None:
-            self._byte_level = type(self._tok.decoder).__name__ == "ByteLevel"
+        known = self._bytes.get(token_id)
+        if known is None:
+            known = self._bytes[token_id] = self._spelled(token_id)
+        return known
+
+    def _spelled(self, token_id: int) -> bytes:
         piece = self._tok.id_to_token(token_id) if self._byte_level else None
         if piece is not None and token_id not in self._added:
             table = _unicode_to_byte()
