@@ -261,7 +261,8 @@ class DecodeGraphs:
         logits = kind == "logits"
         if logits and self.logits_out is None:
             head = self.model.lm_head  # [V, H]
-            self.logits_out = torch.empty(self.max_batch, head.shape[0], dtype=head.dtype, device=head.device)
+            self.logits_out = torch.empty(self.max_batch, head.shape[0], dtype=self.model.logits_dtype,
+                                          device=head.device)
         out_buf = self.logits_out[:b] if logits else self.tokens[:b]
 
         def fn() -> torch.Tensor:

@@ -201,6 +201,7 @@ class PrefillGraphs:
         """The prefill step that leaves its [max_rows, V] logits in the shared output buffer."""
         if self.logits_out is None:
             head = self.model.lm_head  # [V, H]
-            self.logits_out = torch.empty(self.max_rows, head.shape[0], dtype=head.dtype, device=head.device)
+            self.logits_out = torch.empty(self.max_rows, head.shape[0], dtype=self.model.logits_dtype,
+                                          device=head.device)
         buf = self.logits_out
         return lambda model, inp, cache, one: write_into(buf, prefill_logits(model, inp, cache, one))

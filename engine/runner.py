@@ -221,11 +221,11 @@ class ModelRunner:
             return self._eager_logits(rows)
         decode, prompt = _split(rows)
         if not prompt:
-            return self.graphs.run(rows, logits=True).float()
+            return self.graphs.run(rows, logits=True).to(torch.float32, copy=True)  # a copy of the graph's buffer
         prompt_rows = [rows[i] for i in prompt]
         pg = self.prefill_graphs
         if pg is not None and pg.fits(prompt_rows):
-            first = pg.run(prompt_rows, logits=True).float()  # a copy: later replays cannot touch it
+            first = pg.run(prompt_rows, logits=True).to(torch.float32, copy=True)  # later replays cannot touch it
         else:
             first = self._eager_logits(prompt_rows)
         return self._with_decode_logits(rows, prompt, first, decode)

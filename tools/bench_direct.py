@@ -72,6 +72,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sample-chunks", type=int,
                    help="KernelConfig.sample.chunks: the device sampler's programs per row (64, the default: each row "
                         "split over programs; 0: one program per row, the A/B)")
+    p.add_argument("--float32-logits", action=argparse.BooleanOptionalAction, default=True,
+                   help="KernelConfig.float32_logits: the LM head's float32 sums as the logits (the default; off: "
+                        "rounded to the model dtype, the A/B's other side)")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
     if a.sample_chunks is not None and a.sample_chunks < 0:
@@ -135,7 +138,7 @@ def run_engine_side(a: argparse.Namespace, spec: EngineSpec) -> tuple[dict, obje
                   f"{row['decode_tok_s']:.1f} tok/s", file=sys.stderr)
         info = {"model": a.model or f"random preset {a.preset} (seed {a.seed})", "device": a.device,
                 "samples_on_device": engine.runner.samples_on_device, "device_sampler": a.device_sampler,
-                "sample_chunks": spec.kernels.sample.chunks,
+                "sample_chunks": spec.kernels.sample.chunks, "float32_logits": spec.kernels.float32_logits,
                 "dtype": str(spec.torch_dtype()).removeprefix("torch."), "backend": engine.backend_name,
                 "maturity": engine.maturity, "batch_invariant": engine.batch_invariant, "ep_size": a.ep_size,
                 "max_model_len": engine.max_model_len,
@@ -163,8 +166,9 @@ def run_hf_side(a: argparse.Namespace, spec: EngineSpec, cfg, rows: list[dict], 
 
 
 def kernel_config(a: argparse.Namespace) -> KernelConfig:
-    """The engine's KernelConfig from the flags: batch invariance, the device sampler's programs per row."""
-    k = KernelConfig(batch_invariant=a.batch_invariant)
+    """The engine's KernelConfig from the flags: batch invariance, float32 logits, the device sampler's
+    programs per row."""
+    k = KernelConfig(batch_invariant=a.batch_invariant, float32_logits=a.float32_logits)
     if a.sample_chunks is None:
         return k
     return dataclasses.replace(k, sample=dataclasses.replace(k.sample, chunks=a.sample_chunks))

@@ -1,6 +1,6 @@
 """The LM head and the greedy choice of a one-row decode step in one launch: program j computes the
 logits of vocabulary rows [j*BLOCK_N, (j+1)*BLOCK_N) from the final hidden row (float32 sums over K
-in BLOCK_K steps, rounded to the model dtype as F.linear's logits are), keeps their max and its first
+in BLOCK_K steps, kept in float32 or rounded to the model dtype as F.linear's logits are), keeps their max and its first
 index, and the program taking the last ticket (engine/kernels/ticket.py) picks the first block
 holding the row's max (both steps are engine/kernels/argmax.py's block_best and first_best):
 torch.argmax(F.linear(h, W), -1) without the [V] logits in memory or a second launch. NaN logits
@@ -27,7 +27,7 @@ from pegainfer.engine.kernels.ticket import last_to_finish
 @triton.jit
 def _head_argmax_kernel(h_ptr, w_ptr, part_v_ptr, part_i_ptr, out_ptr, ticket_ptr, V,
                         K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        N_PROGS: tl.constexpr, N_PROGS_P: tl.constexpr):
+                        N_PROGS: tl.constexpr, N_PROGS_P: tl.constexpr, ROUND: tl.constexpr):
     j = tl.program_id(0)
     n = j * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = n < V
@@ -37,7 +37,9 @@ def _head_argmax_kernel(h_ptr, w_ptr, part_v_ptr, part_i_ptr, out_ptr, ticket_pt
         w = tl.load(w_ptr + n[:, None].to(tl.int64) * K + ks[None, :], mask=ok[:, None], other=0.0)  # [BN, BK]
         x = tl.load(h_ptr + ks)  # [BK]
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
-    logit = tl.sum(acc, axis=1).to(h_ptr.dtype.element_ty).to(tl.float32)  # [BN], rounded as the logits are
+    logit = tl.sum(acc, axis=1)  # [BN]
+    if ROUND:  # rounded as model-dtype logits are (KernelConfig.float32_logits off)
+        logit = logit.to(h_ptr.dtype.element_ty).to(tl.float32)
     m, first_max, first_nan = block_best(tl.where(ok, logit, float("-inf")), n, ok)
     tl.store(part_v_ptr + j, m)
     tl.store(part_i_ptr + j * 2, first_max)
@@ -58,10 +60,11 @@ def fits(w: torch.Tensor, tiling: HeadTiling) -> bool:
 
 
 def head_argmax(h: torch.Tensor, w: torch.Tensor, ticket: torch.Tensor, tiling: HeadTiling,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, round_logits: bool = True) -> torch.Tensor:
     """torch.argmax(F.linear(h, w), -1) for one row: h [1, K] (the final norm's output), w [V, K]
     (contiguous); ticket: one of engine/kernels/ticket.py's. Returns [1] int64 (written into `out`
-    when given). One launch, graph-safe."""
+    when given). One launch, graph-safe. round_logits False: the argmax of the float32 sums
+    themselves (KernelConfig.float32_logits)."""
     t = tiling
     (rows, k), (v, kw) = h.shape, w.shape
     if rows != 1 or kw != k or not fits(w, t):
@@ -74,5 +77,5 @@ def head_argmax(h: torch.Tensor, w: torch.Tensor, ticket: torch.Tensor, tiling: 
     assert out.shape == (1,) and out.dtype == torch.int64
     _head_argmax_kernel[(n_progs,)](h.contiguous(), w, part_v, part_i, out, ticket, v, K=k, BLOCK_N=t.block_n,
                                     BLOCK_K=_block_k(k, t), N_PROGS=n_progs, N_PROGS_P=triton.next_power_of_2(n_progs),
-                                    num_warps=t.num_warps, num_stages=t.num_stages)
+                                    ROUND=round_logits, num_warps=t.num_warps, num_stages=t.num_stages)
     return out

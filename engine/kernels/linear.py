@@ -209,10 +209,12 @@ class _Tickets:
 _tickets = _Tickets()
 
 
-def triton_linear(x: torch.Tensor, w: torch.Tensor, tiling: LinearTiling) -> torch.Tensor:
+def triton_linear(x: torch.Tensor, w: torch.Tensor, tiling: LinearTiling,
+                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x: [M, K], w: [N, K] contiguous, both bfloat16 or both float32 (float32 summed exactly:
-    tl.dot's "ieee" precision) -> [M, N] in x's dtype, each row's bits independent of M and of the
-    other rows. CUDA tensors (CPU ones in Triton's interpreter)."""
+    tl.dot's "ieee" precision) -> [M, N] in out_dtype (default x's: the float32 total rounded once;
+    float32: the total itself), each row's bits independent of M and of the other rows. CUDA tensors
+    (CPU ones in Triton's interpreter)."""
     if triton is None:
         raise RuntimeError("triton_linear needs Triton (not installed)")
     m, k = x.shape
@@ -222,7 +224,7 @@ def triton_linear(x: torch.Tensor, w: torch.Tensor, tiling: LinearTiling) -> tor
                          f"x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype}")
     if not w.is_contiguous():
         raise ValueError("triton_linear: w must be contiguous (a copy per call would read it twice)")
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)  # [M, N]
+    out = torch.empty(m, n, dtype=out_dtype or x.dtype, device=x.device)  # [M, N]
     if m == 0 or n == 0:
         return out
     x = x.contiguous()
@@ -244,11 +246,22 @@ def triton_linear(x: torch.Tensor, w: torch.Tensor, tiling: LinearTiling) -> tor
     return out
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, kernels: KernelConfig) -> torch.Tensor:
-    """x: [..., K] -> [..., N]; batch-invariant when kernels.batch_invariant."""
-    if not kernels.batch_invariant:
-        return F.linear(x, w)
+def linear(x: torch.Tensor, w: torch.Tensor, kernels: KernelConfig, out_dtype: torch.dtype | None = None
+           ) -> torch.Tensor:
+    """x: [..., K] -> [..., N]; batch-invariant when kernels.batch_invariant. out_dtype float32 (the LM
+    head's logits, KernelConfig.float32_logits): the float32 sums of the products as they are, not
+    rounded to x's dtype first (the Triton kernel stores its total, cuBLAS writes float32, the CPU
+    forms multiply the operands widened)."""
+    wide = out_dtype is not None and out_dtype != x.dtype
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])  # [M, K]
-    y = triton_linear(x2, w, kernels.linear) if x.is_cuda and kernels.triton else blocked(x2, w)
+    if x.is_cuda and kernels.triton and kernels.batch_invariant:
+        y = triton_linear(x2, w, kernels.linear, out_dtype)
+    elif not kernels.batch_invariant:
+        if not wide:
+            return F.linear(x, w)
+        # cuBLAS sums in float32 and writes the sums (torch.mm's out_dtype, CUDA only)
+        y = torch.mm(x2, w.t(), out_dtype=out_dtype) if x.is_cuda else F.linear(x2.to(out_dtype), w.to(out_dtype))
+    else:
+        y = blocked(x2.to(out_dtype), w.to(out_dtype)) if wide else blocked(x2, w)
     return y.view(*lead, w.shape[0])

@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pegainfer.engine.kernels.linear import linear
 from pegainfer.engine.kv_cache import MLACache
 from pegainfer.engine.model.inputs import DecodeInputs
 from pegainfer.engine.model.model import DeepseekV2
@@ -34,9 +33,10 @@ def decode_step(model: DeepseekV2, inp: DecodeInputs, cache: MLACache, out: torc
         from pegainfer.engine.kernels import head_argmax
         if head_argmax.fits(model.lm_head, k.head):  # the head and the choice in one launch
             with phase("lm_head"):
-                return head_argmax.head_argmax(h, model.lm_head, model.argmax_ticket, k.head, out=out)
+                return head_argmax.head_argmax(h, model.lm_head, model.argmax_ticket, k.head, out=out,
+                                               round_logits=not k.float32_logits)
     with phase("lm_head"):
-        logits = linear(h, model.lm_head, k)  # [B, V]
+        logits = model.logits(h)  # [B, V]
     with phase("sampling"):
         if k.triton and rows <= k.argmax_rows:  # one launch (engine/kernels/argmax.py) where its tickets reach
             from pegainfer.engine.kernels import argmax
@@ -49,7 +49,7 @@ def decode_logits(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torc
     """[B, V] logits of every row's new token."""
     h = decode_hidden(model, inp, cache)
     with phase("lm_head"):
-        return linear(h, model.lm_head, model.kernels)  # [B, V]
+        return model.logits(h)  # [B, V]
 
 
 def decode_hidden(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torch.Tensor:

@@ -111,4 +111,15 @@ class DeepseekV2:
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: [R, H] -> [R, V]."""
         with phase("lm_head"):
-            return linear(rms_norm(x, self.norm, self.cfg.rms_norm_eps, self.kernels), self.lm_head, self.kernels)
+            return self.logits(rms_norm(x, self.norm, self.cfg.rms_norm_eps, self.kernels))
+
+    @property
+    def logits_dtype(self) -> torch.dtype:
+        """The dtype of the LM head's logits (KernelConfig.float32_logits)."""
+        return torch.float32 if self.kernels.float32_logits else self.lm_head.dtype
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The LM head alone: [R, H] after the final norm -> [R, V], float32 where
+        KernelConfig.float32_logits (else the model dtype)."""
+        k = self.kernels
+        return linear(h, self.lm_head, k, self.logits_dtype)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from tools.agreement import compare, forced_score
+from tools.agreement import as_close_as_hf, compare, forced_score
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,6 +41,21 @@ def test_compare_counts_prefix_and_positions():
     assert forced_score([[1, 0, 3, 4], [5, 6, 7, 0]], ref) == {"forced_agreement": 6 / 8, "tokens": 8, "misses": 2}
 
 
+def test_as_close_as_hf_reads_issue_30s_three_conditions():
+    def reading(ours_prefix, hf_prefix, ours_forced, hf_forced):
+        pairs = {"ours_vs_reference": {"prefix_agreement": ours_prefix}, "hf_vs_reference": {"prefix_agreement": hf_prefix}}
+        forced = {"ours": {"forced_agreement": ours_forced}, "hf": {"forced_agreement": hf_forced}}
+        return as_close_as_hf(pairs, forced)
+    assert reading(0.84, 0.73, 0.994, 0.992)["met"]
+    assert reading(0.73, 0.73, 0.992, 0.992)["met"]  # ties count as as close
+    r = reading(0.72, 0.73, 0.994, 0.992)
+    assert not r["met"] and not r["prefix"] and r["forced"]
+    assert not reading(0.84, 0.73, 0.991, 0.992)["met"]
+    assert reading(0.84, 0.73, 0.985, 0.98) == {**reading(0.84, 0.73, 0.985, 0.98), "forced_at_least_0.99": False,
+                                                 "met": False}
+    assert as_close_as_hf(pairs={}, forced={"hf": None, "ours": {}}) is None
+
+
 def test_float32_on_cpu_agrees_everywhere(tiny_model_dir, few_cases, tmp_path):
     out = tmp_path / "r.json"
     res = run_tool("--model", str(tiny_model_dir), "--dtype", "float32", "--cases", str(few_cases),
@@ -51,6 +66,7 @@ def test_float32_on_cpu_agrees_everywhere(tiny_model_dir, few_cases, tmp_path):
     assert all(p["prefix_agreement"] == 1.0 and p["rows_equal"] == 6 for p in r["pairs"].values())
     assert r["forced"]["ours"] == {"forced_agreement": 1.0, "tokens": 72, "misses": 0}
     assert r["forced"]["hf"] is None  # HF at the working dtype is the reference itself
+    assert r["as_close_as_hf"] is None
     assert r["target"] == {"measure": "ours_vs_hf prefix_agreement", "threshold": 0.99, "value": 1.0, "met": True}
     assert all(len(row) == 12 for row in r["tokens"]["ours"])
     assert r["command"].startswith("python tools/agreement.py --model")

@@ -155,3 +155,13 @@ def test_sample_chunks_sets_the_device_samplers_launch(tmp_path):
     with pytest.raises(SystemExit) as e:
         bench_direct.parse_args([*common, "--sample-chunks", "-1"])
     assert e.value.code == 2
+
+
+def test_float32_logits_is_the_default_and_can_be_turned_off(tmp_path):
+    """--no-float32-logits: KernelConfig.float32_logits off (logits rounded to the model dtype, the
+    A/B's other side); everything else as the default."""
+    common = ["--preset", "tiny", "--device", "cpu", "--out", str(tmp_path / "x.json")]
+    default = bench_direct.kernel_config(bench_direct.parse_args(common))
+    assert default.float32_logits and default == KernelConfig()
+    off = bench_direct.kernel_config(bench_direct.parse_args([*common, "--no-float32-logits"]))
+    assert off == dataclasses.replace(default, float32_logits=False)

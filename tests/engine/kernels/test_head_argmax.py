@@ -1,5 +1,6 @@
 """engine/kernels/head_argmax.py: the LM head and the greedy choice in one launch are
-torch.argmax(F.linear(h, w)) with the logits rounded to the model dtype: a tie across blocks (the
+torch.argmax(F.linear(h, w)) with the logits rounded to the model dtype (or kept in float32: a tie
+in bf16 that float32 breaks): a tie across blocks (the
 first wins), a NaN logit (the first NaN wins), a vocabulary that is no whole number of blocks, the
 ticket back at zero, one row only (Triton's CPU interpreter). On the GPU at lite's shape ([102,400,
 2,048] bf16): the planted winner, the first of equal maxima, a logit within one bf16 step of
@@ -35,6 +36,20 @@ def test_head_argmax_is_linear_then_argmax(triton_interpreter, gen):
     nan_w[600, 3] = float("nan")
     nan_w[800, 0] = float("nan")
     assert ha.head_argmax(hh, nan_w, ticket, default).item() == 600 == torch.argmax(F.linear(hh, nan_w)).item()
+    assert not ticket.any()
+    # float32 logits (KernelConfig.float32_logits): logits 1 and 1 + 2^-9 (each weight exact in bf16)
+    # round to one bf16 value (steps of 2^-7 above 1): rounded, the first index wins the tie; kept, the
+    # larger one
+    near = torch.zeros(1000, 64)
+    near[:, 0] = -1.0
+    near[5, 0] = near[700, 0] = 1.0
+    near[700, 1] = 2 ** -9
+    one = torch.zeros(1, 64)
+    one[0, :2] = 1.0
+    nb, ob = near.to(torch.bfloat16), one.to(torch.bfloat16)
+    assert torch.equal(nb.float(), near)
+    assert ha.head_argmax(ob, nb, ticket, default, round_logits=False).item() == 700
+    assert ha.head_argmax(ob, nb, ticket, default).item() == 5
     assert not ticket.any()
     with pytest.raises(ValueError, match="one row"):
         ha.head_argmax(torch.randn(2, 64), hw, ticket, default)

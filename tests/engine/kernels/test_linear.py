@@ -70,6 +70,21 @@ def test_linear_dispatch_on_cpu(gen):
     assert torch.equal(L.linear(x, w, off), F.linear(x, w))
 
 
+def test_float32_out_keeps_the_sums_on_cpu(gen):
+    """out_dtype float32 (the LM head's logits): the sums of the bf16 products, not rounded to bf16,
+    in both the invariant form (one order in any crowd) and the opt-out."""
+    w = (torch.randn(130, 300, generator=gen) * 0.05).to(torch.bfloat16)
+    x = torch.randn(37, 300, generator=gen).to(torch.bfloat16)
+    ref = F.linear(x.float(), w.float())
+    for k in (KernelConfig(), KernelConfig(batch_invariant=False)):
+        y = L.linear(x, w, k, torch.float32)
+        assert y.dtype == torch.float32 and (y - ref).abs().max() <= 1e-5 * ref.abs().max()
+        assert (y != y.to(torch.bfloat16).float()).any()  # not rounded
+    row = torch.randn(1, 300, generator=gen).to(torch.bfloat16)
+    assert crowd_mismatches(lambda t: L.linear(t, w, KernelConfig(), torch.float32), row, CPU_SIZES, gen) == []
+    assert L.linear(x, w, KernelConfig(), torch.bfloat16).dtype == torch.bfloat16  # its own dtype: as before
+
+
 # --- the plan: which walk and column block a call takes (no bits depend on it) ---
 
 def test_plan_spreads_one_row_over_the_gpu_and_keeps_many_rows_whole():
@@ -101,6 +116,19 @@ def test_kernel_rows_are_the_same_alone_and_in_any_crowd(triton_interpreter, req
     assert crowd_mismatches(lambda x: L.triton_linear(x, w, SMALL), row, INTERP_SIZES, gen) == []
     x = torch.randn(23, k, generator=gen).to(dtype)
     assert_close_to_f_linear(L.triton_linear(x, w, SMALL), x, w)
+
+
+@triton_only
+def test_kernel_float32_out_is_the_total_its_bf16_out_rounds(triton_interpreter, bf16_as_gpu, gen):
+    """out_dtype float32: the same total the bf16 output is rounded from, in both walks."""
+    w = (torch.randn(96, 200, generator=gen) * 0.05).to(torch.bfloat16)
+    x = torch.randn(33, 200, generator=gen).to(torch.bfloat16)
+    for t in (dataclasses.replace(SMALL, programs=1), dataclasses.replace(SMALL, programs=10**6)):
+        wide, narrow = L.triton_linear(x, w, t, torch.float32), L.triton_linear(x, w, t)
+        assert wide.dtype == torch.float32 and torch.equal(wide.to(torch.bfloat16), narrow)
+        assert (wide != narrow.float()).any()
+    row = torch.randn(1, 200, generator=gen).to(torch.bfloat16)
+    assert crowd_mismatches(lambda b: L.triton_linear(b, w, SMALL, torch.float32), row, INTERP_SIZES, gen) == []
 
 
 @triton_only
@@ -222,6 +250,12 @@ def test_gpu_linear_dispatches_to_the_kernel(triton_gpu):
     torch_form = L.blocked(x.view(15, 2048), w).view(3, 5, 2048)
     assert torch.equal(L.linear(x, w, dataclasses.replace(k, triton=False)), torch_form)
     assert torch.equal(L.linear(x, w, dataclasses.replace(k, batch_invariant=False)), F.linear(x, w))
+    # float32 out: the kernel's total, and cuBLAS's float32 sums where the opt-out runs
+    wide = L.linear(x, w, k, torch.float32)
+    assert wide.dtype == torch.float32 and torch.equal(wide.to(torch.bfloat16), L.linear(x, w, k))
+    ref = F.linear(x.float(), w.float())
+    off = L.linear(x, w, dataclasses.replace(k, batch_invariant=False), torch.float32)
+    assert off.dtype == torch.float32 and (off - ref).abs().max() <= 1e-4 * ref.abs().max()
 
 
 @pytest.mark.parametrize("rows", [1, 256])  # o_proj: chunks split over programs at 1 row, one program at 256
