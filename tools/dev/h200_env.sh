@@ -2,6 +2,8 @@
 # the checkout as the `pegainfer` package, $OUT) and `serve NAME FLAGS...`, which starts
 # `pegainfer serve --random-preset lite --device cuda --port 8000 FLAGS...` in the background (log in
 # $OUT/serve-NAME.log, pid in $pid) and waits for /ready (READY_TRIES half-seconds, default 240).
+# the project's run-time dependencies that the image lacks: ../shared/device/wheels.sh python-json-logger
+ls .whl/python_json_logger-*.whl >/dev/null 2>&1 || echo "h200_env: no python-json-logger wheel in .whl/ (run ../shared/device/wheels.sh python-json-logger): pegainfer's CLI will not import" >&2
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=$(bash tools/dev/devpath.sh /tmp/pegainfer-dev):$PWD:/tmp/site || exit 1
 export PYTHONUNBUFFERED=1

@@ -28,6 +28,7 @@ if [ "$what" = train ]; then
     --steps 4000 --minutes 6.5 --log-every 50 2>&1 | tail -6
   for p in "def " "import os" "class Parser:"; do
     python3 -m pegainfer.daemon.cli generate --model "$OUT/trained-gpu" --prompt "$p" --max-tokens 48 --json \
-      | python3 -c "import json,sys; print(repr(json.load(sys.stdin)['text']))"
+      2> "$OUT/generate.err" | python3 -c "import json,sys; print(repr(json.load(sys.stdin)['text']))" \
+      || tail -2 "$OUT/generate.err"
   done
 fi
