@@ -119,15 +119,32 @@ INTEGER_FIELDS = frozenset({name for name, bound in BOUNDS.items() if bound.inte
                            | {"max_completion_tokens", "top_logprobs"})
 
 
+def whole(value: Any) -> Any:
+    """A whole float as its int (5.0 is 5), as vLLM's pydantic models take it; anything else as it
+    is: a fraction stays a float (a 400 later), and so does one past 2^53, where a float no longer
+    names one integer (a JSON integer beyond 64 bits parses as such a float: -2^63 - 1 would round
+    to the valid -2^63)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
+        return int(value)
+    return value
+
+
+def _whole_ids(value: Any) -> Any:
+    """A prompt's token ids (a list, or a list of lists) with whole floats made ints; strings and
+    other shapes as they are."""
+    if not isinstance(value, list):
+        return value
+    return [[whole(t) for t in v] if isinstance(v, list) else whole(v) for v in value]
+
+
 def whole_numbers(body: Any) -> Any:
-    """The body with a whole float in an integer field made an int (5.0 is 5), as vLLM's pydantic
-    models take it; a fraction stays a float (a 400 later), and so does one past 2^53, where a float
-    no longer names one integer (a JSON integer beyond 64 bits parses as such a float: -2^63 - 1
-    would round to the valid -2^63)."""
+    """The body with whole floats made ints (`whole`) in the integer fields and in the token-id
+    lists (prompt, stop_token_ids), as vLLM's pydantic models take them."""
     if not isinstance(body, dict):
         return body
-    fixed = {name: int(value) for name, value in body.items()
-             if name in INTEGER_FIELDS and isinstance(value, float) and value.is_integer() and abs(value) <= 2**53}
+    fixed = {name: whole(value) for name, value in body.items() if name in INTEGER_FIELDS and isinstance(value, float)}
+    fixed.update({name: _whole_ids(body[name]) for name in ("prompt", "stop_token_ids")
+                  if isinstance(body.get(name), list)})
     return {**body, **fixed} if fixed else body
 
 
@@ -146,6 +163,7 @@ def token_ids(value: Any, name: str) -> list[int]:
     """A list of token ids: non-negative 64-bit integers (the vocabulary: vocabulary_problem)."""
     if not isinstance(value, list):
         raise bad_request(f"'{name}' must be a list of token ids", name)
+    value = [whole(t) for t in value]
     for t in value:
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= INT64_MAX:
             raise bad_request(f"'{name}' must hold token ids (integers in [0, 2^63)), got {str(t)[:40]}", name)

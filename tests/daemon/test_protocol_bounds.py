@@ -48,6 +48,22 @@ def test_a_whole_float_is_taken_as_its_integer_as_vllm_does():
     assert "integer, got float" in refused("max_tokens", max_tokens=5.5).message
 
 
+def test_whole_floats_in_token_id_lists_are_their_integers_as_vllm_takes_them():
+    """prompt and stop_token_ids (list[int] in vLLM's models, lax mode): 7.0 is 7 there too; a
+    fraction, or a float past 2^53, is still a 400."""
+    r = parse_completion({"prompt": [1.0, 2, 3.0], "stop_token_ids": [5.0, 6]}, max_tokens_default=16)
+    assert r.prompts == [[1, 2, 3]] and all(type(t) is int for t in r.prompts[0])
+    assert r.stop_token_ids == [5, 6] and all(type(t) is int for t in r.stop_token_ids)
+    r = parse_completion({"prompt": [[1.0, 2.0], [3]]}, max_tokens_default=16)
+    assert r.prompts == [[1, 2], [3]]
+    for prompt in ([1.5, 2], [[1, 2.5]], [2.0 ** 60]):
+        with pytest.raises(APIError) as e:
+            parse_completion({"prompt": prompt}, max_tokens_default=16)
+        assert e.value.status == 400 and e.value.param == "prompt", prompt
+    assert refused("stop_token_ids", stop_token_ids=[1, 2.5]).status == 400
+    assert parse(prompt="7.0").prompts == ["7.0"]  # text stays text
+
+
 @pytest.mark.parametrize("name", ["temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                                   "repetition_penalty"])
 @pytest.mark.parametrize("value", [2**64 - 1, -2**63 - 1, 1e308, -1e308, "NaN", "inf", True, [0.5],
@@ -76,8 +92,8 @@ def test_signed_64_bit_edges_and_the_documented_ranges_pass():
 
 
 @pytest.mark.parametrize("field,value", [
-    ("prompt", [1, 2**63]), ("prompt", [1, 2**64 - 1]), ("prompt", [-1]), ("prompt", [1, 2.0]),
-    ("stop_token_ids", [2**64 - 1]), ("stop_token_ids", [True]), ("stop_token_ids", [1.0]), ("stop_token_ids", [-3]),
+    ("prompt", [1, 2**63]), ("prompt", [1, 2**64 - 1]), ("prompt", [-1]), ("prompt", [1, 2.5]),
+    ("stop_token_ids", [2**64 - 1]), ("stop_token_ids", [True]), ("stop_token_ids", [1.5]), ("stop_token_ids", [-3]),
     ("stop_token_ids", "7"), ("stop_token_ids", [[1]]), ("stop_token_ids", [None]),
 ])
 def test_token_id_lists_refuse_anything_but_int64_ids(field, value):
