@@ -1,5 +1,6 @@
 """One choice of a completion as it streams: its text, grown token by token through the incremental
-detokenizer and the stop-string scan, its log-prob entries released with their text, its finish
+detokenizer and the stop-string scan, its log-prob entries released with their text (on a stop
+string, all of them: one per generated token, as usage counts them), its finish
 reason, and what it counts for usage and for best_of ranking."""
 from __future__ import annotations
 
@@ -85,17 +86,19 @@ class ChoiceOutput:
             out = out + self._release(self.stop.flush())
         self.stopped_by_string = self.stop.stopped
         self.finish_reason = "stop" if self.stop.stopped else reason
-        out.entries += [e for e, _ in self.pending] if not self.stop.stopped else []
+        out.entries += [e for e, _ in self.pending]
         self.pending = []
         out.finish_reason = self.finish_reason
         return out
 
     def _release(self, text: str) -> Delta:
-        """Release text; entries go with it once all their text is out (on a stop: those that began
-        before the stop string)."""
+        """Release text; entries go with it once all their text is out. On a stop string every entry
+        left goes with the last text, as vLLM reports them: the log-probs name each generated token
+        that usage counts, the ones that spelled the stop string included (their offsets point past the
+        returned text, where their text would have been)."""
         self.sent += len(text)
         if self.stop.stopped:
-            done = [e for e, _ in self.pending if e.offset - self.base < self.sent]
+            done = [e for e, _ in self.pending]
             self.pending = []
             return Delta(text, done)
         if not self.pending:

@@ -38,12 +38,15 @@ def test_text_and_entries_stream_in_step(tok):
     assert c.tokens == len(entries) and c.cumulative_logprob == -len(entries)
 
 
-def test_a_stop_string_across_tokens_cuts_text_and_entries(tok):
+def test_a_stop_string_across_tokens_cuts_text_not_entries(tok):
+    """The text ends before the stop string; the log-prob entries name every token that counts, the
+    two that spelled "o wor" included (vLLM's reading: one entry per generated token)."""
     c = ChoiceOutput(0, tok, ["o wor"], logprobs=True)  # "o" + " wor" are two tokens
     out = run(c, tokens(tok, "hello world, again and again"))
     assert "".join(d.text for d in out) == "hell" and c.finish_reason == "stop" and c.stopped_by_string
-    assert [e.token for d in out for e in d.entries] == ["he", "ll"]
-    assert c.tokens == 4  # he, ll, o, " wor": the rest came after the stop and does not count
+    entries = [e for d in out for e in d.entries]
+    assert [e.token for e in entries] == ["he", "ll", "o", " wor"] and [e.offset for e in entries] == [0, 2, 4, 5]
+    assert c.tokens == 4 == len(entries)  # he, ll, o, " wor": the rest came after the stop and does not count
 
 
 def test_a_stop_token_adds_no_text(tok):

@@ -120,6 +120,25 @@ def test_a_stop_string_across_two_tokens_ends_text_and_generation(daemon, tok, g
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
+def test_log_probs_with_a_stop_string_cover_every_generated_token(daemon, tok, greedy):
+    """As vLLM reports them: the text ends before the stop string, the log-probs name every token
+    generated (the tokens that held the stop string included, as usage counts them), streamed or not,
+    and the offsets of the kept tokens point into the returned text."""
+    gen = greedy[PROMPT][1]
+    stop, k, before = _cross_token_stop(tok, gen)
+    body = {"prompt": PROMPT, "max_tokens": 200, "ignore_eos": True, "stop": [stop], "logprobs": 1}
+    [choice] = post(daemon, body)["choices"]
+    lp = choice["logprobs"]
+    assert choice["text"] == before and len(lp["tokens"]) == len(lp["token_logprobs"]) == k + 2
+    assert lp["tokens"] == [tok.decode([t]) for t in gen[:k + 2]]
+    assert lp["text_offset"] == [len("".join(lp["tokens"][:i])) for i in range(k + 2)]
+    assert post(daemon, body)["usage"]["completion_tokens"] == k + 2
+    chunks = stream(daemon, body)
+    assert "".join(ch["text"] for c in chunks for ch in c["choices"]) == before
+    streamed = [t for c in chunks for ch in c["choices"] for t in (ch.get("logprobs") or {}).get("tokens", [])]
+    assert streamed == lp["tokens"]
+
+
 def test_n_choices_share_one_prefill_and_reproduce(daemon, trace_path):
     body = {"prompt": PROMPT_IDS, "max_tokens": 10, "n": 3, "temperature": 1.0, "seed": 11, "ignore_eos": True}
     r = httpx.post(daemon.url + "/v1/completions", json=body, timeout=60)
