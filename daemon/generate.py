@@ -1,5 +1,6 @@
-"""`pegainfer generate`: load the engine, run one prompt greedily, print the result. The prompt and
-max_tokens are checked here, where they are parsed, once the model's limits are known."""
+"""`pegainfer generate`: load the engine, run one prompt (greedy, or sampled with --temperature and
+its companions, seeded), print the result. The sampling flags are checked against the API's bounds
+before anything loads; the prompt and max_tokens once the model's limits are known."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +10,7 @@ import orjson
 from pegainfer.daemon.errors import CliError
 from pegainfer.daemon.startup_check import check_device, check_model_dir
 
-from pegainfer.engine.contract import ParamError, check
+from pegainfer.engine.contract import ParamError, SamplingParams, check
 from pegainfer.engine.engine import Engine, EngineSpec, build_engine, default_model_dir
 from pegainfer.engine.generate import generate
 from pegainfer.engine.kernels.config import KernelConfig
@@ -41,6 +42,8 @@ def _check_limits(prompt_ids: list[int], max_tokens: int, engine: Engine) -> Non
 
 def run_generate(args: argparse.Namespace) -> int:
     # Before loading: one line on what to change (exit 2), in the order `serve` checks its settings.
+    sampling = SamplingParams.checked(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                                      min_p=args.min_p, seed=args.seed)
     preflight(args.backend, args.device, args.ep_size)
     check_device(args.device)
     if args.model:
@@ -56,7 +59,7 @@ def run_generate(args: argparse.Namespace) -> int:
     engine = build_engine(spec)
     try:
         _check_limits(prompt_ids, args.max_tokens, engine)
-        [out] = generate(engine, [prompt_ids], args.max_tokens, ignore_eos=args.ignore_eos)
+        [out] = generate(engine, [prompt_ids], args.max_tokens, ignore_eos=args.ignore_eos, sampling=sampling)
     finally:
         engine.close()
     text = tok.decode(out.token_ids)

@@ -43,6 +43,20 @@ def test_prompt_ids_and_embedded_default_model():
     assert a["token_ids"] == b["token_ids"] and len(a["token_ids"]) == 6
 
 
+def test_sampled_generation_is_seeded_and_checked(tiny_model_dir):
+    """--temperature (with --top-p/--top-k/--min-p) samples; the same --seed gives the same tokens, and
+    a flag outside the API's bounds is one line and a non-zero exit before the model loads."""
+    args = ("--model", str(tiny_model_dir), "--prompt", "Hello world", "--max-tokens", "12", "--ignore-eos", "--json")
+    greedy = json.loads(run(*args).stdout)["token_ids"]
+    sampled = [json.loads(run(*args, "--temperature", "1.5", "--top-k", "50", "--seed", str(s)).stdout)["token_ids"]
+               for s in (7, 7, 8)]
+    assert sampled[0] == sampled[1] and len(sampled[0]) == 12
+    assert sampled[0] != greedy or sampled[2] != greedy
+    for flag, value, says in (("--temperature", "3", "temperature"), ("--top-p", "0", "top_p"),
+                              ("--min-p", "1.5", "min_p"), ("--seed", "-1" + "0" * 30, "seed")):
+        _one_line_error(run(*args, flag, value), says)
+
+
 def _one_line_error(p: subprocess.CompletedProcess, *needles: str) -> None:
     assert p.returncode != 0
     lines = [line for line in p.stderr.splitlines() if line.strip() and not line.startswith("{")]
