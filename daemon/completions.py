@@ -246,12 +246,12 @@ def context_problem(rt: Runtime, ids: list[int], req: CompletionRequest, shape: 
         return protocol.bad_request(
             f"this model's maximum context length is {limit} tokens; the prompt has {len(ids)} tokens, which leaves "
             f"no room for a reply", shape.prompt_param, "context_length_exceeded")
-    if max_tokens is not None and len(ids) + max_tokens > limit and req.echo_only:
-        return protocol.bad_request(
-            f"this model's maximum context length is {limit} tokens; the prompt has {len(ids)} tokens, and scoring "
-            f"it (echo with max_tokens 0) runs one more position: at most {limit - 1} prompt tokens",
-            shape.prompt_param, "context_length_exceeded")
     if max_tokens is not None and len(ids) + max_tokens > limit:
+        if req.echo_only:
+            return protocol.bad_request(
+                f"this model's maximum context length is {limit} tokens; the prompt has {len(ids)} tokens, and "
+                f"scoring it (echo with max_tokens 0) runs one more position: at most {limit - 1} prompt tokens",
+                shape.prompt_param, "context_length_exceeded")
         return protocol.bad_request(
             f"this model's maximum context length is {limit} tokens; the prompt has {len(ids)} tokens and "
             f"max_tokens is {max_tokens} ({len(ids) + max_tokens} in all)", shape.prompt_param,

@@ -129,22 +129,12 @@ def whole(value: Any) -> Any:
     return value
 
 
-def _whole_ids(value: Any) -> Any:
-    """A prompt's token ids (a list, or a list of lists) with whole floats made ints; strings and
-    other shapes as they are."""
-    if not isinstance(value, list):
-        return value
-    return [[whole(t) for t in v] if isinstance(v, list) else whole(v) for v in value]
-
-
 def whole_numbers(body: Any) -> Any:
-    """The body with whole floats made ints (`whole`) in the integer fields and in the token-id
-    lists (prompt, stop_token_ids), as vLLM's pydantic models take them."""
+    """The body with whole floats made ints (`whole`) in the integer fields, as vLLM's pydantic
+    models take them (token-id lists: token_ids)."""
     if not isinstance(body, dict):
         return body
     fixed = {name: whole(value) for name, value in body.items() if name in INTEGER_FIELDS and isinstance(value, float)}
-    fixed.update({name: _whole_ids(body[name]) for name in ("prompt", "stop_token_ids")
-                  if isinstance(body.get(name), list)})
     return {**body, **fixed} if fixed else body
 
 
@@ -160,14 +150,15 @@ def _integer(body: dict, name: str) -> int | None:
 
 
 def token_ids(value: Any, name: str) -> list[int]:
-    """A list of token ids: non-negative 64-bit integers (the vocabulary: vocabulary_problem)."""
+    """A list of token ids: non-negative 64-bit integers, whole floats taken as theirs (`whole`); the
+    vocabulary: vocabulary_problem. Returns a new list."""
     if not isinstance(value, list):
         raise bad_request(f"'{name}' must be a list of token ids", name)
-    value = [whole(t) for t in value]
-    for t in value:
+    ids = [whole(t) for t in value]
+    for t in ids:
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= INT64_MAX:
             raise bad_request(f"'{name}' must hold token ids (integers in [0, 2^63)), got {str(t)[:40]}", name)
-    return list(value)
+    return ids
 
 
 def _stop(body: dict) -> list[str]:
@@ -288,7 +279,7 @@ def _prompts(prompt: Any) -> list[Prompt]:
                           "token-id lists", "prompt")
     if not prompt:
         raise bad_request("'prompt' is empty", "prompt")
-    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    if all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in prompt):
         return [token_ids(prompt, "prompt")]
     if len(prompt) > MAX_PROMPTS:
         raise bad_request(f"'prompt' holds {len(prompt)} prompts; one request may hold at most {MAX_PROMPTS}",
@@ -301,8 +292,7 @@ def _prompts(prompt: Any) -> list[Prompt]:
         for i, p in enumerate(prompt):
             if not p:
                 raise bad_request(f"'prompt[{i}]' is empty", "prompt")
-            token_ids(p, "prompt")
-        return [list(p) for p in prompt]
+        return [token_ids(p, "prompt") for p in prompt]
     raise bad_request("'prompt' must be a string, a list of token ids, a list of strings or a list of token-id "
                       "lists (not a mix)", "prompt")
 

@@ -1,7 +1,7 @@
 """The LM head and the greedy choice of a one-row decode step in one launch: program j computes the
 logits of vocabulary rows [j*BLOCK_N, (j+1)*BLOCK_N) from the final hidden row (float32 sums over K
-in BLOCK_K steps, kept in float32 or rounded to the model dtype as F.linear's logits are), keeps their max and its first
-index, and the program taking the last ticket (engine/kernels/ticket.py) picks the first block
+in BLOCK_K steps, kept in float32 or rounded to the model dtype as F.linear's logits are), keeps
+their max and its first index, and the program taking the last ticket (engine/kernels/ticket.py) picks the first block
 holding the row's max (both steps are engine/kernels/argmax.py's block_best and first_best):
 torch.argmax(F.linear(h, W), -1) without the [V] logits in memory or a second launch. NaN logits
 pick the first NaN, as torch does.

@@ -121,5 +121,4 @@ class DeepseekV2:
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """The LM head alone: [R, H] after the final norm -> [R, V], float32 where
         KernelConfig.float32_logits (else the model dtype)."""
-        k = self.kernels
-        return linear(h, self.lm_head, k, self.logits_dtype)
+        return linear(h, self.lm_head, self.kernels, self.logits_dtype)
