@@ -13,6 +13,8 @@ Prints one JSON line per (mix, logits, batch) and writes them all with --out.
         [--chunks 0,64] [--block-v 2048] [--pivots 4] [--split-pivots 8] [--cap 512] [--warps 8] [--out report.json]
     python tools/dev/sample_bench.py --device cuda --sweep   # the kernel's knobs at each batch
     python tools/dev/sample_bench.py --device cpu --vocab 3000 --rows 2   # a smoke run (Triton's interpreter)
+    python tools/dev/sample_bench.py --device cuda --launches --rows 256 --mixes top_p,mix --chunks 64
+        # each launch's device time (torch.profiler), where a batch's sampler time goes
 """
 from __future__ import annotations
 
@@ -151,6 +153,32 @@ def row(mix: str, kind: str, rows: int, vocab: int, device: str, knobs: dict, ch
     return out
 
 
+def launches(mix: str, kind: str, rows: int, vocab: int, knobs: dict, chunks: int, reps: int = 10) -> dict:
+    """Each kernel's device time in one call of the sampler (mean over `reps` eager calls, from
+    torch.profiler's CUDA activity), and how many rows each sweep count had."""
+    from torch.profiler import ProfilerActivity, profile
+    gen, rng = torch.Generator().manual_seed(0), random.Random(0)
+    logits = logits_of(kind, rows, vocab, gen, "cuda")
+    inputs, history, logprobs = kernel_inputs(draws_of(mix, rows, vocab, rng), vocab, "cuda")
+    tickets = torch.zeros(rows, dtype=torch.int32, device="cuda")
+    sweeps = torch.zeros(rows, dtype=torch.int32, device="cuda")
+    call = lambda sw=None: sample(logits, inputs, history=history, logprobs=logprobs, chunks=chunks,  # noqa: E731
+                                  tickets=tickets, sweeps=sw, **knobs)
+    call(sweeps)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            call()
+        torch.cuda.synchronize()
+    by: dict[str, float] = {}
+    for e in prof.key_averages():
+        if e.device_type.name == "CUDA" or getattr(e, "self_device_time_total", 0):
+            by[e.key[:50]] = by.get(e.key[:50], 0.0) + getattr(e, "self_device_time_total", 0) / reps
+    counts = torch.bincount(sweeps.cpu()).tolist()
+    return {"mix": mix, "logits": kind, "rows": rows, "chunks": chunks, "sweeps_rows": counts,
+            "launch_us": {k: round(v, 1) for k, v in sorted(by.items(), key=lambda kv: -kv[1]) if v > 0}}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -166,6 +194,8 @@ def main() -> int:
                    "the kernel before the split; KernelConfig.sample.chunks)")
     p.add_argument("--split-pivots", type=int, default=8, help="the split launches' count thresholds")
     p.add_argument("--sweep", action="store_true", help="time the kernel's knobs (mix 'mix', peaked logits)")
+    p.add_argument("--launches", action="store_true", help="each launch's device time (torch.profiler), at the "
+                   "first of --chunks")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -175,7 +205,13 @@ def main() -> int:
     chunks = [int(c) for c in a.chunks.split(",")]
     mixes = list(MIXES) if a.mixes == "all" else a.mixes.split(",")
     report = []
-    if a.sweep:
+    if a.launches:
+        knobs = {"block_v": a.block_v, "pivots": a.pivots, "cap": a.cap, "num_warps": a.warps,
+                 "split_pivots": a.split_pivots}
+        for mix, kind, n in itertools.product(mixes, a.logits.split(","), rows):
+            report.append(launches(mix, kind, n, a.vocab, knobs, chunks[0]))
+            print(json.dumps(report[-1]), flush=True)
+    elif a.sweep:
         for n, block_v, pivots, cap, warps in itertools.product(rows, (1024, 2048, 4096), (4, 8), (256, 512, 1024),
                                                                 (4, 8, 16)):
             knobs = {"block_v": block_v, "pivots": pivots, "cap": cap, "num_warps": warps,
