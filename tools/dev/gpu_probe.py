@@ -128,7 +128,7 @@ def graph_timeline(engine, batch: int, reps: int = 3) -> dict:
     if graphs is None:
         return {"timeline_batch": batch, "skipped": "no CUDA graphs in this variant"}
     b = bucket(batch, graphs.batch_buckets)
-    graph, _ = next(v for k, v in graphs.graphs.items() if k[0] == b and not k[2])
+    graph, _ = next(v for k, v in graphs.graphs.items() if k[0] == b and k[2] == "tokens")  # (batch, length, kind)
     graph.replay()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
