@@ -73,8 +73,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="KernelConfig.sample.chunks: the device sampler's programs per row (64, the default: each row "
                         "split over programs; 0: one program per row, the A/B)")
     p.add_argument("--sample-programs", type=int,
-                   help="KernelConfig.sample.programs: a sampler launch's programs at most (2048, the default: large "
-                        "batches split each row over fewer programs; 0: the same split at every batch, the A/B)")
+                   help="KernelConfig.sample.programs: a sampler launch's programs at most (2048: large batches split "
+                        "each row over fewer programs; 0, the default: the same split at every batch)")
     p.add_argument("--float32-logits", action=argparse.BooleanOptionalAction, default=True,
                    help="KernelConfig.float32_logits: the LM head's float32 sums as the logits (the default; off: "
                         "rounded to the model dtype, the A/B's other side)")

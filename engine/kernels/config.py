@@ -104,10 +104,11 @@ class SampleTiling:
     programs: a ceiling on a launch's programs, so that a large batch splits each row over fewer
     programs (chunks_for): a tile's parts are the same whichever program computes them and the folds
     go tile by tile, so the bits do not move; what moves is how often each program repeats the
-    per-row work (its parameters, the tiles' maxima, the plan from every tile's counts). 0: chunks at
-    every batch."""
+    per-row work (its parameters, the tiles' maxima, the plan from every tile's counts). 0 (the
+    default until its GPU A/B, tools/dev/h200_sample_programs.sh, has run): chunks at every batch;
+    2048 caps a 256-row launch at 8 programs a row."""
     chunks: int = 64
-    programs: int = 2048
+    programs: int = 0
     block_v: int = 2048
     pivots: int = 8
     one_pivots: int = 4

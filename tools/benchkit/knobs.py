@@ -37,7 +37,7 @@ engine's KernelConfig (engine/kernels/config.py), which the tool hands to the en
     --sample-chunks       sample.chunks                the device sampler's programs per row (64, default: the split
                                                        launches, 50 at lite; 0: one program per row)
     --sample-programs     sample.programs              a launch's programs at most: large batches split rows over
-                                                       fewer programs (2048, default; 0: chunks at every batch)
+                                                       fewer programs (2048; 0, the default: chunks at every batch)
     --sample-pivots       sample.pivots                the split sampler's count thresholds
 """
 from __future__ import annotations

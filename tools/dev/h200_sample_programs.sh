@@ -5,7 +5,7 @@
 #   1. tools/dev/sample_bench.py: the kernel's device time at 256 rows of the issue's mix (flat logits:
 #      random weights' shape) for chunks 64 / 8 / 2, with bits_equal against the first;
 #   2. bench_direct A/B in one call: greedy, top-p and the mix at batch 1 and 256, --sample-programs 0
-#      (every batch at 64 chunks, before) against the default (after).
+#      (every batch at 64 chunks, the default) against --sample-programs 2048 (the candidate).
 # Usage: bash tools/dev/h200_sample_programs.sh   (everything under $OUT; KERNEL_S=0 skips 1)
 set -uo pipefail
 source tools/dev/h200_env.sh
@@ -17,7 +17,7 @@ for l in sys.stdin:
     r = json.loads(l); print(r['mix'], r['rows'], {k: v for k, v in r.items() if k.startswith(('kernel_us', 'bits_equal', 'sweeps_mean'))})"
 }
 for side in before after; do
-  extra=""; [ $side = before ] && extra="--sample-programs 0"
+  extra="--sample-programs 2048"; [ $side = before ] && extra="--sample-programs 0"
   echo "== bench_direct $side ($extra)"
   timeout ${DIRECT_S:-150} python3 tools/bench_direct.py --preset lite --batches 1,256 --prompt-len 86 --new-tokens 32 \
     --warmup 1 --iters 3 --sampling greedy,top-p,mix $extra --out "$OUT/direct-$side.json" 2>&1 | grep -E "TPOT|rror" | tail -8
