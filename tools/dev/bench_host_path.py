@@ -13,6 +13,11 @@ the daemon's two hot threads are read by their own CPU clocks:
         [--prompt-words 64] [--device cpu|cuda] [--model DIR | --random-preset lite] [--trace-file PATH]
         [--torch-threads N] [--profile loop|gpu] [--out FILE.json]
 
+With --fake-step-ms the steps run on tools/benchkit/fake_device.py, which also reports how busy that
+"device" was between its first and last step (issue 29's device-busy share), and its idle time by
+the kind of step that ended it: an overlapped successor, a decode step launched on its own, or a
+step with prompt rows.
+
 On a CPU the forward of the tiny model stands in for the device time; only the host-side numbers
 carry over to a GPU host, and they scale with its single-thread speed. --profile prints the top
 functions (cProfile, which slows the profiled thread: take the per-token numbers from a run
@@ -139,10 +144,12 @@ class StepProbe:
         runner.collect = lambda launched: forward(lambda _, x: collect(x), None, launched, count_rows=False)
 
     @staticmethod
-    def fake_forward(runner, step_s: float) -> None:
+    def fake_forward(runner, step_s: float) -> FakeDevice:
         """The runner's greedy steps run on a FakeDevice: step_s of queued "device" time per step and a
         made-up token per row. Only plain greedy requests (the argmax fast path) are served this way."""
-        FakeDevice(step_s).install(runner)
+        device = FakeDevice(step_s)
+        device.install(runner)
+        return device
 
     def snapshot(self) -> dict:
         return {k: getattr(self, k) for k in ("steps", "rows", "tokens", "step_wall", "step_cpu", "fwd_wall",
@@ -181,6 +188,7 @@ class Bench:
         self.loop_profiler = cProfile.Profile(timer) if a.profile == "loop" else None
         self.gpu_profiler = cProfile.Profile(timer) if a.profile == "gpu" else None
         self.probe: StepProbe | None = None
+        self.fake: FakeDevice | None = None
         self.gc = GcProbe()
 
     def run(self) -> None:
@@ -188,7 +196,7 @@ class Bench:
             self._wait_ready()
             rt = self.rt
             if self.a.fake_step_ms is not None:
-                StepProbe.fake_forward(rt.engine.runner, self.a.fake_step_ms / 1e3)
+                self.fake = StepProbe.fake_forward(rt.engine.runner, self.a.fake_step_ms / 1e3)
             self.probe = StepProbe(rt.gpu, rt.engine.runner)
             self._client(16, self.a.warmup, first_index=1_000_000)
             for n in self.a.levels:
@@ -228,7 +236,7 @@ class Bench:
         return {"loop_cpu": thread_cpu(main.ident), "loop_sys": thread_sys(main.native_id),
                 "gpu_cpu": thread_cpu(gpu.ident), "gpu_sys": thread_sys(gpu.native_id),
                 "process_cpu": time.process_time(), "wall": time.perf_counter(), **self.probe.snapshot(),
-                **self.gc.snapshot()}
+                **(self.fake.snapshot() if self.fake is not None else {}), **self.gc.snapshot()}
 
     def _level(self, n: int) -> dict:
         requests = self.a.num_requests or 4 * n
@@ -261,6 +269,13 @@ class Bench:
                 "sys_ms": 1e3 * d["gpu_sys"] / steps,
                 "busy": d["step_wall"] / d["wall"],
             },
+            **({"fake_device": {"busy": d["device_busy_s"] / max(d["device_busy_s"] + d["device_idle_s"], 1e-9),
+                                "idle_ms_per_step": 1e3 * d["device_idle_s"] / max(d["device_launches"], 1),
+                                "launches_found_it_idle": d["device_waited"] / max(d["device_launches"], 1),
+                                "by_kind": {k: {"launches": d[f"device_launches_{k}"],
+                                                "idle_ms": 1e3 * d[f"device_idle_s_{k}"]}
+                                            for k in ("successor", "decode", "prompt")}}}
+               if "device_busy_s" in d else {}),
             "other_threads_cpu_us_per_token": 1e6 * other_cpu / max(tokens, 1),
             "gc": {"ms_per_s": sum(gc_ms.values()) / d["wall"], "us_per_token": 1e3 * sum(gc_ms.values()) / max(tokens, 1),
                    "by_thread_and_generation_ms": {k: v for k, v in sorted(gc_ms.items()) if gc_n.get(k)},
@@ -313,6 +328,11 @@ def report_lines(r: dict) -> list[str]:
         f"wall, forward {g['forward_wall_ms']:.2f} ms, outside the forward {g['outside_forward_wall_ms']:.3f} ms wall / "
         f"{g['outside_forward_cpu_ms']:.3f} ms CPU ({g['outside_forward_cpu_us_per_row']:.1f} µs CPU per row); "
         f"between steps {g['between_steps_cpu_ms']:.3f} ms CPU; in steps {100 * g['busy']:.0f}% of wall",
+        *([f"  fake device : busy {100 * r['fake_device']['busy']:.1f}% between its first and last step; idle "
+           f"{r['fake_device']['idle_ms_per_step']:.3f} ms per step; {100 * r['fake_device']['launches_found_it_idle']:.0f}% "
+           "of launches found it idle; by the step after the idle time: " + ", ".join(
+               f"{k} {v['launches']:.0f} launches, {v['idle_ms']:.0f} ms idle"
+               for k, v in r["fake_device"]["by_kind"].items())] if "fake_device" in r else []),
         f"  other threads (span export, torch workers, ...): {r['other_threads_cpu_us_per_token']:.1f} µs CPU per "
         "token",
         f"  garbage collector: {r['gc']['us_per_token']:.1f} µs per token ({r['gc']['ms_per_s']:.1f} ms per second), "
