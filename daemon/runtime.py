@@ -171,7 +171,8 @@ class Runtime:
         self.engine, self.tokenizer, self.chat_template = engine, tok, template
         self.bridge = EngineBridge(loop, self)
         self.gpu = GpuThread(engine, self.bridge.emit, max_prefill_tokens=s.max_prefill_tokens,
-                             mixed_step_tokens=s.mixed_step_tokens, overlap=s.async_scheduling)
+                             mixed_step_tokens=s.mixed_step_tokens, overlap=s.async_scheduling,
+                             overlap_admission=s.async_admission)
         self.scheduler = Scheduler(self.bridge, max_active=engine.cache.num_slots, max_pending=s.max_pending,
                                    observer=self.telemetry)
         self.bridge.connect(self.gpu, self.scheduler)
@@ -188,7 +189,8 @@ class Runtime:
         log_event("serving", host=s.host, port=s.port, model=self.model_name, backend=engine.backend_name,
                   maturity=engine.maturity, batch_invariant=engine.batch_invariant,
                   max_active=engine.cache.num_slots, max_pending=s.max_pending,
-                  max_model_len=engine.max_model_len, async_scheduling=s.async_scheduling)
+                  max_model_len=engine.max_model_len, async_scheduling=s.async_scheduling,
+                  async_admission=s.async_admission)
         self._notify(ready=True)
 
     # ---- StepObserver (from the bridge) -----------------------------------------------------------

@@ -64,6 +64,10 @@ class Settings:
     async_scheduling: bool = _f(True, "launch decode step N+1 before reading step N's tokens (vLLM's "
                                       "--async-scheduling, SGLang's overlap scheduler); --no-async-scheduling "
                                       "reads each step first")
+    async_admission: bool = _f(False, "with --async-scheduling, a plain greedy request admitted while a decode "
+                                      "step is in flight joins the next launched step (its prompt in the prefill "
+                                      "graph beside the decode rows) instead of waiting for that step to be read; "
+                                      "off by default until measured on the GPU")
     batch_invariant: bool = _f(True, "a request's output never depends on the batch around it (every reduction "
                                      "in a fixed order; vLLM's VLLM_BATCH_INVARIANT, SGLang's "
                                      "--enable-deterministic-inference, here the default); "

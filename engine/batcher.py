@@ -34,7 +34,9 @@ flight's tokens, taken on the device; its rows are that step's minus those that 
 there. A sequence that ends for another reason (EOS, a stop token, a stop string, a cancel) is
 learned one step late: its token from the successor is dropped. Admission, prefill, forks and
 steps sampled on the host run one at a time, with nothing in flight, so freed capacity is never handed out
-while a launched step may still write to it."""
+while a launched step may still write to it; except that with `overlap_admission` (the daemon's
+--async-admission, engine/successor.py) plain greedy newcomers join a launched step, their writes
+queued behind the step in flight's on the one device stream."""
 from __future__ import annotations
 
 import collections
@@ -46,6 +48,7 @@ from pegainfer.engine.kv_capacity import PagedCapacity
 from pegainfer.engine.sampler import Draw, PromptWant
 from pegainfer.engine.sequence import Sequence
 from pegainfer.engine.step_plan import Fork, StepPlan, StepResult
+from pegainfer.engine.successor import successor
 
 
 @dataclasses.dataclass(slots=True)
@@ -67,7 +70,7 @@ MIXED_STEP_TOKENS = 8192  # the default step budget while sequences decode (docs
 class Batcher:
     def __init__(self, capacity: PagedCapacity, eos_id: int | None, *, max_prefill_tokens: int = 8192,
                  overlap: bool = True, sampled_overlap: bool = False,
-                 mixed_step_tokens: int = MIXED_STEP_TOKENS):
+                 mixed_step_tokens: int = MIXED_STEP_TOKENS, overlap_admission: bool = False):
         self.capacity = capacity
         self.eos_id = eos_id
         self.max_prefill_tokens = max_prefill_tokens
@@ -76,10 +79,14 @@ class Batcher:
         # sampled decode steps too: the runner chooses their tokens on the device (a launched step's
         # successor learns its penalties' history there), ModelRunner.samples_on_device
         self.sampled_overlap = sampled_overlap
+        # plain greedy newcomers join a launched step (engine/successor.py), rather than waiting for
+        # the step in flight to be read
+        self.overlap_admission = overlap and overlap_admission
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: dict[tuple[str, int], Sequence] = {}  # (request id, choice index) -> sequence
         self.preemptions = 0  # sequences preempted so far
         self.preempted: list[tuple[str, int]] = []  # since take_preempted
+        self.joined: list[tuple[str, int]] = []  # (request id, cached prompt tokens) the last successor admitted
 
     # ---- requests in and out ----------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -229,38 +236,10 @@ class Batcher:
 
     def successor(self, prev: StepPlan) -> StepPlan | None:
         """The step after `prev`, to launch before prev is read, or None (overlap off, a request waits
-        for capacity, or nobody wants another token): prev's sequences still running that want a
-        token after the one in flight, each fed from its row of prev."""
-        if not self.overlap or self.can_admit():
-            return None
-        running = self.running
-        rows, seqs, feed, grow = [], [], [], []
-        top = 0
-        for j, seq in enumerate(prev.seqs):
-            if running.get(seq.key) is seq and len(seq.output_ids) + 1 < seq.max_tokens:
-                start = seq.cached
-                seqs.append(seq)
-                rows.append(RowInput(seq.slot, [0], start))  # the id comes from the feed
-                feed.append(j)
-                seq.cached = start + 1
-                if start > top:
-                    top = start
-                if start >= seq.room:
-                    grow.append(seq)
-        if grow and len(grow) > self.capacity.available:  # a preemption is due: not while in flight
-            for seq in seqs:
-                seq.cached -= 1
-            return None
-        for seq in grow:
-            self.capacity.grow(seq, seq.cached)
-        if not seqs:
-            return None
-        draws = None
-        if prev.draws is not None and not all(s.plain for s in seqs):  # counting the token in flight
-            draws = [Draw(i, s.sampling, s.seed, s.index, len(s.output_ids) + 1, s.prompt_ids, s.output_ids, s.params)
-                     for i, s in enumerate(seqs)]
-        return StepPlan(rows, draws=draws, feed=feed, seqs=seqs, owners=seqs, decode_rows=len(rows),
-                        positions_max=top, launchable=True)
+        for capacity that cannot join, or nobody wants another token), engine/successor.py. The
+        requests it admitted, with their cached prompt tokens: `joined`."""
+        plan, self.joined = successor(self, prev)
+        return plan
 
     def settle(self, plan: StepPlan, result: StepResult) -> StepOutcome:
         """A step run to the end: forked siblings start decoding, requests the result failed are
@@ -298,15 +277,19 @@ class Batcher:
         running = self.running
         dropped = []
         for i, why in result.failed.items():  # a draw of a device-sampled step failed on its own values
-            seq = plan.seqs[i]
+            seq = plan.owners[i]
             if running.get(seq.key) is seq and self.drop(seq.request_id):
                 dropped.append(Failed(seq.request_id, f"the engine could not serve this request: {why}"))
-        for seq, tok, lp, top in zip(plan.seqs, result.tokens, result.logprobs, result.top_logprobs):
+        for seq, tok, lp, top in zip(plan.owners, result.tokens, result.logprobs, result.top_logprobs):
             if running.get(seq.key) is not seq:
                 continue  # it ended (or was cancelled, or failed) while this step was in flight
             live.append(seq)
             self._take(seq, tok, lp, top, tokens, finished)
-        return StepOutcome(tokens, finished, dropped, [], live, len(live), len(plan.rows) - len(live))
+        draws = len(live)
+        if plan.draw_rows is not None:  # prompt chunks before their last (admission overlapped) served too
+            live += [s for s, r in zip(plan.seqs, plan.rows)
+                     if r.prompt and r.start_pos + len(r.token_ids) < len(s.prompt_ids) and running.get(s.key) is s]
+        return StepOutcome(tokens, finished, dropped, [], live, draws, len(plan.owners) - draws)
 
     def _grow(self, seq: Sequence, end: int) -> bool:
         """Pages for seq up to `end`, preempting the newest running sequences (never one planned

@@ -30,20 +30,34 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 32
 MIN_LENGTH_BUCKET = 256
 
 
+def start_read(t: torch.Tensor, pinned: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
+    """Queue t's copy into the pinned host buffer and an event after it; finish_read reads it."""
+    src = pinned[: t.shape[0]]
+    src.copy_(t, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return src, done
+
+
+def finish_read(started: tuple[torch.Tensor, torch.cuda.Event]) -> list:
+    """Wait for start_read's copy with the GIL released, then read the host buffer."""
+    src, done = started
+    done.synchronize()
+    return src.tolist()
+
+
 def wait_and_read(t: torch.Tensor, pinned: torch.Tensor | None = None) -> list:
     """Wait for the device with the GIL released, then read t. A plain .tolist() blocks inside the
     device copy while holding the GIL, which would stall the asyncio thread for the whole step.
     pinned: a reusable pinned host buffer of at least t's size and dtype; t is copied into it
     before the wait, so the read afterwards is a host read (the graphs' fixed-size outputs use one;
     without it t is read from the device after the wait)."""
-    src = t
     if pinned is not None:
-        src = pinned[: t.shape[0]]
-        src.copy_(t, non_blocking=True)
+        return finish_read(start_read(t, pinned))
     done = torch.cuda.Event()
     done.record()
     done.synchronize()
-    return src.tolist()
+    return t.tolist()
 
 
 def capture(fn: Callable[[], torch.Tensor], pool, priority: int = KernelConfig().capture_priority
@@ -184,6 +198,12 @@ class DecodeGraphs:
             raise RuntimeError("these graphs have no device sampler (sampler='off')")
         lp = any(d.spec.logprobs is not None for d in draws)
         return self._replay(rows, feed, "sample_lp" if lp else "sample", draws)
+
+    def follow(self, at: int, tokens: torch.Tensor) -> None:
+        """Put tokens [k] (a prompt step's, launched beside the decode rows) into the last step's token
+        buffer from row `at` on, so that the next launch may feed them (a device copy, queued)."""
+        self.tokens[at:at + tokens.shape[0]].copy_(tokens, non_blocking=True)
+        self.tokens_fresh = True
 
     def logprobs(self, launched: Launched, draws: list[Draw]) -> tuple[list[float | None], list[tuple]]:
         """A collected device-sampled step's log-probs, per draw (None and () where none were asked)."""

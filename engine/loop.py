@@ -56,12 +56,12 @@ class InFlight:
 
 class GpuThread:
     def __init__(self, engine: Engine, emit: Callable[[Event], None], *, max_prefill_tokens: int = 8192,
-                 mixed_step_tokens: int = MIXED_STEP_TOKENS, overlap: bool = True):
+                 mixed_step_tokens: int = MIXED_STEP_TOKENS, overlap: bool = True, overlap_admission: bool = False):
         self.engine = engine
         self._send = emit  # every event goes out through _emit, which attaches the snapshot
         self.batcher = Batcher(PagedCapacity(engine.cache), engine.eos_id, max_prefill_tokens=max_prefill_tokens,
                                mixed_step_tokens=mixed_step_tokens, overlap=overlap,
-                               sampled_overlap=engine.runner.samples_on_device)
+                               sampled_overlap=engine.runner.samples_on_device, overlap_admission=overlap_admission)
         self.meter = StepMeter(engine.counters, engine.spec.device)
         self.in_flight: InFlight | None = None
         self.overlapped_steps = 0  # steps launched while the one before was still in flight
@@ -208,9 +208,13 @@ class GpuThread:
         prev = self.in_flight
         nxt = None
         plan = self.batcher.successor(prev.plan)
+        joined = self.batcher.joined
+        if joined:  # newcomers joined the launched step (Batcher.overlap_admission)
+            self._emit(PrefillStarted([rid for rid, _ in joined], time.time_ns(), [c for _, c in joined]))
         if plan is not None:
             nxt = self._launch(plan)
             self.overlapped_steps += 1
+            self.prefill_tokens += plan.prefill_tokens
         self.in_flight = nxt
         result = self.engine.runner.collect(prev.launched)
         out = self.batcher.settle_launched(prev.plan, result)

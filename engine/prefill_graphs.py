@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from pegainfer.engine.batch import RowInput
-from pegainfer.engine.cuda_graphs import EagerGraph, bucket, capture, host_buffer, wait_and_read, write_into
+from pegainfer.engine.cuda_graphs import EagerGraph, bucket, capture, finish_read, host_buffer, start_read, write_into
 from pegainfer.engine.kv_cache import MLACache
 from pegainfer.engine.model.inputs import PrefillInputs
 from pegainfer.engine.model.model import DeepseekV2
@@ -46,18 +46,27 @@ class PrefillGraphs:
         dev = cache.data.device
         self.on_cuda = dev.type == "cuda"
         n, nb = self.buckets[-1], self.bank_buckets[-1]
-        self.host = host_buffer((5, n), self.on_cuda)  # ids, pos, slot, row, base
-        self.host_last = host_buffer((self.max_rows,), self.on_cuda)
-        self.host_bank = host_buffer((nb,), self.on_cuda)
-        self.host_np, self.host_last_np, self.host_bank_np = self.host.numpy(), self.host_last.numpy(), \
-            self.host_bank.numpy()  # the same memory
-        self.host_out = host_buffer((self.max_rows,), self.on_cuda)
+        # two sets of pinned host buffers, used in turn: a launch's inputs are written while the launch
+        # before may still be queued on the stream (a launched successor holding prompt rows), and its
+        # tokens land in their own set
+        self.host_sets = [self._host_set(n, nb) for _ in range(2)]
+        self.turn = 0
+        (self.host, self.host_last, self.host_bank, self.host_out, self.host_np, self.host_last_np,
+         self.host_bank_np) = self.host_sets[0]
         self.static = torch.zeros(5, n, dtype=torch.int64, device=dev)
         self.static_last = torch.zeros(self.max_rows, dtype=torch.int64, device=dev)
         self.static_bank = torch.zeros(nb, dtype=torch.int64, device=dev)
         self.tokens_out = torch.zeros(self.max_rows, dtype=torch.int64, device=dev)  # off CUDA: the greedy tokens
         self.graphs: dict[tuple[int, int, bool, bool], tuple] = {}  # (tokens, bank, logits, one prompt)
         self.logits_out: torch.Tensor | None = None  # [max_rows, V], allocated with the first logits graph
+
+    def _host_set(self, n: int, nb: int) -> tuple:
+        """ids / pos / slot / row / base [5, n], the rows' last tokens, the key bank, the tokens read
+        back; then numpy views of the first three (the same memory)."""
+        host = host_buffer((5, n), self.on_cuda)
+        last = host_buffer((self.max_rows,), self.on_cuda)
+        bank = host_buffer((nb,), self.on_cuda)
+        return host, last, bank, host_buffer((self.max_rows,), self.on_cuda), host.numpy(), last.numpy(), bank.numpy()
 
     def fits(self, rows: list[RowInput]) -> bool:
         """Whether a graph runs these prompts: few enough, within the largest bucket, an attention that a
@@ -103,6 +112,28 @@ class PrefillGraphs:
     def run(self, rows: list[RowInput], logits: bool = False):
         """The greedy token of every prompt (list[int]), or with logits=True the graph's static
         [R, V] logits of their last tokens (the caller copies them before the next replay)."""
+        if logits:
+            return self._replay(rows, True)
+        return self.read(self.launch(rows)[1])
+
+    def launch(self, rows: list[RowInput]) -> tuple[torch.Tensor, object]:
+        """Start the prompts' greedy step without waiting for it: (the tokens on the device, [R], valid
+        until the next replay; what read() turns into the list). Two may be on their way (the host
+        buffers go in turn); read the first before a third."""
+        out = self._replay(rows, False)
+        return out, start_read(out, self.host_out) if self.on_cuda else out.tolist()
+
+    @staticmethod
+    def read(launched) -> list[int]:
+        """A launched step's tokens (waits for the device with the GIL released)."""
+        return launched if isinstance(launched, list) else finish_read(launched)
+
+    def _replay(self, rows: list[RowInput], logits: bool) -> torch.Tensor:
+        """Write the rows into the static inputs and replay the graph: its output's first len(rows)
+        rows (tokens, or logits)."""
+        self.turn ^= 1
+        (self.host, self.host_last, self.host_bank, self.host_out, self.host_np, self.host_last_np,
+         self.host_bank_np) = self.host_sets[self.turn]
         total = sum(len(r.token_ids) for r in rows)
         t = bucket(total, self.buckets)
         ids, pos, slots, row_ids, bases, last = [], [], [], [], [], []
@@ -128,9 +159,7 @@ class PrefillGraphs:
         one = len(rows) == 1 and not self.banked  # one fresh prompt: causal attention without the T x T mask
         graph, out = self.graphs.get((t, nb, logits, one)) or self._capture(t, nb, logits, one)
         graph.replay()
-        if logits:
-            return out[: len(rows)]
-        return wait_and_read(out[: len(rows)], self.host_out) if self.on_cuda else out[: len(rows)].tolist()
+        return out[: len(rows)]
 
     def _bank(self, rows: list[RowInput], h: np.ndarray, total: int, t: int) -> int:
         """Each row's keys, positions 0 .. end-1, back to back in the bank (their flat cache rows from

@@ -40,11 +40,21 @@ from pegainfer.engine.step_plan import Fork, StepPlan, StepResult
 class LaunchedStep:
     """A decode step on its way (ModelRunner.launch): its tokens' handle, its device timing, its
     counters and its draws (None: greedy), read by ModelRunner.collect."""
-    __slots__ = ("handle", "events", "counters", "draws")
+    __slots__ = ("handle", "events", "counters", "draws", "draw_rows")
 
-    def __init__(self, handle: Launched | list[int], events: Events | None, counters: Callable[[], object] | None,
-                 draws: list[Draw] | None = None):
+    def __init__(self, handle, events: Events | None, counters: Callable[[], object] | None,
+                 draws: list[Draw] | None = None, draw_rows: list[int] | None = None):
         self.handle, self.events, self.counters, self.draws = handle, events, counters, draws
+        self.draw_rows = draw_rows  # greedy: each draw's row (None: one per row)
+
+
+class MixedLaunch:
+    """A launched greedy step with prompt rows (admission overlapped): the prompts in the prefill
+    graph (or eagerly: their tokens already read), the one-token rows in the decode graph."""
+    __slots__ = ("prompt", "decode", "first", "rest")
+
+    def __init__(self, prompt: list[int], decode: list[int], first, rest: Launched | None):
+        self.prompt, self.decode, self.first, self.rest = prompt, decode, first, rest
 
 
 class ModelRunner:
@@ -106,14 +116,17 @@ class ModelRunner:
         else:
             handle = self.graphs.launch(plan.rows, plan.feed, plan.draws)
         counters = meter.stop_launched(events) if meter is not None else None
-        return LaunchedStep(handle, events, counters, plan.draws)
+        return LaunchedStep(handle, events, counters, plan.draws, plan.draw_rows)
 
     def collect(self, launched: LaunchedStep) -> StepResult:
         """The tokens of a launched step (one per row), with its log-probs, timing and counters."""
         gpu_s = StepMeter.seconds(launched.events)
         counters = launched.counters() if launched.counters is not None else None
         if launched.draws is None:
-            return StepResult.greedy(self._collect(launched.handle), gpu_s, counters)
+            tokens = self._collect(launched.handle)
+            if launched.draw_rows is not None:  # a prompt chunk before its last draws nothing
+                tokens = [tokens[r] for r in launched.draw_rows]
+            return StepResult.greedy(tokens, gpu_s, counters)
         return self._sampled(launched.handle, launched.draws)._replace(gpu_s=gpu_s, counters=counters)
 
     def _sampled(self, handle: Launched, draws: list[Draw]) -> StepResult:
@@ -145,21 +158,51 @@ class ModelRunner:
                 out[i] = tok
         return out
 
-    def _launch(self, rows: list[RowInput], feed: list[int] | None) -> Launched | list[int]:
-        """feed[i] = j >= 0: row i's input is row j's token of the step launched just before (-1: the
-        id in rows[i]). The eager path has nothing to overlap: it runs the step at once."""
+    def _launch(self, rows: list[RowInput], feed: list[int] | None) -> Launched | MixedLaunch | list[int]:
+        """feed[i] = j >= 0: row i's input is token j of the step launched just before, its one-token
+        rows' first and then its prompt rows' (-1: the id in rows[i]). Prompt rows (admission
+        overlapped) go to the prefill graph beside the decode graph's launch. The eager path has nothing
+        to overlap: it runs the step at once."""
         if self.graphs is not None:
-            return self.graphs.launch(rows, feed)
+            decode, prompt = _split(rows)
+            if not prompt:
+                return self.graphs.launch(rows, feed)
+            prompt_rows = [rows[i] for i in prompt]
+            pg = self.prefill_graphs
+            if pg is not None and pg.fits(prompt_rows):
+                out, first = pg.launch(prompt_rows)
+            else:
+                first = self._eager(prompt_rows)
+                out = torch.tensor(first, dtype=torch.int64, device=self.graphs.tokens.device)
+            rest = None
+            if decode:
+                fed = [feed[i] for i in decode] if feed is not None else None
+                rest = self.graphs.launch([rows[i] for i in decode], fed if fed and max(fed) >= 0 else None)
+            self.graphs.follow(len(decode), out)  # the prompts' first tokens, for the next launch's feed
+            return MixedLaunch(prompt, decode, first, rest)
         if feed is not None:
             prev = self._eager_last
             if prev is None:
                 raise RuntimeError("a decode feed needs the step before to be a launched greedy step")
             rows = [r if j < 0 else RowInput(r.slot, [prev[j]], r.start_pos) for r, j in zip(rows, feed)]
-        self._eager_last = self._eager(rows)
-        return self._eager_last
+        tokens = self._eager(rows)
+        # what the decode graphs' token buffer holds: the one-token rows', then the prompt rows'
+        self._eager_last = [t for t, r in zip(tokens, rows) if not r.prompt] + [t for t, r in zip(tokens, rows)
+                                                                                 if r.prompt]
+        return tokens
 
-    def _collect(self, handle: Launched | list[int]) -> list[int]:
-        return handle if isinstance(handle, list) else self.graphs.collect(handle)
+    def _collect(self, handle: Launched | MixedLaunch | list[int]) -> list[int]:
+        if isinstance(handle, list):
+            return handle
+        if not isinstance(handle, MixedLaunch):
+            return self.graphs.collect(handle)
+        out = [0] * (len(handle.prompt) + len(handle.decode))
+        for i, tok in zip(handle.prompt, PrefillGraphs.read(handle.first)):
+            out[i] = tok
+        if handle.rest is not None:
+            for i, tok in zip(handle.decode, self.graphs.collect(handle.rest)):
+                out[i] = tok
+        return out
 
     def _sample(self, rows: list[RowInput], draws: list[Draw], wants: Mapping[int, PromptWant]) -> StepResult:
         """The decode rows' draws on the device (launched first), the prompt rows' by engine.sampler

@@ -64,17 +64,24 @@ class ScriptRunner:
         return StepResult(tokens, [None] * n, [()] * n, prompt, plan.draws is not None, failed, failed_rows)
 
     def launch(self, plan: StepPlan, meter=None) -> list[int]:
-        """A launched step's tokens are known at once; a fed row's input is its sequence's token of the
-        step launched before, not yet given to it (one ahead)."""
+        """A launched step's tokens (one per draw) are known at once; a fed row's input is its
+        sequence's token of the step launched before, not yet given to it (one ahead): feed j names
+        that step's j-th row, its one-token rows first, then its prompt rows."""
         self.plans.append(plan)
         if self.fault is not None:
             raise self.fault
         assert plan.launchable and plan.draws is None and not plan.forks
+        fed = set()
         if plan.feed is not None:
-            assert [self._last_launched.seqs[j] for j in plan.feed] == plan.seqs
+            last = self._last_launched
+            one_token = [s for r, s in zip(last.rows, last.seqs) if not r.prompt] + \
+                [s for r, s in zip(last.rows, last.seqs) if r.prompt]
+            for s, j in zip(plan.seqs, plan.feed):
+                if j >= 0:
+                    assert one_token[j] is s
+                    fed.add(s.key)
         self._last_launched = plan
-        ahead = 0 if plan.feed is None else 1
-        return [self.token(s, ahead) for s in plan.seqs]
+        return [self.token(s, int(s.key in fed)) for s in plan.owners]
 
     def collect(self, launched: list[int]) -> StepResult:
         return StepResult.greedy(launched)

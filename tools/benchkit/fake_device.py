@@ -2,7 +2,8 @@
 takes `step_s` of "device" time, queued like a CUDA stream (launch returns at once; collect sleeps,
 with the GIL released, until that step would be done), and every row gets a made-up token (ids
 3..998: never the tiny model's BOS or EOS). Only plain greedy requests (the argmax fast path) are
-served this way; overlapped launches read the fed rows' tokens of the step before, as the graphs do."""
+served this way; overlapped launches read the fed rows' tokens of the step before (its one-token
+rows'), as the graphs do."""
 from __future__ import annotations
 
 import time
@@ -37,7 +38,9 @@ class FakeDevice:
         kind = "successor" if feed is not None else "prompt" if any(r.prompt for r in rows) else "decode"
         if feed is not None:
             rows = [r if j < 0 else RowInput(r.slot, [self.last[j]], r.start_pos) for r, j in zip(rows, feed)]
-        self.last = made_up(rows)
+        tokens = made_up(rows)
+        # a feed names the one-token rows' tokens, then the prompt rows' (as the decode graphs' buffer)
+        self.last = [t for t, r in zip(tokens, rows) if not r.prompt] + [t for t, r in zip(tokens, rows) if r.prompt]
         now = time.perf_counter()
         if self.launches and now > self.free_at:
             self.idle_s += now - self.free_at
@@ -47,7 +50,7 @@ class FakeDevice:
         self.launches += 1
         self.busy_s += self.step_s
         self.free_at = max(now, self.free_at) + self.step_s
-        return self.free_at, self.last
+        return self.free_at, tokens
 
     def snapshot(self) -> dict:
         """Counters so far (a level's share: the difference of two snapshots): busy and idle seconds

@@ -76,6 +76,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "wait) and a made-up token per row: the host path at a GPU's step rate")
     p.add_argument("--no-async-scheduling", action="store_true",
                    help="serve with --no-async-scheduling (read each decode step before launching the next)")
+    p.add_argument("--async-admission", action="store_true", help="serve with --async-admission")
     p.add_argument("--profile", choices=("loop", "gpu"), help="cProfile one thread over the measured levels")
     p.add_argument("--profile-top", type=int, default=30)
     p.add_argument("--profile-clock", choices=("cpu", "wall"), default="cpu",
@@ -359,7 +360,7 @@ async def _serve(a: argparse.Namespace, port: int) -> Bench:
         model=a.model, random_preset=a.random_preset, device=a.device, port=port, log_level="warning",
         max_active=a.max_active or max(a.levels), max_pending=max(max(a.levels), 64),
         trace_file=None if trace_file == "none" else trace_file, step_trace_every=a.step_trace_every,
-        async_scheduling=False if a.no_async_scheduling else None)
+        async_scheduling=False if a.no_async_scheduling else None, async_admission=a.async_admission or None)
     settings = resolve(flags, environ={})
     rt = Runtime(settings, telemetry_for(settings))
     bench = Bench(a, rt, asyncio.get_running_loop(), port)

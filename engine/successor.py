@@ -1,0 +1,133 @@
+"""The step launched while another is in flight (overlapped scheduling, engine/batcher.py): its rows
+and where their input ids come from.
+
+- Every sequence of the step in flight (`prev`) that still wants a token after the one in flight gets
+  a decode row whose input id is that token, taken on the device (feed: its index in the decode
+  graphs' token buffer, which holds prev's one-token rows' tokens in order, then its prompt rows'
+  first tokens: a prompt prefilled in prev decodes in the very next launch).
+- With admission overlapped (Batcher.overlap_admission, the daemon's --async-admission): plain
+  greedy sequences not in flight join too, their ids known on the host (feed -1). A decoding one
+  whose first token came back with the step read last; a prompt's next chunk; requests admitted now
+  (FCFS, capacity permitting, while the head of the queue is a plain greedy request of one choice),
+  their first chunk within what the step's prompt budget has left (any prompt may be cut: a prompt's
+  bits do not depend on its chunking); a prompt's next chunk, even with the one before
+  in flight (its keys are written first, on the one stream).
+
+Otherwise, while a request waits for capacity the successor is None and the GPU thread reads the step
+in flight first (admission, prefill, forks and host-sampled steps run on their own). An overlapped
+successor never preempts: when its rows need more pages than are free, it is not launched. Capacity
+freed while a step is in flight may be handed to a newcomer: its writes are queued behind that step's
+on the one device stream."""
+from __future__ import annotations
+
+from pegainfer.engine.batch import RowInput
+from pegainfer.engine.sampler import Draw
+from pegainfer.engine.sequence import Sequence
+from pegainfer.engine.step_plan import StepPlan
+
+# b below is the engine.batcher.Batcher calling in (not imported here: it imports this module)
+
+
+def successor(b, prev: StepPlan) -> tuple[StepPlan | None, list[tuple[str, int]]]:
+    """(the step after prev, to launch before prev is read, or None; the requests it admitted, each
+    with its prompt tokens found in the prefix cache)."""
+    if not b.overlap:
+        return None, []
+    joining = b.overlap_admission and all(s.plain for s in prev.seqs)
+    if b.can_admit() and not (joining and _plain_head(b)):
+        return None, []  # it is admitted once prev is read
+    running = b.running
+    rows, seqs, feed, grow, owners, draw_rows = [], [], [], [], [], []
+    top = prefill = 0
+    one, first = 0, sum(not r.prompt for r in prev.rows)  # feed indices: prev's one-token rows, then its prompts
+    in_flight = set()
+    for r, seq in zip(prev.rows, prev.seqs):
+        in_flight.add(seq.key)
+        if r.prompt:
+            j, first = first, first + 1
+            if r.start_pos + len(r.token_ids) < len(seq.prompt_ids):
+                continue  # a chunk before the last: the rest of its prompt after prev is read
+        else:
+            j, one = one, one + 1
+        if running.get(seq.key) is seq and len(seq.output_ids) + 1 < seq.max_tokens:
+            start = seq.cached
+            seqs.append(seq)
+            owners.append(seq)
+            draw_rows.append(len(rows))
+            rows.append(RowInput(seq.slot, [0], start))  # the id comes from the feed
+            feed.append(j)
+            seq.cached = start + 1
+            top = max(top, start)
+            if start >= seq.room:
+                grow.append(seq)
+    admitted: list[tuple[str, int]] = []
+    prompts: list[tuple[Sequence, int, int]] = []  # (sequence, start, end) of its prompt row
+    if joining:
+        for seq in running.values():  # decoding, its last token read back already
+            if seq.key in in_flight or seq.slot < 0 or not seq.plain or seq.replay or seq.forks:
+                continue
+            start, plen = seq.cached, len(seq.prompt_ids)
+            if start >= plen and start == plen + len(seq.output_ids) - 1:
+                owners.append(seq)
+                draw_rows.append(len(rows))
+                seqs.append(seq)
+                rows.append(RowInput(seq.slot, [seq.output_ids[-1]], start))
+                feed.append(-1)
+                seq.cached = start + 1
+                top = max(top, start)
+                if start >= seq.room:
+                    grow.append(seq)
+    if grow and len(grow) > b.capacity.available:  # a preemption is due: not while in flight
+        for seq in seqs:
+            seq.cached -= 1
+        return None, []
+    for seq in grow:
+        b.capacity.grow(seq, seq.cached)
+    if joining:
+        budget = b.prompt_budget()
+        for seq in running.values():  # a prompt's next chunk (chunked prefill; the one before may be in flight)
+            if seq.slot >= 0 and seq.plain and not seq.forks and seq.prefilling and budget > 0:
+                budget -= _prompt_row(b, seq, budget, prompts)
+        while budget > 0 and b.can_admit() and _plain_head(b):
+            seq = b.waiting.popleft()
+            b.capacity.take(seq)
+            running[seq.key] = seq
+            admitted.append((seq.request_id, seq.cached))
+            budget -= _prompt_row(b, seq, budget, prompts)
+    for seq, start, end in prompts:
+        if end == len(seq.prompt_ids):
+            owners.append(seq)
+            draw_rows.append(len(rows))
+        seqs.append(seq)
+        rows.append(RowInput(seq.slot, seq.prompt_ids[start:end], start, prompt=True))
+        feed.append(-1)
+        prefill += end - start
+        top = max(top, end - 1)
+    if not seqs:
+        return None, admitted
+    draws = None
+    if prev.draws is not None and not all(s.plain for s in seqs):  # counting the token in flight
+        draws = [Draw(i, s.sampling, s.seed, s.index, len(s.output_ids) + 1, s.prompt_ids, s.output_ids, s.params)
+                 for i, s in enumerate(seqs)]
+    one_per_row = len(owners) == len(rows) and not prompts
+    return StepPlan(rows, draws=draws, draw_rows=None if one_per_row else draw_rows,
+                    feed=feed if any(j >= 0 for j in feed) else None, seqs=seqs, owners=owners,
+                    decode_rows=len(rows) - len(prompts), prefill_tokens=prefill, positions_max=top,
+                    launchable=True), admitted
+
+
+def _plain_head(b) -> bool:
+    """The first waiting request may join a launched step: plain greedy, one choice, never preempted."""
+    head = b.waiting[0]
+    return head.plain and not head.forks and not head.preemptions and not head.output_ids
+
+
+def _prompt_row(b, seq: Sequence, budget: int, prompts: list) -> int:
+    """Schedule seq's next prompt chunk (at most budget tokens); returns its length."""
+    start = seq.cached
+    end = min(start + budget, len(seq.prompt_ids))
+    seq.cached = end
+    if b.capacity.caching:
+        b.capacity.written(seq, end)
+    prompts.append((seq, start, end))
+    return end - start
