@@ -20,9 +20,10 @@ PROMPTS = ["Hello", "The weather in the mountains is cold in winter and the snow
 MAX_TOKENS = [20, 7, 15, 30, 3, 20, 11, 25]
 
 
-@pytest.fixture(scope="module", params=["step-by-step", "async-scheduling"])
+@pytest.fixture(scope="module", params=["step-by-step", "async-scheduling", "async-admission"])
 def daemon(request, tiny_model_dir):
-    extra = ["--no-async-scheduling"] if request.param == "step-by-step" else []
+    extra = {"step-by-step": ["--no-async-scheduling"], "async-scheduling": [],
+             "async-admission": ["--async-admission"]}[request.param]
     with DaemonProcess("--model", str(tiny_model_dir), "--served-model-name", "tiny", "--max-active", "8",
                        *extra) as d:
         yield d
