@@ -218,7 +218,7 @@ class GpuThread:
         self.in_flight = nxt
         result = self.engine.runner.collect(prev.launched)
         out = self.batcher.settle_launched(prev.plan, result)
-        self.decode_batch_max = max(self.decode_batch_max, len(prev.plan.rows))
+        self.decode_batch_max = max(self.decode_batch_max, prev.plan.decode_rows)
         # the record names the requests the step served; rows counts the dropped ones too
         record = self._record(prev.plan, result, out, prev.started_ns, prev.t0)
         self._emit(StepEvents(out.tokens, out.finished, out.failed, [], record, []))

@@ -57,6 +57,9 @@ class PrefillGraphs:
         self.static_last = torch.zeros(self.max_rows, dtype=torch.int64, device=dev)
         self.static_bank = torch.zeros(nb, dtype=torch.int64, device=dev)
         self.tokens_out = torch.zeros(self.max_rows, dtype=torch.int64, device=dev)  # off CUDA: the greedy tokens
+        # a launch's tokens kept outside the graphs' shared memory pool: a decode graph replayed after
+        # it may reuse the pool's memory that held the prefill graph's output (DecodeGraphs.follow reads these)
+        self.kept = torch.zeros(self.max_rows, dtype=torch.int64, device=dev)
         self.graphs: dict[tuple[int, int, bool, bool], tuple] = {}  # (tokens, bank, logits, one prompt)
         self.logits_out: torch.Tensor | None = None  # [max_rows, V], allocated with the first logits graph
 
@@ -117,11 +120,13 @@ class PrefillGraphs:
         return self.read(self.launch(rows)[1])
 
     def launch(self, rows: list[RowInput]) -> tuple[torch.Tensor, object]:
-        """Start the prompts' greedy step without waiting for it: (the tokens on the device, [R], valid
-        until the next replay; what read() turns into the list). Two may be on their way (the host
+        """Start the prompts' greedy step without waiting for it: (the tokens on the device, [R], in a
+        buffer of their own valid until the next launch; what read() turns into the list). Two may be on their way (the host
         buffers go in turn); read the first before a third."""
         out = self._replay(rows, False)
-        return out, start_read(out, self.host_out) if self.on_cuda else out.tolist()
+        kept = self.kept[: out.shape[0]]
+        kept.copy_(out, non_blocking=True)
+        return kept, start_read(out, self.host_out) if self.on_cuda else out.tolist()
 
     @staticmethod
     def read(launched) -> list[int]:

@@ -163,6 +163,8 @@ class ModelRunner:
         rows' first and then its prompt rows' (-1: the id in rows[i]). Prompt rows (admission
         overlapped) go to the prefill graph beside the decode graph's launch. The eager path has nothing
         to overlap: it runs the step at once."""
+        if feed is not None and max(feed, default=-1) < 0:
+            feed = None  # every id from the host (a launch beside one in flight that reads none of its tokens)
         if self.graphs is not None:
             decode, prompt = _split(rows)
             if not prompt:
@@ -178,7 +180,9 @@ class ModelRunner:
             if decode:
                 fed = [feed[i] for i in decode] if feed is not None else None
                 rest = self.graphs.launch([rows[i] for i in decode], fed if fed and max(fed) >= 0 else None)
-            self.graphs.follow(len(decode), out)  # the prompts' first tokens, for the next launch's feed
+            # after the decode graph, which writes its padding rows over the buffer: the prompts'
+            # first tokens, from a buffer of their own (outside the graphs' shared pool)
+            self.graphs.follow(len(decode), out)  # for the next launch's feed
             return MixedLaunch(prompt, decode, first, rest)
         if feed is not None:
             prev = self._eager_last

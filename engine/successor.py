@@ -111,7 +111,7 @@ def successor(b, prev: StepPlan) -> tuple[StepPlan | None, list[tuple[str, int]]
                  for i, s in enumerate(seqs)]
     one_per_row = len(owners) == len(rows) and not prompts
     return StepPlan(rows, draws=draws, draw_rows=None if one_per_row else draw_rows,
-                    feed=feed if any(j >= 0 for j in feed) else None, seqs=seqs, owners=owners,
+                    feed=feed, seqs=seqs, owners=owners,
                     decode_rows=len(rows) - len(prompts), prefill_tokens=prefill, positions_max=top,
                     launchable=True), admitted
 
