@@ -16,7 +16,7 @@
 set -uo pipefail
 source tools/dev/h200_env.sh
 what=${1:-all}
-PROFILES="greedy top-p penalties logprobs mix"
+PROFILES=${PROFILES:-"greedy top-p penalties logprobs mix"}
 if [ "$what" = all ] || [ "$what" = tests ]; then
   echo "== GPU tests (sampler kernel, sampler in the decode graph, batch invariance through it)"
   crowd=tests/engine/test_gpu_batch_invariance.py::test_a_request_is_the_same_alone_and_in_a_crowd_on_the_gpu
