@@ -41,7 +41,8 @@ if [ "$what" = all ] || [ "$what" = direct ]; then
 fi
 if [ "$what" = all ] || [ "$what" = serving ]; then
   echo "== serving, one lite daemon, each profile (200 output tokens, 90-word prompts)"
-  serve sampling --trace-file /tmp/trace-sampling.jsonl
+  # no prefix caching: every profile sends the same prompts, and a later one would find them cached
+  serve sampling --trace-file /tmp/trace-sampling.jsonl --no-prefix-caching
   bench() {  # bench PROFILE CONCURRENCY NUM_REQUESTS OUT [args...]
     local prof=$1 conc=$2 num=$3 out=$4; shift 4
     timeout ${BENCH_S:-60} python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 --profile short \
