@@ -134,7 +134,8 @@ def whole_numbers(body: Any) -> Any:
     models take them (token-id lists: token_ids)."""
     if not isinstance(body, dict):
         return body
-    fixed = {name: whole(value) for name, value in body.items() if name in INTEGER_FIELDS and isinstance(value, float)}
+    fixed = {name: n for name, value in body.items()
+             if name in INTEGER_FIELDS and isinstance(value, float) and (n := whole(value)) is not value}
     return {**body, **fixed} if fixed else body
 
 

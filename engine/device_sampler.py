@@ -141,7 +141,7 @@ class DeviceSampler:
             t = self.tiling
             sample(logits, rows, history=self.history, bias=self.bias, logprobs=self.top_n if logprobs else None,
                    record=True, out=out, block_v=t.block_v, pivots=t.one_pivots, cap=t.cap, num_warps=t.num_warps,
-                   chunks=t.chunks_for(b), split_pivots=t.pivots, tickets=self.tickets)
+                   chunks=t.chunks, split_pivots=t.pivots, tickets=self.tickets)
         else:
             self._reference(logits, rows, out)
         return tokens

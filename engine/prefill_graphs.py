@@ -50,9 +50,7 @@ class PrefillGraphs:
         # before may still be queued on the stream (a launched successor holding prompt rows), and its
         # tokens land in their own set
         self.host_sets = [self._host_set(n, nb) for _ in range(2)]
-        self.turn = 0
-        (self.host, self.host_last, self.host_bank, self.host_out, self.host_np, self.host_last_np,
-         self.host_bank_np) = self.host_sets[0]
+        self._use(0)
         self.static = torch.zeros(5, n, dtype=torch.int64, device=dev)
         self.static_last = torch.zeros(self.max_rows, dtype=torch.int64, device=dev)
         self.static_bank = torch.zeros(nb, dtype=torch.int64, device=dev)
@@ -70,6 +68,12 @@ class PrefillGraphs:
         last = host_buffer((self.max_rows,), self.on_cuda)
         bank = host_buffer((nb,), self.on_cuda)
         return host, last, bank, host_buffer((self.max_rows,), self.on_cuda), host.numpy(), last.numpy(), bank.numpy()
+
+    def _use(self, turn: int) -> None:
+        """Write the next launch's inputs into host set `turn`."""
+        self.turn = turn
+        (self.host, self.host_last, self.host_bank, self.host_out, self.host_np, self.host_last_np,
+         self.host_bank_np) = self.host_sets[turn]
 
     def fits(self, rows: list[RowInput]) -> bool:
         """Whether a graph runs these prompts: few enough, within the largest bucket, an attention that a
@@ -119,14 +123,18 @@ class PrefillGraphs:
             return self._replay(rows, True)
         return self.read(self.launch(rows)[1])
 
-    def launch(self, rows: list[RowInput]) -> tuple[torch.Tensor, object]:
-        """Start the prompts' greedy step without waiting for it: (the tokens on the device, [R], in a
-        buffer of their own valid until the next launch; what read() turns into the list). Two may be on their way (the host
-        buffers go in turn); read the first before a third."""
+    def launch(self, rows: list[RowInput], keep: bool = False) -> tuple[torch.Tensor, object]:
+        """Start the prompts' greedy step without waiting for it: (the tokens on the device, [R], valid
+        until the next replay, or with keep=True in a buffer of their own until the next launch; what
+        read() turns into the list). Two may be on their way (the host buffers go in turn); read the
+        first before a third."""
         out = self._replay(rows, False)
-        kept = self.kept[: out.shape[0]]
-        kept.copy_(out, non_blocking=True)
-        return kept, start_read(out, self.host_out) if self.on_cuda else out.tolist()
+        started = start_read(out, self.host_out) if self.on_cuda else out.tolist()
+        if keep:  # outside the graphs' shared pool, which a decode graph replayed next may reuse
+            kept = self.kept[: out.shape[0]]
+            kept.copy_(out, non_blocking=True)
+            out = kept
+        return out, started
 
     @staticmethod
     def read(launched) -> list[int]:
@@ -136,9 +144,7 @@ class PrefillGraphs:
     def _replay(self, rows: list[RowInput], logits: bool) -> torch.Tensor:
         """Write the rows into the static inputs and replay the graph: its output's first len(rows)
         rows (tokens, or logits)."""
-        self.turn ^= 1
-        (self.host, self.host_last, self.host_bank, self.host_out, self.host_np, self.host_last_np,
-         self.host_bank_np) = self.host_sets[self.turn]
+        self._use(self.turn ^ 1)
         total = sum(len(r.token_ids) for r in rows)
         t = bucket(total, self.buckets)
         ids, pos, slots, row_ids, bases, last = [], [], [], [], [], []

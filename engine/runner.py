@@ -34,7 +34,7 @@ from pegainfer.engine.prefill_graphs import PrefillGraphs
 from pegainfer.engine.request_guard import choose, per_row
 from pegainfer.engine.sampler import Draw, PromptWant, prompt_logprobs
 from pegainfer.engine.step_meter import Events, StepMeter
-from pegainfer.engine.step_plan import Fork, StepPlan, StepResult
+from pegainfer.engine.step_plan import Fork, StepPlan, StepResult, fed_order
 
 
 class LaunchedStep:
@@ -163,8 +163,7 @@ class ModelRunner:
         rows' first and then its prompt rows' (-1: the id in rows[i]). Prompt rows (admission
         overlapped) go to the prefill graph beside the decode graph's launch. The eager path has nothing
         to overlap: it runs the step at once."""
-        if feed is not None and max(feed, default=-1) < 0:
-            feed = None  # every id from the host (a launch beside one in flight that reads none of its tokens)
+        feed = _fed(feed)
         if self.graphs is not None:
             decode, prompt = _split(rows)
             if not prompt:
@@ -172,14 +171,13 @@ class ModelRunner:
             prompt_rows = [rows[i] for i in prompt]
             pg = self.prefill_graphs
             if pg is not None and pg.fits(prompt_rows):
-                out, first = pg.launch(prompt_rows)
+                out, first = pg.launch(prompt_rows, keep=True)
             else:
                 first = self._eager(prompt_rows)
                 out = torch.tensor(first, dtype=torch.int64, device=self.graphs.tokens.device)
             rest = None
             if decode:
-                fed = [feed[i] for i in decode] if feed is not None else None
-                rest = self.graphs.launch([rows[i] for i in decode], fed if fed and max(fed) >= 0 else None)
+                rest = self.graphs.launch([rows[i] for i in decode], _fed(feed and [feed[i] for i in decode]))
             # after the decode graph, which writes its padding rows over the buffer: the prompts'
             # first tokens, from a buffer of their own (outside the graphs' shared pool)
             self.graphs.follow(len(decode), out)  # for the next launch's feed
@@ -190,9 +188,7 @@ class ModelRunner:
                 raise RuntimeError("a decode feed needs the step before to be a launched greedy step")
             rows = [r if j < 0 else RowInput(r.slot, [prev[j]], r.start_pos) for r, j in zip(rows, feed)]
         tokens = self._eager(rows)
-        # what the decode graphs' token buffer holds: the one-token rows', then the prompt rows'
-        self._eager_last = [t for t, r in zip(tokens, rows) if not r.prompt] + [t for t, r in zip(tokens, rows)
-                                                                                 if r.prompt]
+        self._eager_last = fed_order(rows, tokens)  # what the decode graphs' token buffer would hold
         return tokens
 
     def _collect(self, handle: Launched | MixedLaunch | list[int]) -> list[int]:
@@ -328,6 +324,11 @@ class ModelRunner:
 
             prompt, failed = per_row(entries, wants)
         return logits, prompt, failed
+
+
+def _fed(feed: list[int] | None) -> list[int] | None:
+    """The feed, or None where no row reads a token of the step before (every id from the host)."""
+    return feed if feed and max(feed) >= 0 else None
 
 
 def _split(rows: list[RowInput]) -> tuple[list[int], list[int]]:

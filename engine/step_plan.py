@@ -90,3 +90,9 @@ class StepResult(NamedTuple):
                ) -> StepResult:
         n = len(tokens)
         return cls(tokens, [None] * n, [()] * n, _NONE, False, _NONE, _NONE, gpu_s, counters)
+
+
+def fed_order(rows: list[RowInput], items: list) -> list:
+    """items (one per row) in the order a launch's feed indexes the step before: its one-token rows'
+    first, then its prompt rows' (the decode graphs' token buffer, DecodeGraphs.follow)."""
+    return [x for x, r in zip(items, rows) if not r.prompt] + [x for x, r in zip(items, rows) if r.prompt]

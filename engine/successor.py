@@ -37,23 +37,16 @@ def successor(b, prev: StepPlan) -> tuple[StepPlan | None, list[tuple[str, int]]
     if b.can_admit() and not (joining and _plain_head(b)):
         return None, []  # it is admitted once prev is read
     running = b.running
-    rows, seqs, feed, grow, owners, draw_rows = [], [], [], [], [], []
+    rows, seqs, feed, grow = [], [], [], []
     top = prefill = 0
-    one, first = 0, sum(not r.prompt for r in prev.rows)  # feed indices: prev's one-token rows, then its prompts
-    in_flight = set()
-    for r, seq in zip(prev.rows, prev.seqs):
-        in_flight.add(seq.key)
-        if r.prompt:
-            j, first = first, first + 1
-            if r.start_pos + len(r.token_ids) < len(seq.prompt_ids):
-                continue  # a chunk before the last: the rest of its prompt after prev is read
-        else:
-            j, one = one, one + 1
+    if prev.prefill_tokens:  # prompt rows beside (joined): feed indices run over prev's one-token rows, then them
+        order = _fed_indices(prev)
+    else:
+        order = enumerate(prev.seqs)
+    for j, seq in order:
         if running.get(seq.key) is seq and len(seq.output_ids) + 1 < seq.max_tokens:
             start = seq.cached
             seqs.append(seq)
-            owners.append(seq)
-            draw_rows.append(len(rows))
             rows.append(RowInput(seq.slot, [0], start))  # the id comes from the feed
             feed.append(j)
             seq.cached = start + 1
@@ -61,15 +54,17 @@ def successor(b, prev: StepPlan) -> tuple[StepPlan | None, list[tuple[str, int]]
             if start >= seq.room:
                 grow.append(seq)
     admitted: list[tuple[str, int]] = []
-    prompts: list[tuple[Sequence, int, int]] = []  # (sequence, start, end) of its prompt row
+    chunks: list[Sequence] = []  # prompts to continue (chunked prefill; the chunk before may be in flight)
     if joining:
-        for seq in running.values():  # decoding, its last token read back already
-            if seq.key in in_flight or seq.slot < 0 or not seq.plain or seq.replay or seq.forks:
+        in_flight = {seq.key for seq in prev.seqs}
+        for seq in running.values():
+            if seq.slot < 0 or not seq.plain or seq.forks:
                 continue
-            start, plen = seq.cached, len(seq.prompt_ids)
-            if start >= plen and start == plen + len(seq.output_ids) - 1:
-                owners.append(seq)
-                draw_rows.append(len(rows))
+            if seq.prefilling:
+                chunks.append(seq)
+                continue
+            start = seq.cached  # decoding, its last token read back already
+            if seq.key not in in_flight and not seq.replay and start == len(seq.prompt_ids) + len(seq.output_ids) - 1:
                 seqs.append(seq)
                 rows.append(RowInput(seq.slot, [seq.output_ids[-1]], start))
                 feed.append(-1)
@@ -83,37 +78,56 @@ def successor(b, prev: StepPlan) -> tuple[StepPlan | None, list[tuple[str, int]]
         return None, []
     for seq in grow:
         b.capacity.grow(seq, seq.cached)
+    prompts: list[tuple[Sequence, int, int]] = []  # (sequence, start, end) of its prompt row
     if joining:
         budget = b.prompt_budget()
-        for seq in running.values():  # a prompt's next chunk (chunked prefill; the one before may be in flight)
-            if seq.slot >= 0 and seq.plain and not seq.forks and seq.prefilling and budget > 0:
-                budget -= _prompt_row(b, seq, budget, prompts)
+        for seq in chunks:
+            if budget <= 0:
+                break
+            budget -= _prompt_row(b, seq, budget, prompts)
         while budget > 0 and b.can_admit() and _plain_head(b):
             seq = b.waiting.popleft()
             b.capacity.take(seq)
             running[seq.key] = seq
             admitted.append((seq.request_id, seq.cached))
             budget -= _prompt_row(b, seq, budget, prompts)
-    for seq, start, end in prompts:
-        if end == len(seq.prompt_ids):
-            owners.append(seq)
-            draw_rows.append(len(rows))
-        seqs.append(seq)
-        rows.append(RowInput(seq.slot, seq.prompt_ids[start:end], start, prompt=True))
-        feed.append(-1)
-        prefill += end - start
-        top = max(top, end - 1)
+    owners, draw_rows = seqs, None  # every one-token row draws
+    if prompts:  # a prompt draws from its last chunk only
+        owners, draw_rows = list(seqs), list(range(len(rows)))
+        for seq, start, end in prompts:
+            if end == len(seq.prompt_ids):
+                owners.append(seq)
+                draw_rows.append(len(rows))
+            seqs.append(seq)
+            rows.append(RowInput(seq.slot, seq.prompt_ids[start:end], start, prompt=True))
+            feed.append(-1)
+            prefill += end - start
+            top = max(top, end - 1)
     if not seqs:
         return None, admitted
     draws = None
     if prev.draws is not None and not all(s.plain for s in seqs):  # counting the token in flight
         draws = [Draw(i, s.sampling, s.seed, s.index, len(s.output_ids) + 1, s.prompt_ids, s.output_ids, s.params)
                  for i, s in enumerate(seqs)]
-    one_per_row = len(owners) == len(rows) and not prompts
-    return StepPlan(rows, draws=draws, draw_rows=None if one_per_row else draw_rows,
-                    feed=feed, seqs=seqs, owners=owners,
+    return StepPlan(rows, draws=draws, draw_rows=draw_rows, feed=feed, seqs=seqs, owners=owners,
                     decode_rows=len(rows) - len(prompts), prefill_tokens=prefill, positions_max=top,
                     launchable=True), admitted
+
+
+def _fed_indices(prev: StepPlan) -> list[tuple[int, Sequence]]:
+    """(feed index, sequence) of prev's rows that the next launch may feed: its one-token rows' tokens
+    come first in the decode graphs' buffer, then its prompt rows' (DecodeGraphs.follow); a chunk
+    before a prompt's last has no token to feed (the prompt goes on as a prompt row)."""
+    out, one, first = [], 0, prev.decode_rows
+    for r, seq in zip(prev.rows, prev.seqs):
+        if not r.prompt:
+            out.append((one, seq))
+            one += 1
+            continue
+        if r.start_pos + len(r.token_ids) == len(seq.prompt_ids):
+            out.append((first, seq))
+        first += 1
+    return out
 
 
 def _plain_head(b) -> bool:

@@ -72,17 +72,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sample-chunks", type=int,
                    help="KernelConfig.sample.chunks: the device sampler's programs per row (64, the default: each row "
                         "split over programs; 0: one program per row, the A/B)")
-    p.add_argument("--sample-programs", type=int,
-                   help="KernelConfig.sample.programs: a sampler launch's programs at most (2048: large batches split "
-                        "each row over fewer programs; 0, the default: the same split at every batch)")
     p.add_argument("--float32-logits", action=argparse.BooleanOptionalAction, default=True,
                    help="KernelConfig.float32_logits: the LM head's float32 sums as the logits (the default; off: "
                         "rounded to the model dtype, the A/B's other side)")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
-    for flag in ("sample_chunks", "sample_programs"):
-        if getattr(a, flag) is not None and getattr(a, flag) < 0:
-            p.error(f"--{flag.replace('_', '-')} must be >= 0")
+    if a.sample_chunks is not None and a.sample_chunks < 0:
+        p.error("--sample-chunks must be >= 0")
     try:
         a.batch_sizes = [int(x) for x in a.batches.split(",") if x.strip()]
     except ValueError:
@@ -143,7 +139,7 @@ def run_engine_side(a: argparse.Namespace, spec: EngineSpec) -> tuple[dict, obje
         info = {"model": a.model or f"random preset {a.preset} (seed {a.seed})", "device": a.device,
                 "samples_on_device": engine.runner.samples_on_device, "device_sampler": a.device_sampler,
                 "sample_chunks": spec.kernels.sample.chunks,
-                "sample_programs": spec.kernels.sample.programs, "float32_logits": spec.kernels.float32_logits,
+                "float32_logits": spec.kernels.float32_logits,
                 "dtype": str(spec.torch_dtype()).removeprefix("torch."), "backend": engine.backend_name,
                 "maturity": engine.maturity, "batch_invariant": engine.batch_invariant, "ep_size": a.ep_size,
                 "max_model_len": engine.max_model_len,
@@ -174,8 +170,9 @@ def kernel_config(a: argparse.Namespace) -> KernelConfig:
     """The engine's KernelConfig from the flags: batch invariance, float32 logits, the device sampler's
     programs per row."""
     k = KernelConfig(batch_invariant=a.batch_invariant, float32_logits=a.float32_logits)
-    given = {f: v for f, v in (("chunks", a.sample_chunks), ("programs", a.sample_programs)) if v is not None}
-    return dataclasses.replace(k, sample=dataclasses.replace(k.sample, **given)) if given else k
+    if a.sample_chunks is None:
+        return k
+    return dataclasses.replace(k, sample=dataclasses.replace(k.sample, chunks=a.sample_chunks))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -100,15 +100,8 @@ class SampleTiling:
     split is the default (64: lite's 50 tiles of 2,048, one program each): at batch 1 on an H100
     (2026-12-05, bench_direct, one warm machine) it sampled top-p and top-k + penalties at +1.4 %
     over greedy against +13.3 % with one program per row (0, `--sample-chunks 0`, the A/B side;
-    tools/dev/sample_bench.py, tools/dev/h200_sample_split.sh, docs/perf-notes.md row 47).
-    programs: a ceiling on a launch's programs, so that a large batch splits each row over fewer
-    programs (chunks_for): a tile's parts are the same whichever program computes them and the folds
-    go tile by tile, so the bits do not move; what moves is how often each program repeats the
-    per-row work (its parameters, the tiles' maxima, the plan from every tile's counts). 0 (the
-    default until its GPU A/B, tools/dev/h200_sample_programs.sh, has run): chunks at every batch;
-    2048 caps a 256-row launch at 8 programs a row."""
+    tools/dev/sample_bench.py, tools/dev/h200_sample_split.sh, docs/perf-notes.md row 47)."""
     chunks: int = 64
-    programs: int = 0
     block_v: int = 2048
     pivots: int = 8
     one_pivots: int = 4
@@ -116,18 +109,8 @@ class SampleTiling:
     num_warps: int = 8
 
     def __post_init__(self) -> None:
-        if (self.chunks < 0 or self.programs < 0 or self.block_v & (self.block_v - 1) or self.cap & (self.cap - 1)
-                or self.pivots < 2):
-            raise ValueError(f"SampleTiling: chunks and programs >= 0, block_v and cap powers of two, pivots >= 2: "
-                             f"{self}")
-
-    def chunks_for(self, rows: int) -> int:
-        """Programs per row for a launch of `rows` draw rows: chunks, halved while rows x chunks
-        exceeds programs (at least 1); 0 stays 0 (one program per row, the other kernel)."""
-        c = self.chunks
-        while self.programs and c > 1 and rows * c > self.programs:
-            c //= 2
-        return c
+        if self.chunks < 0 or self.block_v & (self.block_v - 1) or self.cap & (self.cap - 1) or self.pivots < 2:
+            raise ValueError(f"SampleTiling: chunks >= 0, block_v and cap powers of two, pivots >= 2: {self}")
 
 
 @functools.cache

@@ -13,7 +13,7 @@ from pegainfer.engine.contract import Admit
 from pegainfer.engine.engine import RequestError
 from pegainfer.engine.kv_cache import MLACache
 from pegainfer.engine.sequence import Sequence
-from pegainfer.engine.step_plan import Fork, StepPlan, StepResult
+from pegainfer.engine.step_plan import Fork, StepPlan, StepResult, fed_order
 
 EOS = 2
 VOCAB = 1000
@@ -74,8 +74,7 @@ class ScriptRunner:
         fed = set()
         if plan.feed is not None:
             last = self._last_launched
-            one_token = [s for r, s in zip(last.rows, last.seqs) if not r.prompt] + \
-                [s for r, s in zip(last.rows, last.seqs) if r.prompt]
+            one_token = fed_order(last.rows, last.seqs)
             for s, j in zip(plan.seqs, plan.feed):
                 if j >= 0:
                     assert one_token[j] is s

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from pegainfer.engine.batch import RowInput
+from pegainfer.engine.step_plan import fed_order
 
 
 def made_up(rows: list[RowInput]) -> list[int]:
@@ -39,8 +40,7 @@ class FakeDevice:
         if feed is not None:
             rows = [r if j < 0 else RowInput(r.slot, [self.last[j]], r.start_pos) for r, j in zip(rows, feed)]
         tokens = made_up(rows)
-        # a feed names the one-token rows' tokens, then the prompt rows' (as the decode graphs' buffer)
-        self.last = [t for t, r in zip(tokens, rows) if not r.prompt] + [t for t, r in zip(tokens, rows) if r.prompt]
+        self.last = fed_order(rows, tokens)  # what a feed names, as the decode graphs' buffer
         now = time.perf_counter()
         if self.launches and now > self.free_at:
             self.idle_s += now - self.free_at

@@ -36,8 +36,6 @@ engine's KernelConfig (engine/kernels/config.py), which the tool hands to the en
     --linear-ticket       linear.ticket                1: the split linear's last program sums (default); 0: a second launch
     --sample-chunks       sample.chunks                the device sampler's programs per row (64, default: the split
                                                        launches, 50 at lite; 0: one program per row)
-    --sample-programs     sample.programs              a launch's programs at most: large batches split rows over
-                                                       fewer programs (2048; 0, the default: chunks at every batch)
     --sample-pivots       sample.pivots                the split sampler's count thresholds
 """
 from __future__ import annotations
@@ -86,7 +84,6 @@ KNOBS = {"batch_invariant": ("batch_invariant", lambda v, default: v == 1),
          "dense_warps": ("dense.num_warps", _as_is),
          "linear_ticket": ("linear.ticket", lambda v, default: v == 1),
          "sample_chunks": ("sample.chunks", _as_is),
-         "sample_programs": ("sample.programs", _as_is),
          "sample_pivots": ("sample.pivots", _as_is)}
 CHOICES = {"batch_invariant": [0, 1], "argmax_launches": [1, 4], "head_argmax_rows": [0, 1], "norm_proj_rows": [0, 1],
            "router_launches": [1, 2], "embed_in_norm": [0, 1], "linear_ticket": [0, 1]}

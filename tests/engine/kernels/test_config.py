@@ -32,19 +32,10 @@ def test_defaults_are_the_measured_values():
     assert k.experts == ExpertTilings(Tiling(), Tiling(block_m=16), 512, 8, 4, 32, 2048)
     assert k.linear == LinearTiling(16, 256, 64, 8, 64, 256, 32, 128, 264, 4, 3)  # wide rows: linear_blockm.py on the H200
     # the one-program kernel by default: the split (chunks 64) has not run on a GPU
-    assert k.sample == SampleTiling(chunks=64, programs=0, block_v=2048, pivots=8, one_pivots=4, cap=512,
-                                   num_warps=8)
+    assert k.sample == SampleTiling(chunks=64, block_v=2048, pivots=8, one_pivots=4, cap=512, num_warps=8)
 
 
-def test_a_large_batch_splits_its_rows_over_fewer_programs():
-    t = SampleTiling(programs=2048)
-    assert SampleTiling().chunks_for(1024) == 64  # the default until the GPU A/B: one split at every batch
-    assert [t.chunks_for(n) for n in (1, 32, 64, 128, 256, 512, 1024, 4096)] == [64, 64, 32, 16, 8, 4, 2, 1]
-    assert SampleTiling(chunks=0, programs=2048).chunks_for(1) == 0
-    assert SampleTiling(chunks=3, programs=4).chunks_for(2) == 1  # halved, never below one
-
-
-@pytest.mark.parametrize("bad", [{"chunks": -1}, {"programs": -1}, {"block_v": 1000}, {"cap": 300}, {"pivots": 1}])
+@pytest.mark.parametrize("bad", [{"chunks": -1}, {"block_v": 1000}, {"cap": 300}, {"pivots": 1}])
 def test_a_sample_tiling_the_kernels_cannot_take_is_refused(bad):
     with pytest.raises(ValueError, match="SampleTiling"):
         SampleTiling(**bad)

@@ -73,23 +73,22 @@ def test_a_rows_bits_are_the_same_in_any_crowd(triton_interpreter):
 
 
 def test_a_rows_bits_do_not_move_when_the_batch_changes_its_programs(triton_interpreter):
-    """SampleTiling.chunks_for: a crowd of 7 splits each row over 2 programs of 5 tiles, 33 over one
-    of 10, a row alone over 5 of 2; the tiles' parts and folds are the same, so are the bits."""
-    from pegainfer.engine.kernels.config import SampleTiling
-    tiling = SampleTiling(chunks=8, programs=16, block_v=32, cap=64)
+    """A row alone over 5 programs of 2 tiles, in a crowd of 7 over 2 of 5, in one of 33 over one of 10:
+    the tiles' parts and folds are the same whichever program computes them, so are the bits."""
+    chunks = {1: 8, 7: 2, 33: 1}  # programs per row (10 tiles of 32 columns)
     gen = torch.Generator().manual_seed(3)
     probes = [Draw(0, SamplingParams(temperature=0.9, top_k=30, top_p=0.85, presence_penalty=0.3, logprobs=3),
                    -5, 1, 2, [1, 2, 3], [4, 4, 5]),
               Draw(0, SamplingParams(temperature=1.1, top_p=0.97, min_p=0.01), 11, 0, 4, [7], [])]
     for probe in probes:
         row = torch.randn(1, 300, generator=gen)
-        alone = run(row, [probe], 3, cap=64, block_v=32, chunks=tiling.chunks_for(1))
+        alone = run(row, [probe], 3, cap=64, block_v=32, chunks=chunks[1])
         for size in (7, 33):
             pos = int(torch.randint(size, (1,), generator=gen))
             logits = torch.randn(size, 300, generator=gen) * 2
             logits[pos] = row[0]
             got = run(logits, crowd_draws(probe, size, pos, 300, seed=size), 3, cap=64, block_v=32,
-                      chunks=tiling.chunks_for(size))
+                      chunks=chunks[size])
             assert_same_bits([t[pos] for t in got], [t[0] for t in alone])
 
 
