@@ -7,6 +7,7 @@
 set -uo pipefail
 source tools/dev/h200_env.sh
 for inv in ${INVARIANT:-1 0}; do
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader
   echo "== decode graph timelines, --batch-invariant $inv, batches ${BATCHES:-1,256,1024}"
   timeout ${PROBE_S:-150} python3 tools/dev/gpu_probe.py --batches ${BATCHES:-1,256,1024} --variants triton \
     --new-tokens 8 --timeline --batch-invariant "$inv" --out "$OUT/probe-inv$inv.json" > "$OUT/timeline-inv$inv.txt" 2>&1
