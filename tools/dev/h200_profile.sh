@@ -3,7 +3,7 @@
 # device time and the idle gaps, CUPTI through torch.profiler), batch invariant and not, at the batch
 # sizes where issue 26's cost and issue 27's peak are decided. One device call (carrying .whl/);
 # everything goes to $OUT (timeline-inv1.txt, timeline-inv0.txt). BATCHES and PROBE_S are settings.
-# Usage: bash tools/dev/h200_profile.sh   (after `source tools/dev/h200_env.sh`'s set-up, done here)
+# Usage: [INVARIANT="1 0"] [BATCHES=1,256,1024] [LINEAR=1] bash tools/dev/h200_profile.sh
 set -uo pipefail
 source tools/dev/h200_env.sh
 for inv in ${INVARIANT:-1 0}; do
@@ -25,3 +25,8 @@ for line in open(sys.argv[1]):
         print({k: v for k, v in d.items() if k in ("batch", "variant", "tpot_p50_ms")})
 PY
 done
+if [ "${LINEAR:-0}" = 1 ]; then
+  echo "== the invariant linear at many rows, bit-neutral tilings (tools/dev/linear_bench.py --sweep wide)"
+  timeout ${LINEAR_S:-120} python3 tools/dev/linear_bench.py --rows ${LINEAR_ROWS:-256,1024} --sweep wide \
+    --shapes ${LINEAR_SHAPES:-o_proj,q_kv_a,shared_gate_up,shared_down_2,lm_head} --out "$OUT/linear-wide.json" 2>&1 | tail -80
+fi

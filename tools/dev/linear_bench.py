@@ -35,6 +35,12 @@ SWEEP = [LinearTiling(programs=p) for p in (132, 528)] + [
     LinearTiling(k_chunk=c) for c in (512, 1024)] + [
     LinearTiling(block_k=128), LinearTiling(block_k=128, k_chunk=512), LinearTiling(num_stages=4),
     LinearTiling(num_warps=8), LinearTiling(block_n_min=16), LinearTiling(block_n_max=256)]
+# --sweep wide: only what changes no bits (row blocks, warps, stages, column blocks, programs), for
+# the many-row calls where issue 26's cost is largest (64-row blocks from 256 rows are the default)
+WIDE = [LinearTiling(wide_block_m=128), LinearTiling(wide_block_m=128, wide_num_warps=4),
+        LinearTiling(wide_num_warps=4), LinearTiling(num_stages=4), LinearTiling(num_stages=2),
+        LinearTiling(block_n_max=256), LinearTiling(block_n_min=64), LinearTiling(block_n_min=64, num_stages=4),
+        LinearTiling(wide_rows=64), LinearTiling(wide_rows=64, wide_block_m=128)]
 
 
 def label(t: LinearTiling) -> str:
@@ -47,7 +53,7 @@ def plan_label(p: L.Plan) -> str:
     return f"n{p.block_n}/{'split' if p.split else 'whole'}x{p.chunks}"
 
 
-def row(name: str, n: int, k: int, m: int, sweep: bool) -> dict:
+def row(name: str, n: int, k: int, m: int, sweep: list[LinearTiling]) -> dict:
     dev, dt = torch.device("cuda"), torch.bfloat16
     copies = max(2, min(16, -(-2 * L2_BYTES // (n * k * 2))))
     ws = [torch.randn(n, k, device=dev, dtype=dt) * 0.02 for _ in range(copies)]
@@ -62,7 +68,7 @@ def row(name: str, n: int, k: int, m: int, sweep: bool) -> dict:
     out["triton_tbps"] = round(n * k * 2 / (out["triton_us"] * 1e-6) / 1e12, 2)
     if sweep:
         out["sweep_us"] = {}
-        for s in SWEEP:
+        for s in sweep:
             try:
                 us = round(rotating_time_us(lambda w, s=s: L.triton_linear(x, w, s), ws), 2)
             except Exception as e:  # noqa: BLE001 - a tiling that does not compile is reported, not fatal
@@ -77,7 +83,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", default="1,8,64,256,2048")
     p.add_argument("--shapes", default=",".join(SHAPES))
-    p.add_argument("--sweep", action="store_true")
+    p.add_argument("--sweep", nargs="?", const="bits", choices=["bits", "wide"],
+                   help="bits: tilings incl. ones that change a row's bits; wide: only bit-neutral ones")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     if not torch.cuda.is_available():
@@ -89,7 +96,7 @@ def main() -> int:
     rows = []
     for name in a.shapes.split(","):
         for m in (int(r) for r in a.rows.split(",")):
-            r = row(name, *SHAPES[name], m, a.sweep)
+            r = row(name, *SHAPES[name], m, {None: [], "bits": SWEEP, "wide": WIDE}[a.sweep])
             rows.append(r)
             print(f"{r['shape']:<15}{r['n']:>7}{r['k']:>7}{r['rows']:>6}  {r['plan']:<16}{r['cublas_us']:>10.2f}"
                   f"{r['triton_us']:>10.2f}{r['ratio']:>7.2f}{r['triton_tbps']:>6.2f}{r['rel_err']:>9.1e}", flush=True)
