@@ -6,7 +6,7 @@
 # Usage: [INVARIANT="1 0"] [BATCHES=1,256,1024] [LINEAR=1] bash tools/dev/h200_profile.sh
 set -uo pipefail
 source tools/dev/h200_env.sh
-for inv in ${INVARIANT:-1 0}; do
+for inv in ${INVARIANT-1 0}; do  # INVARIANT="" skips the timelines
   nvidia-smi --query-gpu=memory.used --format=csv,noheader
   echo "== decode graph timelines, --batch-invariant $inv, batches ${BATCHES:-1,256,1024}"
   timeout ${PROBE_S:-150} python3 tools/dev/gpu_probe.py --batches ${BATCHES:-1,256,1024} --variants triton \
