@@ -42,8 +42,8 @@ fi
 if [ "$what" = all ] || [ "$what" = serving ]; then
   echo "== serving, one lite daemon, each profile (200 output tokens, 90-word prompts)"
   # no prefix caching: every profile sends the same prompts, and a later one would find them cached
-  # a 4,096-token context and 256 streams (what the profiles use) keep the graphs to capture before
-  # /ready few: at the defaults the H100 took 190 s to start (2026-12-05e)
+  # a 4,096-token context and 256 streams (what the profiles use): 60 decode graphs instead of 92; the
+  # start still took 206 s on an H100 (2026-12-05e), 118 s of it compiling the sampler (perf-notes)
   serve sampling --trace-file /tmp/trace-sampling.jsonl --no-prefix-caching ${SERVE_ARGS:---max-model-len 4096 --max-active 256}
   echo "ready after $SECONDS s (curl /ready: $(curl -s -o /dev/null -w %{http_code} http://127.0.0.1:8000/ready))"
   bench() {  # bench PROFILE CONCURRENCY NUM_REQUESTS OUT [args...]
