@@ -39,20 +39,26 @@ def successor(b, prev: StepPlan) -> tuple[StepPlan | None, list[tuple[str, int]]
     running = b.running
     rows, seqs, feed, grow = [], [], [], []
     top = prefill = 0
+
+    def decode_row(seq: Sequence, token: int, j: int) -> None:
+        """seq's next one-token row: its id from the host (token, j -1) or fed from prev's tokens (j)."""
+        nonlocal top
+        start = seq.cached
+        seqs.append(seq)
+        rows.append(RowInput(seq.slot, [token], start))
+        feed.append(j)
+        seq.cached = start + 1
+        top = max(top, start)
+        if start >= seq.room:
+            grow.append(seq)
+
     if prev.prefill_tokens:  # prompt rows beside (joined): feed indices run over prev's one-token rows, then them
         order = _fed_indices(prev)
     else:
         order = enumerate(prev.seqs)
     for j, seq in order:
         if running.get(seq.key) is seq and len(seq.output_ids) + 1 < seq.max_tokens:
-            start = seq.cached
-            seqs.append(seq)
-            rows.append(RowInput(seq.slot, [0], start))  # the id comes from the feed
-            feed.append(j)
-            seq.cached = start + 1
-            top = max(top, start)
-            if start >= seq.room:
-                grow.append(seq)
+            decode_row(seq, 0, j)  # the id comes from the feed
     admitted: list[tuple[str, int]] = []
     chunks: list[Sequence] = []  # prompts to continue (chunked prefill; the chunk before may be in flight)
     if joining:
@@ -63,15 +69,10 @@ def successor(b, prev: StepPlan) -> tuple[StepPlan | None, list[tuple[str, int]]
             if seq.prefilling:
                 chunks.append(seq)
                 continue
-            start = seq.cached  # decoding, its last token read back already
-            if seq.key not in in_flight and not seq.replay and start == len(seq.prompt_ids) + len(seq.output_ids) - 1:
-                seqs.append(seq)
-                rows.append(RowInput(seq.slot, [seq.output_ids[-1]], start))
-                feed.append(-1)
-                seq.cached = start + 1
-                top = max(top, start)
-                if start >= seq.room:
-                    grow.append(seq)
+            # decoding, its last token read back already
+            if (seq.key not in in_flight and not seq.replay
+                    and seq.cached == len(seq.prompt_ids) + len(seq.output_ids) - 1):
+                decode_row(seq, seq.output_ids[-1], -1)
     if grow and len(grow) > b.capacity.available:  # a preemption is due: not while in flight
         for seq in seqs:
             seq.cached -= 1

@@ -74,10 +74,10 @@ class ScriptRunner:
         fed = set()
         if plan.feed is not None:
             last = self._last_launched
-            one_token = fed_order(last.rows, last.seqs)
+            order = fed_order(last.rows, last.seqs)
             for s, j in zip(plan.seqs, plan.feed):
                 if j >= 0:
-                    assert one_token[j] is s
+                    assert order[j] is s
                     fed.add(s.key)
         self._last_launched = plan
         return [self.token(s, int(s.key in fed)) for s in plan.owners]
