@@ -10,6 +10,7 @@ host: prompt log-prob steps, or the device sampler off), which every logits grap
 shared buffer."""
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -174,7 +175,12 @@ class DecodeGraphs:
         return [(b, n, kind) for b in self.batch_buckets for n in self.length_buckets for kind in self.kinds()]
 
     def warm(self, keys: list[tuple[int, int, str]]) -> None:
-        """Capture these graphs now (on the scratch slot: no request's KV is touched)."""
+        """Capture these graphs now (on the scratch slot: no request's KV is touched). The device
+        sampler's kernels compile first, in threads side by side (DeviceSampler.precompile)."""
+        if self.on_cuda and self.sampler is not None and any(k[2] in ("sample", "sample_lp") for k in keys):
+            n, seconds, errors = self.sampler.precompile(self.model.logits_dtype, threads=os.cpu_count() or 1)
+            log_event("sampler_precompiled", launches=n, seconds=round(seconds, 1), errors=errors,
+                      level="warning" if errors else "info")
         for k in keys:
             if k not in self.graphs:
                 self._capture(*k)

@@ -129,9 +129,11 @@ class DeviceSampler:
         return slot
 
     # ---- the device, inside the graph -------------------------------------------------------------
-    def choose(self, logits: torch.Tensor, tokens: torch.Tensor, logprobs: bool) -> torch.Tensor:
+    def choose(self, logits: torch.Tensor, tokens: torch.Tensor, logprobs: bool, warm: list | None = None
+               ) -> torch.Tensor:
         """logits [b, V] (any float dtype) -> tokens [b] int64 (written in place), the log-probs
-        into the static outputs when asked; records each penalised row's token in its history."""
+        into the static outputs when asked; records each penalised row's token in its history.
+        warm: a list the kernel's launches are recorded into instead of run (precompile)."""
         b = logits.shape[0]
         rows = SampleRows(self.floats[:b], self.ints[:b])
         ids, lps, chosen = self.lp_out
@@ -141,10 +143,28 @@ class DeviceSampler:
             t = self.tiling
             sample(logits, rows, history=self.history, bias=self.bias, logprobs=self.top_n if logprobs else None,
                    record=True, out=out, block_v=t.block_v, pivots=t.one_pivots, cap=t.cap, num_warps=t.num_warps,
-                   chunks=t.chunks, split_pivots=t.pivots, tickets=self.tickets)
+                   chunks=t.chunks, split_pivots=t.pivots, tickets=self.tickets, warm=warm)
         else:
             self._reference(logits, rows, out)
         return tokens
+
+    def precompile(self, logits_dtype: torch.dtype, threads: int) -> tuple[int, float, list[str]]:
+        """Compile the kernel's launches for both graph kinds (with and without log-probs) side by
+        side in `threads` threads, before the captures that would compile them one after another
+        (engine/kernels/precompile.py). The arguments are the graphs' own (these buffers, logits of
+        the head's dtype), so each launch's specialisation is the one a replay's capture looks up.
+        Returns (launches, seconds, errors); nothing to do without the kernel or off CUDA."""
+        dev = self.params.device
+        if not self.kernel or dev.type != "cuda":
+            return 0, 0.0, []
+        from pegainfer.engine.kernels.precompile import compile_all
+        warm: list = []
+        logits = torch.empty(1, self.vocab, dtype=logits_dtype, device=dev)
+        tokens = torch.empty(1, dtype=torch.int64, device=dev)
+        for lp in (False, True):
+            self.choose(logits, tokens, lp, warm=warm)
+        seconds, errors = compile_all(warm, dev, threads)
+        return len(warm), seconds, errors
 
     def _reference(self, logits: torch.Tensor, rows: SampleRows, out: SampleOut) -> None:
         """engine.sampler.sample on the same state (host-synchronising: never inside a CUDA capture)."""

@@ -65,6 +65,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pegainfer.engine.kernels.precompile import launcher
 from pegainfer.engine.kernels.sample_row import sample_row
 from pegainfer.engine.kernels.sample_split import launch
 
@@ -126,7 +127,7 @@ def sample(logits: torch.Tensor, rows: SampleRows, *, history: torch.Tensor | No
            bias: torch.Tensor | None = None, logprobs: int | None = None, record: bool = False,
            out: SampleOut | None = None, sweeps: torch.Tensor | None = None, block_v: int = BLOCK_V,
            pivots: int = PIVOTS, cap: int = CAP, num_warps: int = 8, chunks: int = 0, split_pivots: int = 8,
-           tickets: torch.Tensor | None = None) -> SampleOut:
+           tickets: torch.Tensor | None = None, warm: list | None = None) -> SampleOut:
     """One token per draw row of `rows` from logits [R, V] (float32; rows may be strided). history:
     [H, V] int32, bias: [B, V] float32 (contiguous rows), needed when a draw names a slot of them.
     logprobs: None, or N in [0, MAX_LOGPROBS]: the chosen tokens' raw log-probs and the top N.
@@ -136,7 +137,8 @@ def sample(logits: torch.Tensor, rows: SampleRows, *, history: torch.Tensor | No
     per row; chunks > 0: each row over min(chunks, tiles) programs of block_v-column tiles, in four
     launches (engine/kernels/sample_split.py; split_pivots its count thresholds; tickets: [>= S] int32
     zeros it leaves at zero, engine/kernels/ticket.py, made here when not given). KernelConfig.sample
-    holds these knobs for the decode graph. No host sync."""
+    holds these knobs for the decode graph. warm: a list to record the launches into instead of running
+    them (engine/kernels/precompile.py; the outputs are left unwritten). No host sync."""
     (_, v), s = logits.shape, rows.floats.shape[0]
     dev = logits.device
     assert logits.stride(1) == 1 and rows.floats.shape == (s, 6) and rows.ints.shape == (s, 7)
@@ -171,13 +173,12 @@ def sample(logits: torch.Tensor, rows: SampleRows, *, history: torch.Tensor | No
             tickets = torch.zeros(s, dtype=torch.int32, device=dev)
         assert tickets.dtype == torch.int32 and tickets.numel() >= s
         launch(logits, rows, history, bias, scratch, outs=(out.tokens, lp, ids, lps, count), tickets=tickets,
-               n_top=n_top,
-               logprobs=logprobs is not None, record=record, count=sweeps is not None, chunks=chunks, block_v=block_v,
-               pivots=split_pivots, one_pivots=pivots, cap=cap, num_warps=num_warps)
+               n_top=n_top, logprobs=logprobs is not None, record=record, count=sweeps is not None, chunks=chunks,
+               block_v=block_v, pivots=split_pivots, one_pivots=pivots, cap=cap, num_warps=num_warps, warm=warm)
         return out
-    _sample_kernel[(s,)](logits, logits.stride(0), rows.floats, rows.ints, history, history.stride(0), bias,
-                         bias.stride(0), scratch, out.tokens, lp, ids, lps, count, v, N_TOP=n_top,
-                         NP=triton.next_power_of_2(max(n_top, 1)), LOGPROBS=logprobs is not None, RECORD=record,
-                         COUNT=sweeps is not None, BLOCK_V=block_v, PIVOTS=pivots, CAP=cap, num_warps=num_warps,
-                         enable_fp_fusion=False)
+    launcher(_sample_kernel, (s,), warm)(
+        logits, logits.stride(0), rows.floats, rows.ints, history, history.stride(0), bias, bias.stride(0), scratch,
+        out.tokens, lp, ids, lps, count, v, N_TOP=n_top, NP=triton.next_power_of_2(max(n_top, 1)),
+        LOGPROBS=logprobs is not None, RECORD=record, COUNT=sweeps is not None, BLOCK_V=block_v, PIVOTS=pivots,
+        CAP=cap, num_warps=num_warps, enable_fp_fusion=False)
     return out

@@ -47,6 +47,7 @@ import triton.language as tl
 
 from pegainfer.engine.kernels.argmax import block_best
 from pegainfer.engine.kernels.lowbias import log_noise
+from pegainfer.engine.kernels.precompile import launcher
 from pegainfer.engine.kernels.sample_fold import final_row
 from pegainfer.engine.kernels.sample_plan import (ALL, BAND, F_B1M, F_B2M, F_K2, F_KA, F_M, F_MALL, F_MS, F_R0K, F_R0X,
                                                   F_R1K, F_R1X, F_RM, F_RS, F_WLN, F_WX, F_WY, F_X2, I_B1C, I_B2C,
@@ -342,10 +343,12 @@ def programs_per_row(vocab: int, block_v: int, chunks: int) -> tuple[int, int, i
 
 def launch(logits: torch.Tensor, rows, history: torch.Tensor, bias: torch.Tensor, scratch: torch.Tensor, *,
            outs: tuple[torch.Tensor, ...], tickets: torch.Tensor, n_top: int, logprobs: bool, record: bool,
-           count: bool, chunks: int, block_v: int, pivots: int, one_pivots: int, cap: int, num_warps: int) -> None:
+           count: bool, chunks: int, block_v: int, pivots: int, one_pivots: int, cap: int, num_warps: int,
+           warm: list | None = None) -> None:
     """The six launches for rows.floats.shape[0] draws (sample.sample's arguments, checked there).
     outs: (tokens, chosen log-probs, top ids, top log-probs, sweeps) as the one-program kernel takes
-    them; tickets: [>= S] int32 zeros (engine/kernels/ticket.py), left at zero."""
+    them; tickets: [>= S] int32 zeros (engine/kernels/ticket.py), left at zero. warm: a list to record
+    the launches into instead of running them (engine/kernels/precompile.py)."""
     s, v = rows.floats.shape[0], logits.shape[1]
     tiles, per, programs = programs_per_row(v, block_v, chunks)
     nf, ni = layout(pivots)
@@ -355,14 +358,14 @@ def launch(logits: torch.Tensor, rows, history: torch.Tensor, bias: torch.Tensor
     shape = {"BLOCK_V": block_v, "TILES": tiles, "PER": per, "NF": nf, "NI": ni}
     tp = triton.next_power_of_2(tiles)
     opts = {"num_warps": num_warps, "enable_fp_fusion": False}
-    _first_kernel[(s, programs)](*row, pf, pi, v, LOGPROBS=logprobs, **shape, **opts)
+    go = {k: launcher(k, (s, programs), warm) for k in (_first_kernel, _count_kernel, _gather_kernel, _round_kernel)}
+    go[_first_kernel](*row, pf, pi, v, LOGPROBS=logprobs, **shape, **opts)
     for recount in (False, True):
-        _count_kernel[(s, programs)](*row, pf, pi, v, N_TOP=n_top, LOGPROBS=logprobs, RECOUNT=recount, CAP=cap, TP=tp,
-                                     P=pivots, **shape, **opts)
-    _gather_kernel[(s, programs)](*row, scratch, pf, pi, v, N_TOP=n_top, CAP=cap, TP=tp, P=pivots, **shape, **opts)
+        go[_count_kernel](*row, pf, pi, v, N_TOP=n_top, LOGPROBS=logprobs, RECOUNT=recount, CAP=cap, TP=tp, P=pivots,
+                          **shape, **opts)
+    go[_gather_kernel](*row, scratch, pf, pi, v, N_TOP=n_top, CAP=cap, TP=tp, P=pivots, **shape, **opts)
     whole = torch.empty(s, dtype=torch.int32, device=logits.device)  # [S] passes of the rows left to _whole_kernel
     flags = {"N_TOP": n_top, "LOGPROBS": logprobs, "RECORD": record, "COUNT": count, "CAP": cap}
-    _round_kernel[(s, programs)](*row, scratch, pf, pi, *outs, whole, tickets, v, TP=tp, P=pivots, **flags, **shape,
-                                 **opts)
-    _whole_kernel[(s,)](*row, scratch, *outs, whole, v, NP=triton.next_power_of_2(max(n_top, 1)), BLOCK_V=block_v,
-                        PIVOTS=one_pivots, **flags, **opts)
+    go[_round_kernel](*row, scratch, pf, pi, *outs, whole, tickets, v, TP=tp, P=pivots, **flags, **shape, **opts)
+    launcher(_whole_kernel, (s,), warm)(*row, scratch, *outs, whole, v, NP=triton.next_power_of_2(max(n_top, 1)),
+                                        BLOCK_V=block_v, PIVOTS=one_pivots, **flags, **opts)
