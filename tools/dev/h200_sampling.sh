@@ -21,6 +21,7 @@ if [ "$what" = all ] || [ "$what" = tests ]; then
   echo "== GPU tests (sampler kernel, sampler in the decode graph, batch invariance through it)"
   crowd=tests/engine/test_gpu_batch_invariance.py::test_a_request_is_the_same_alone_and_in_a_crowd_on_the_gpu
   timeout ${TEST_S:-150} python3 -m pytest -q -p no:cacheprovider tests/engine/kernels/test_sample.py \
+    tests/engine/kernels/test_precompile.py \
     tests/engine/test_gpu_device_sampler.py "$crowd[63-True-8192]" "$crowd[254-True-8192]" -rf 2>&1 \
     | tail -25 | tee "$OUT/gpu-tests.txt"
   echo "== the sampler kernel's device time against engine.sampler (tools/dev/sample_bench.py)"
@@ -46,6 +47,7 @@ if [ "$what" = all ] || [ "$what" = serving ]; then
   # start still took 206 s on an H100 (2026-12-05e), 118 s of it compiling the sampler (perf-notes)
   serve sampling --trace-file /tmp/trace-sampling.jsonl --no-prefix-caching ${SERVE_ARGS:---max-model-len 4096 --max-active 256}
   echo "ready after $SECONDS s (curl /ready: $(curl -s -o /dev/null -w %{http_code} http://127.0.0.1:8000/ready))"
+  grep -E 'sampler_precompiled|startup_time' "$OUT"/serve-sampling.log | cut -c1-500
   bench() {  # bench PROFILE CONCURRENCY NUM_REQUESTS OUT [args...]
     local prof=$1 conc=$2 num=$3 out=$4; shift 4
     timeout ${BENCH_S:-60} python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 --profile short \
