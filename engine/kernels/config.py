@@ -185,16 +185,21 @@ class KernelConfig:
     # blocks with tl.dot (kernel_bench --mla, lite, length 256: row/block 6.8/27.7 µs at batch 1,
     # 32.0/25.2 at 64, 108.5/50.1 at 256)
     row_merge_max_batch: int = 32
-    # The batch-invariant split attention (batch_invariant; engine/kernels/mla_decode.py own_split): a
-    # row's splits follow its own length only, decode_split_len keys each, grown by that much for a row
-    # longer than decode_split_len x decode_max_splits, so no row has more than decode_max_splits. 32
+    # The batch-invariant split attention (batch_invariant; engine/kernels/mla_fixed.py own_split): a
+    # row's splits follow its own length only: decode_split_len keys each, grown by that much for a
+    # row longer than decode_split_len x decode_max_splits (so no such row has more than
+    # decode_max_splits), until a split reaches decode_long_split keys; a longer row keeps splits of
+    # that length and gets more of them, up to decode_most_splits, past which they grow again. 32
     # keys (one block per program): rows up to 256 keys (bench_direct's prompt 128 + 64 new) split as
-    # the auto split does at batch 1, where the step is latency-bound; at most 8 splits: batch 256
-    # writes at most 8 float32 partials of 32 KB a row (the auto split writes 2 there), and longer rows
-    # (257-512 keys: 64-key splits) keep partial traffic and the buffer (B x 8 x 32 KB) bounded, at
-    # the cost of fewer, longer programs for a long row at batch 1 (4,627 keys: 8 x 608)
+    # the auto split does at batch 1, where the step is latency-bound; 8 splits up to 2,048 keys keep
+    # the float32 partials (32 KB a split) small against the keys read; from 2,048 keys on, 256-key
+    # splits (a partial is 11 % of its keys' bytes) let a long row at batch 1 read its context from
+    # up to 64 SMs (16k tokens: 64 splits; before, 8 splits of 2,048). decode_long_split 0: at most
+    # decode_max_splits splits at every length (the rule before issue 28's split-KV)
     decode_split_len: int = 32
     decode_max_splits: int = 8
+    decode_long_split: int = 256
+    decode_most_splits: int = 64
     experts: ExpertTilings = ExpertTilings()
     # A dense SwiGLU MLP (shared experts, dense layer) at up to dense_rows rows: gate, up and
     # SiLU * up in one launch (row 32: -45 µs a step at one row, +80 µs at eight); 4 stages (row 38)

@@ -4,13 +4,10 @@ key, keeps an online softmax, and accumulates the latent-space output; a second 
 splits and, in the decode step, applies W_UV so that its output goes straight to o_proj. Rows attend
 only to their own length, so one launch serves rows at any positions.
 
-Two plans. The auto plan (KernelConfig.batch_invariant off) sizes the splits from the batch and the
-graph bucket's bound (auto_split) and picks the merge kernel by batch size (merge_form): fastest, but
-a row's sums then depend on its neighbours. The fixed plan (merge="fixed", max_splits > 0) is
-batch-invariant: each row's splits follow its own length only (own_split), a split past it is
-neither computed nor read, and one merge kernel of one shape (16-row tiles, the whole latent merged
-in split order, then one tl.dot with W_UV) serves every batch size, so a row's bits depend only on
-its own query, cache and length."""
+This module is the auto plan (KernelConfig.batch_invariant off): the splits sized from the batch
+and the graph bucket's bound (auto_split) and the merge kernel picked by batch size (merge_form):
+fastest, but a row's sums then depend on its neighbours. The batch-invariant plan, whose splits follow
+each row's own length, is engine/kernels/mla_fixed.py; both walk a split's keys with `attend`."""
 from __future__ import annotations
 
 import torch
@@ -18,32 +15,17 @@ import triton
 import triton.language as tl
 
 BLOCK_N = 32  # keys per step of the split kernel
-FIXED_BLOCK_V = 32  # value columns per tl.dot of the fixed merge (fewer where V is smaller)
-FIXED_PROGRAMS = 256  # the fixed merge spreads value blocks over programs up to about this many
 
 
 @triton.jit
-def _own_split(length, SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr):
-    # keys per split of a row `length` long (own_split): SPLIT, or a multiple of it that leaves the row
-    # at most MAX_SPLITS splits
-    return SPLIT * tl.maximum(tl.cdiv(tl.cdiv(length, SPLIT), MAX_SPLITS), 1)
-
-
-@triton.jit
-def _split_kernel(q_ptr, cache_ptr, table_ptr, slots_ptr, lens_ptr, part_o_ptr, part_ml_ptr, scale,
-                  stride_cp, stride_cn, stride_t,
-                  H: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_N: tl.constexpr,
-                  SPLIT: tl.constexpr, H_P: tl.constexpr, RANK_P: tl.constexpr, ROPE_P: tl.constexpr,
-                  PAGE: tl.constexpr, MAX_SPLITS: tl.constexpr = 0):
-    # H_P, RANK_P, ROPE_P: the dims padded to powers of two (heads to >= 16 for tl.dot); the padding
-    # loads zeros and is never stored. MAX_SPLITS 0: SPLIT keys per program, a fixed trip count (the
-    # auto plan); else the fixed plan: the row's own split length, only its own keys walked, and a
-    # split at or past its length stores nothing (the fixed merge never reads it)
-    b = tl.program_id(0)
-    split = tl.program_id(1)
-    n_splits = tl.num_programs(1)
-    slot = tl.load(slots_ptr + b)
-    length = tl.load(lens_ptr + b)
+def attend(q_ptr, cache_ptr, row_pages, b, start, end, stop, scale, stride_cp, stride_cn,
+           H: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_N: tl.constexpr, H_P: tl.constexpr,
+           RANK_P: tl.constexpr, ROPE_P: tl.constexpr, PAGE: tl.constexpr):
+    # row b's query against its keys start..end-1 (row_pages: its page table row), BLOCK_N keys a
+    # step for `stop` keys (blocks past `end` load nothing): the split's (max, sum, unnormalised
+    # latent output) [H_P], [H_P], [H_P, RANK_P] in float32, an online softmax in key order. H_P,
+    # RANK_P, ROPE_P: the dims padded to powers of two (heads to >= 16 for tl.dot); the padding loads
+    # zeros and is never stored
     heads = tl.arange(0, H_P)
     dl = tl.arange(0, RANK_P)
     dr = tl.arange(0, ROPE_P)
@@ -55,18 +37,6 @@ def _split_kernel(q_ptr, cache_ptr, table_ptr, slots_ptr, lens_ptr, part_o_ptr, 
     m = tl.full([H_P], float("-inf"), tl.float32)
     lsum = tl.zeros([H_P], tl.float32)
     acc = tl.zeros([H_P, RANK_P], tl.float32)
-    if MAX_SPLITS == 0:
-        start = split * SPLIT
-        end = tl.minimum(start + SPLIT, length)
-        stop = SPLIT  # fixed trip count; blocks past `end` load nothing
-    else:
-        split_len = _own_split(length, SPLIT, MAX_SPLITS)
-        start = split * split_len
-        end = tl.minimum(start + split_len, length)
-        stop = tl.maximum(end - start, 0).to(tl.int32)
-        # the stores' mask (q is loaded above), broadcast before the `&` (the interpreter's masks need it)
-        hm = hm & (heads * 0 + start < length)
-    row_pages = table_ptr + slot.to(tl.int64) * stride_t
     for n0 in range(0, stop, BLOCK_N):
         first = start + n0  # the block's first key: a block never straddles two pages
         page = tl.load(row_pages + first // PAGE, mask=first < end, other=0).to(tl.int64)
@@ -84,6 +54,28 @@ def _split_kernel(q_ptr, cache_ptr, table_ptr, slots_ptr, lens_ptr, part_o_ptr, 
         lsum = lsum * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(kv_lat.dtype), kv_lat)
         m = m_new
+    return m, lsum, acc
+
+
+@triton.jit
+def _split_kernel(q_ptr, cache_ptr, table_ptr, slots_ptr, lens_ptr, part_o_ptr, part_ml_ptr, scale,
+                  stride_cp, stride_cn, stride_t,
+                  H: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_N: tl.constexpr,
+                  SPLIT: tl.constexpr, H_P: tl.constexpr, RANK_P: tl.constexpr, ROPE_P: tl.constexpr,
+                  PAGE: tl.constexpr):
+    # program (row, split): SPLIT keys, a fixed trip count
+    b = tl.program_id(0)
+    split = tl.program_id(1)
+    n_splits = tl.num_programs(1)
+    slot = tl.load(slots_ptr + b)
+    length = tl.load(lens_ptr + b)
+    start = split * SPLIT
+    end = tl.minimum(start + SPLIT, length)
+    m, lsum, acc = attend(q_ptr, cache_ptr, table_ptr + slot.to(tl.int64) * stride_t, b, start, end, SPLIT, scale,
+                          stride_cp, stride_cn, H, RANK, ROPE, BLOCK_N, H_P, RANK_P, ROPE_P, PAGE)
+    heads = tl.arange(0, H_P)
+    dl = tl.arange(0, RANK_P)
+    hm, lm = heads < H, dl < RANK
     part = (b * n_splits + split) * H
     tl.store(part_o_ptr + (part + heads[:, None]) * RANK + dl[None, :], acc, mask=hm[:, None] & lm[None, :])
     tl.store(part_ml_ptr + (part + heads) * 2, m, mask=hm)
@@ -169,81 +161,12 @@ def _merge_row_kernel(part_o_ptr, part_ml_ptr, w_uv_ptr, out_ptr,
         tl.store(out_ptr + (b * H + h) * RANK + dk, o_lat, mask=k_ok)
 
 
-@triton.jit(do_not_specialize=["n_rows", "n_splits"])
-def _merge_fixed_kernel(part_o_ptr, part_ml_ptr, lens_ptr, w_uv_ptr, out_ptr, n_rows, n_splits,
-                        H: tl.constexpr, RANK: tl.constexpr, RANK_P: tl.constexpr, V: tl.constexpr,
-                        BLOCK_V: tl.constexpr, SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr,
-                        APPLY_WUV: tl.constexpr, INPUT_PRECISION: tl.constexpr):
-    # program (value-block lane, head, 16-row tile); one compiled kernel at every batch size (the row
-    # and split counts are not specialised on): each row's own splits, in index order, merged over the
-    # whole latent, rounded, then one tl.dot per BLOCK_V columns of W_UV, for the value blocks
-    # lane, lane + lanes, ... (the lanes, the grid's first axis, spread W_UV's bytes over programs at
-    # small batches; every block runs the same instructions whoever takes it). A split past a row's
-    # own count adds exact zeros (its weight is 0; the sums are never -0.0), and a tl.dot row's sums do
-    # not depend on the other rows of its tile, so a row's bits follow only its own partials
-    BLOCK_B: tl.constexpr = 16
-    rows = tl.program_id(2) * BLOCK_B + tl.arange(0, BLOCK_B)  # [BB]
-    live = rows < n_rows
-    h = tl.program_id(1)
-    dk = tl.arange(0, RANK_P)
-    k_ok = dk < RANK
-    if APPLY_WUV:  # the first value block asked for before the merge: its latency under the merge's
-        lane, lanes = tl.program_id(0), tl.num_programs(0)
-        dv0 = tl.arange(0, BLOCK_V)
-        w_uv = tl.load(w_uv_ptr + h * RANK * V + dk[:, None] * V + lane * BLOCK_V + dv0[None, :],
-                       mask=k_ok[:, None] & (lane * BLOCK_V + dv0 < V)[None, :], other=0.0)  # [RANK_P, BV]
-    length = tl.load(lens_ptr + rows, mask=live, other=0).to(tl.int32)
-    own = tl.cdiv(length, _own_split(length, SPLIT, MAX_SPLITS))  # [BB] the row's splits (0: no row)
-    # fixed trip counts (MAX_SPLITS, masked by `own`), as in the row merge
-    m = tl.full([BLOCK_B], float("-inf"), tl.float32)
-    for s in range(0, MAX_SPLITS):
-        ok = live & (s < own)
-        m = tl.maximum(m, tl.load(part_ml_ptr + ((rows * n_splits + s) * H + h) * 2, mask=ok, other=float("-inf")))
-    total = tl.zeros([BLOCK_B], tl.float32)
-    acc = tl.zeros([BLOCK_B, RANK_P], tl.float32)
-    for s in range(0, MAX_SPLITS):
-        ok = live & (s < own)
-        idx = (rows * n_splits + s) * H + h  # [BB]
-        ms = tl.load(part_ml_ptr + idx * 2, mask=ok, other=float("-inf"))
-        w = tl.where(ms == float("-inf"), 0.0, tl.exp(ms - m))  # [BB]
-        total += tl.load(part_ml_ptr + idx * 2 + 1, mask=ok, other=0.0) * w
-        part = tl.load(part_o_ptr + idx[:, None] * RANK + dk[None, :], mask=ok[:, None] & k_ok[None, :],
-                       other=0.0)  # [BB, RANK_P]
-        acc += tl.where(w[:, None] > 0, part * w[:, None], 0.0)
-    total = tl.where(live, total, 1.0)  # rows past the batch: zeros, never stored
-    o_lat = (acc / total[:, None]).to(out_ptr.dtype.element_ty)  # [BB, RANK_P]
-    if APPLY_WUV:
-        for j in range(lane, tl.cdiv(V, BLOCK_V), lanes):
-            dv = j * BLOCK_V + dv0
-            o = tl.dot(o_lat, w_uv, input_precision=INPUT_PRECISION)  # [BB, BV] fp32
-            tl.store(out_ptr + rows[:, None] * (H * V) + h * V + dv[None, :], o.to(out_ptr.dtype.element_ty),
-                     mask=live[:, None] & (dv < V)[None, :])
-            nxt = dv + lanes * BLOCK_V  # the lane's next block (none past V: masked)
-            w_uv = tl.load(w_uv_ptr + h * RANK * V + dk[:, None] * V + nxt[None, :],
-                           mask=k_ok[:, None] & (nxt < V)[None, :], other=0.0)
-    else:
-        tl.store(out_ptr + (rows[:, None] * H + h) * RANK + dk[None, :], o_lat, mask=live[:, None] & k_ok[None, :])
-
-
 def auto_split(batch: int, length: int, programs: int, block: int = 32) -> int:
     """Context per split program: enough splits that batch x splits fills the GPU (`programs`,
     KernelConfig.split_programs) without going below one block of keys per split. Static per graph
     bucket."""
     n = max(1, min(triton.cdiv(programs, batch), triton.cdiv(length, block)))
     return triton.cdiv(triton.cdiv(length, n), block) * block
-
-
-def own_split(length: int, split_len: int, max_splits: int) -> int:
-    """Keys per split of a row `length` long in the fixed plan (the kernels' _own_split): split_len
-    (KernelConfig.decode_split_len), or the least multiple of it that leaves the row at most
-    max_splits (KernelConfig.decode_max_splits) splits. A function of the row's own length only."""
-    return split_len * max(triton.cdiv(triton.cdiv(length, split_len), max_splits), 1)
-
-
-def fixed_splits(length: int, split_len: int, max_splits: int) -> int:
-    """Split programs per row the fixed plan launches under the static bound `length`: enough for
-    any row up to it (rows with fewer leave the rest idle)."""
-    return min(max_splits, triton.cdiv(length, split_len))
 
 
 def merge_form(batch: int, row_max_batch: int) -> str:
@@ -253,36 +176,31 @@ def merge_form(batch: int, row_max_batch: int) -> str:
 
 
 def mla_decode(q: torch.Tensor, cache_layer: torch.Tensor, table: torch.Tensor, slots: torch.Tensor,
-               lens: torch.Tensor,
-               length: int, scale: float, rank: int, *, split_len: int, merge: str,
-               w_uv_t: torch.Tensor | None = None, max_splits: int = 0) -> torch.Tensor:
+               lens: torch.Tensor, length: int, scale: float, rank: int, *, split_len: int, merge: str,
+               w_uv_t: torch.Tensor | None = None) -> torch.Tensor:
     """q: [B, H, rank+rope] (absorbed query: latent part then RoPE part); cache_layer: the layer's
     pages [pages, P, rank+rope]; table: [S, max pages] int32, each slot's pages (engine/kv_cache.py);
     slots, lens: [B]; length: static bound >= every len. Each block of BLOCK_N keys reads one table
     entry: the page size and every split length are multiples of BLOCK_N, so a block lies in one page
-    and its keys, their order and the sums are those of an unpaged cache whatever pages a row got. The auto plan: split_len keys per split
-    program (auto_split), merge "row" or "block" (both compute the same; merge_form). The fixed,
-    batch-invariant plan: merge "fixed" with max_splits > 0, split_len the base split length
-    (KernelConfig.decode_split_len, decode_max_splits; own_split). Returns o_lat [B, H, rank]; or,
-    given w_uv_t [H, rank, V], the value heads o_lat (rounded to q's dtype) @ w_uv_t[h] with float32
-    accumulation, rounded: [B, H*V], ready for o_proj. Two launches, graph-safe."""
+    and its keys, their order and the sums are those of an unpaged cache whatever pages a row got.
+    split_len keys per split program (auto_split), merge "row" or "block" (both compute the same;
+    merge_form). Returns o_lat [B, H, rank]; or, given w_uv_t [H, rank, V], the value heads o_lat
+    (rounded to q's dtype) @ w_uv_t[h] with float32 accumulation, rounded: [B, H*V], ready for
+    o_proj. Two launches, graph-safe."""
     b, h, width = q.shape
-    fixed = merge == "fixed"
     page = cache_layer.shape[1]
     if page % BLOCK_N or split_len % BLOCK_N:
         raise ValueError(f"the page size ({page}) and split length ({split_len}) must be multiples of {BLOCK_N}")
-    if fixed != (max_splits > 0):
-        raise ValueError(f"merge {merge!r} with max_splits {max_splits}: the fixed merge takes max_splits > 0, "
-                         f"the others 0")
-    n_splits = fixed_splits(length, split_len, max_splits) if fixed else triton.cdiv(length, split_len)
+    if merge not in ("row", "block"):
+        raise ValueError(f"merge {merge!r}: the auto plan merges by 'row' or 'block' (the fixed plan: mla_fixed)")
+    n_splits = triton.cdiv(length, split_len)
     part_o = torch.empty(b, n_splits, h, rank, dtype=torch.float32, device=q.device)  # [B, S, H, rank] per split
     part_ml = torch.empty(b, n_splits, h, 2, dtype=torch.float32, device=q.device)  # [B, S, H, (max, sum)]
     _split_kernel[(b, n_splits)](q.contiguous(), cache_layer, table, slots, lens, part_o, part_ml, scale,
                                  cache_layer.stride(0), cache_layer.stride(1), table.stride(0),
                                  H=h, RANK=rank, ROPE=width - rank, BLOCK_N=BLOCK_N, SPLIT=split_len,
                                  H_P=max(16, triton.next_power_of_2(h)), RANK_P=triton.next_power_of_2(rank),
-                                 ROPE_P=max(16, triton.next_power_of_2(width - rank)), PAGE=page, MAX_SPLITS=max_splits,
-                                 num_warps=8)
+                                 ROPE_P=max(16, triton.next_power_of_2(width - rank)), PAGE=page, num_warps=8)
     if w_uv_t is None:
         v, out = 1, torch.empty(b, h, rank, dtype=q.dtype, device=q.device)  # [B, H, rank]
     else:
@@ -290,18 +208,6 @@ def mla_decode(q: torch.Tensor, cache_layer: torch.Tensor, table: torch.Tensor, 
         v = w_uv_t.shape[2]
         out = torch.empty(b, h * v, dtype=q.dtype, device=q.device)  # [B, H*V]
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    if fixed:
-        # value columns per tl.dot: set by V alone (never by the batch). Lanes per (head, tile): every
-        # value block its own program while the tiles are few (W_UV's bytes over many SMs), fewer as
-        # they grow (each program merges its rows' partials once for more blocks); the bits are the same
-        block_v = max(16, min(FIXED_BLOCK_V, triton.next_power_of_2(v))) if w_uv_t is not None else 1
-        tiles = triton.cdiv(b, 16)
-        lanes = min(triton.cdiv(v, block_v), triton.cdiv(FIXED_PROGRAMS, tiles * h)) if w_uv_t is not None else 1
-        _merge_fixed_kernel[(lanes, h, tiles)](
-            part_o, part_ml, lens, w_uv_t if w_uv_t is not None else part_o, out, b, n_splits,
-            H=h, RANK=rank, RANK_P=triton.next_power_of_2(rank), V=v, BLOCK_V=block_v, SPLIT=split_len,
-            MAX_SPLITS=max_splits, APPLY_WUV=w_uv_t is not None, INPUT_PRECISION=precision, num_warps=8)
-        return out
     if merge == "row":
         block_v = min(32, triton.next_power_of_2(v)) if w_uv_t is not None else 1
         _merge_row_kernel[(b, h, triton.cdiv(v, block_v) if w_uv_t is not None else 1)](

@@ -217,13 +217,18 @@ class MLAttention:
         q_full = self.absorbed_query(x, inp.positions, inp.slots, cache, qkv)  # [B, nh, 576]
         b, k = q_full.shape[0], self.kernels
         if k.batch_invariant:
-            plan = dict(split_len=k.decode_split_len, merge="fixed", max_splits=k.decode_max_splits)
-        else:
-            plan = dict(split_len=auto_split(b, inp.length, k.split_programs),
-                        merge=merge_form(b, k.row_merge_max_batch))
+            from pegainfer.engine.kernels import mla_fixed
+            rule = mla_fixed.SplitRule(k.decode_split_len, k.decode_max_splits, k.decode_long_split,
+                                       k.decode_most_splits)
+            plan = inp.memo.get("mla_split_plan")  # the step's work list: its first layer makes it
+            if plan is None:
+                plan = inp.memo["mla_split_plan"] = mla_fixed.split_plan(inp.ctx_lens, inp.length, rule)
+            return mla_fixed.mla_decode_fixed(q_full, cache.data[self.layer], cache.table, inp.slots, inp.ctx_lens,
+                                              plan, self.scale, self.rank, rule, k.split_programs, self.w_uv_t)
         return mla_decode(q_full, cache.data[self.layer], cache.table, inp.slots, inp.ctx_lens, inp.length,
-                          self.scale, self.rank,
-                          w_uv_t=self.w_uv_t, **plan)
+                          self.scale, self.rank, w_uv_t=self.w_uv_t,
+                          split_len=auto_split(b, inp.length, k.split_programs),
+                          merge=merge_form(b, k.row_merge_max_batch))
 
     def absorbed_query(self, x: torch.Tensor | None, positions: torch.Tensor, slots: torch.Tensor,
                        cache: MLACache, qkv: torch.Tensor | None = None) -> torch.Tensor:

@@ -14,6 +14,9 @@ class DecodeInputs:
     slots: torch.Tensor  # [B] int64, KV slot of each row
     ctx_lens: torch.Tensor  # [B] int64, cached tokens after this step (= positions + 1)
     length: int  # static attention bound >= every ctx_len (a bucket, so one graph serves many steps)
+    # what the step's layers share, made by the first that needs it (the fixed attention plan's work
+    # list, engine/kernels/mla_fixed.py): inside a graph it is captured once and replayed with it
+    memo: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(slots=True)

@@ -82,28 +82,53 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def test_own_split_follows_the_rows_length_alone():
-    from pegainfer.engine.kernels.mla_decode import fixed_splits, own_split
-    assert [own_split(n, 32, 8) for n in (1, 32, 256, 257, 512, 513, 8192)] == [32, 32, 32, 64, 64, 96, 1024]
-    for n in range(1, 3000, 7):
-        split = own_split(n, 32, 8)
-        assert split % 32 == 0 and _cdiv(n, split) <= 8 and (split == 32 or _cdiv(n, split - 32) > 8)
-        assert _cdiv(n, split) <= fixed_splits(n, 32, 8) <= fixed_splits(n + 100, 32, 8) <= 8
-    assert fixed_splits(256, 32, 8) == 8 and fixed_splits(33, 32, 8) == 2 and fixed_splits(8192, 32, 8) == 8
+    from pegainfer.engine.kernels.mla_fixed import SplitRule, fixed_splits, own_split
+    old, new = SplitRule(32, 8), SplitRule(32, 8, 256, 64)
+    # the rule before (no long splits): at most 8 splits, the split growing by 32 keys
+    assert [own_split(n, old) for n in (1, 32, 256, 257, 512, 513, 8192)] == [32, 32, 32, 64, 64, 96, 1024]
+    # with long splits: 8 up to 2,048 keys, then 256-key splits up to 64 of them (16,384), then growing
+    assert [own_split(n, new) for n in (1, 256, 257, 2048, 2049, 16384, 16385, 32768)] == [
+        32, 32, 64, 256, 256, 256, 288, 512]
+    for rule in (old, new, SplitRule(32, 2, 64, 4), SplitRule(64, 3, 128, 5)):
+        most = rule.most_splits if rule.long_split else rule.max_splits
+        bound = 0
+        for n in range(1, 40000, 13):
+            split = own_split(n, rule)
+            assert split % rule.split_len == 0 and _cdiv(n, split) <= most
+            bound = max(bound, _cdiv(n, split))
+            assert bound <= fixed_splits(n, rule) <= fixed_splits(n + 100, rule) <= most  # a bucket holds its rows
+    assert fixed_splits(256, old) == 8 and fixed_splits(33, old) == 2 and fixed_splits(8192, old) == 8
+    assert fixed_splits(16384, new) == 64 and fixed_splits(4096, new) == 16 and fixed_splits(100, new) == 4
 
 
-def test_the_fixed_merge_takes_max_splits_and_only_it():
+def test_the_plans_refuse_what_they_do_not_take():
     from pegainfer.engine.kernels.mla_decode import mla_decode
-    with pytest.raises(ValueError, match="max_splits"):
+    from pegainfer.engine.kernels.mla_fixed import SplitRule, check_rule
+    with pytest.raises(ValueError, match="fixed plan"):
         mla_decode(torch.zeros(1, H, RANK + ROPE), *paged(torch.zeros(1, N, RANK + ROPE)), torch.zeros(1, dtype=torch.long),
                    torch.ones(1, dtype=torch.long), N, 0.3, RANK, split_len=32, merge="fixed")
-    with pytest.raises(ValueError, match="max_splits"):
-        mla_decode(torch.zeros(1, H, RANK + ROPE), *paged(torch.zeros(1, N, RANK + ROPE)), torch.zeros(1, dtype=torch.long),
-                   torch.ones(1, dtype=torch.long), N, 0.3, RANK, split_len=32, merge="row", max_splits=8)
+    for bad in (SplitRule(48, 8), SplitRule(32, 0), SplitRule(32, 8, 100, 64), SplitRule(32, 8, 256, 4)):
+        with pytest.raises(ValueError):
+            check_rule(bad)
+    check_rule(SplitRule(32, 8, 256, 64))
 
 
-# The fixed plan in the interpreter: 32-key splits, at most 4 a row, so rows past 128 keys grow
-# their splits (300 keys: 4 splits of 96); 48 value columns: two tl.dot blocks, the second half masked
-INV = dict(split_len=32, merge="fixed", max_splits=4)
+def test_the_work_list_holds_each_rows_splits_in_order(triton_interpreter):
+    from pegainfer.engine.kernels.mla_fixed import SplitRule, fixed_splits, own_split, split_plan
+    rule = SplitRule(32, 2, 64, 4)
+    lens = [1, 300, 64, 65, 200, 33]
+    plan = split_plan(torch.tensor(lens), 320, rule)
+    counts = [_cdiv(n, own_split(n, rule)) for n in lens]
+    assert plan.bound == len(lens) * fixed_splits(320, rule) and int(plan.total) == sum(counts)
+    want = [(r << 16) | s for r, c in enumerate(counts) for s in range(c)]
+    assert plan.items[:sum(counts)].tolist() == want
+    assert plan.off.tolist() == [sum(counts[:r]) for r in range(len(lens))]
+
+
+# The fixed plan in the interpreter: 32-key splits, at most 2 a row up to 128 keys (65-128: 2 of 64),
+# then 64-key splits, up to 4 (256 keys), then growing (300 keys: 4 splits of 96); 48 value columns:
+# two tl.dot blocks, the second half masked
+INV = dict(rule=(32, 2, 64, 4))
 INV_SLOTS, INV_N, INV_V, SCALE = 40, 320, 48, 0.3
 
 
@@ -118,11 +143,17 @@ def _inputs_on(device, dtype: torch.dtype, slots: int, n: int, h: int, rank: int
 
 
 def _run(cache, q, w_uv, slots: list[int], lens: list[int], length: int, w: bool, plan: dict) -> torch.Tensor:
-    """mla_decode of the rows reading `slots` (each with that slot's query) at lengths `lens`."""
-    from pegainfer.engine.kernels.mla_decode import mla_decode
+    """The decode attention of the rows reading `slots` (each with that slot's query) at lengths
+    `lens`: plan {"rule": SplitRule fields, "programs": n} the fixed plan (mla_fixed), else mla_decode's."""
     s = torch.tensor(slots, device=cache.device)
-    return mla_decode(q[s], *paged(cache), s, torch.tensor(lens, device=cache.device), length, SCALE, w_uv.shape[1],
-                      w_uv_t=w_uv if w else None, **plan)
+    lens_t = torch.tensor(lens, device=cache.device)
+    if "rule" in plan:
+        from pegainfer.engine.kernels.mla_fixed import SplitRule, mla_decode_fixed, split_plan
+        rule = SplitRule(*plan["rule"])
+        return mla_decode_fixed(q[s], *paged(cache), s, lens_t, split_plan(lens_t, length, rule), SCALE, w_uv.shape[1],
+                                rule, plan.get("programs", 264), w_uv if w else None)
+    from pegainfer.engine.kernels.mla_decode import mla_decode
+    return mla_decode(q[s], *paged(cache), s, lens_t, length, SCALE, w_uv.shape[1], w_uv_t=w_uv if w else None, **plan)
 
 
 def _same_bits_in_any_batch(cache, q, w_uv, probes: list[tuple[int, int]], sizes: tuple[int, ...], plan: dict,
@@ -159,9 +190,9 @@ def test_fixed_plan_gives_a_row_the_same_bits_in_any_batch(triton_interpreter, r
     if dtype == torch.bfloat16:
         request.getfixturevalue("bf16_as_gpu")
     cache, q, w_uv = _inputs_on("cpu", dtype, INV_SLOTS, INV_N, H, RANK, ROPE, INV_V, 7)
-    # one key, one split exactly, one key over it, a short row, the most 32-key splits, and rows whose
-    # splits have grown (129: 4 x 64; 300: 4 x 96)
-    probes = [(0, 1), (1, 32), (2, 33), (3, 77), (4, 128), (5, 129), (6, 300)]
+    # one key, one split exactly, one key over it, the most 32-key splits, the splits grown (65, 128:
+    # 2 x 64), more 64-key splits (129: 3, 256: 4), and grown again (300: 4 x 96)
+    probes = [(0, 1), (1, 32), (2, 33), (3, 64), (4, 65), (5, 128), (6, 129), (7, 256), (8, 300)]
     _same_bits_in_any_batch(cache, q, w_uv, probes, (2, 5, 17, 33), INV, 7)
 
 
@@ -190,33 +221,41 @@ def test_fixed_plan_is_the_attention_over_each_rows_length(triton_interpreter, r
         assert torch.allclose(vals[b], want_v, atol=tol, rtol=tol), (b, (vals[b] - want_v).abs().max())
 
 
-def test_fixed_merge_lanes_change_no_bits(triton_interpreter, monkeypatch):
-    from pegainfer.engine.kernels import mla_decode as md
+def test_fixed_merge_lanes_and_split_programs_change_no_bits(triton_interpreter, monkeypatch):
+    from pegainfer.engine.kernels import mla_fixed as md
     cache, q, w_uv = _inputs_on("cpu", torch.float32, INV_SLOTS, INV_N, H, RANK, ROPE, INV_V, 9)
     slots, lens = list(range(1, 18)), list(range(5, 320, 19))
     assert _cdiv(md.FIXED_PROGRAMS, 2 * H) >= 2  # two tiles: a program per value block
     spread = _run(cache, q, w_uv, slots, lens, 320, True, INV)
+    for programs in (1, 3, 50):  # the split programs walk the work list in other strides
+        assert torch.equal(_run(cache, q, w_uv, slots, lens, 320, True, {**INV, "programs": programs}), spread)
     monkeypatch.setattr(md, "FIXED_PROGRAMS", 1)  # one program takes both value blocks
     assert torch.equal(_run(cache, q, w_uv, slots, lens, 320, True, INV), spread)
 
 
 def test_decode_values_follow_the_batch_invariant_switch(triton_interpreter, monkeypatch):
     from pegainfer.engine.kernels import mla_decode as md
+    from pegainfer.engine.kernels import mla_fixed as mf
     from pegainfer.engine.kernels.config import KernelConfig
     overrides, dtype, positions, seed = mla_cases.CASES[0]
     c = mla_cases.case(overrides, dtype, positions, seed)
-    plans = []
-    real = md.mla_decode
-    monkeypatch.setattr(md, "mla_decode", lambda *a, **kw: plans.append(kw) or real(*a, **kw))
+    calls = {"auto": [], "fixed": [], "plans": 0}
+    real, real_fixed, real_plan = md.mla_decode, mf.mla_decode_fixed, mf.split_plan
+    monkeypatch.setattr(md, "mla_decode", lambda *a, **kw: calls["auto"].append(kw) or real(*a, **kw))
+    monkeypatch.setattr(mf, "mla_decode_fixed", lambda *a: calls["fixed"].append(a) or real_fixed(*a))
+    monkeypatch.setattr(mf, "split_plan", lambda *a: calls.update(plans=calls["plans"] + 1) or real_plan(*a))
     outs = []
     for inv in (True, False):
         _, attn = mla_cases.attention(overrides, dtype, KernelConfig(batch_invariant=inv))
+        c.inp.memo.clear()
         outs.append(attn.decode_absorbed(c.x, c.inp, mla_cases.copy(c.cache)))
+        attn.decode_absorbed(c.x, c.inp, mla_cases.copy(c.cache))  # a second layer of the step: the same plan
     b, k = c.x.shape[0], KernelConfig()
-    assert {key: plans[0][key] for key in ("split_len", "merge", "max_splits")} == dict(
-        split_len=k.decode_split_len, merge="fixed", max_splits=k.decode_max_splits)
-    assert plans[1]["merge"] == md.merge_form(b, k.row_merge_max_batch) and "max_splits" not in plans[1]
-    assert plans[1]["split_len"] == md.auto_split(b, c.inp.length, k.split_programs)
+    assert len(calls["fixed"]) == 2 and calls["plans"] == 1 and calls["fixed"][0][7] is calls["fixed"][1][7]
+    assert calls["fixed"][0][8] == mf.SplitRule(k.decode_split_len, k.decode_max_splits, k.decode_long_split,
+                                                k.decode_most_splits)
+    assert calls["auto"][0]["merge"] == md.merge_form(b, k.row_merge_max_batch)
+    assert calls["auto"][0]["split_len"] == md.auto_split(b, c.inp.length, k.split_programs)
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)  # two orders of one sum
 
 
@@ -229,7 +268,8 @@ GPU_SLOTS, GPU_N = 257, 8192
 def _lite_plan() -> dict:
     from pegainfer.engine.kernels.config import KernelConfig
     k = KernelConfig()
-    return dict(split_len=k.decode_split_len, merge="fixed", max_splits=k.decode_max_splits)
+    return dict(rule=(k.decode_split_len, k.decode_max_splits, k.decode_long_split, k.decode_most_splits),
+                programs=k.split_programs)
 
 
 def test_gpu_fixed_plan_gives_a_row_the_same_bits_in_any_batch(triton_gpu):
@@ -258,12 +298,30 @@ def test_gpu_fixed_plan_is_as_accurate_as_the_auto_plan_and_replays_the_same_bit
             err = float((fixed[r].double() - want).norm() / want.norm())
             err_auto = float((other[r].double() - want).norm() / want.norm())
             assert err < 1e-2 and err <= 1.5 * err_auto + 1e-3, (b, r, err, err_auto)
-        # everything the launch reads made before the capture (no host copy may run inside one)
-        from pegainfer.engine.kernels.mla_decode import mla_decode
+        # everything the launch reads made before the capture (no host copy may run inside one); the
+        # work list is made inside the graph, so a replay at other lengths follows them
+        from pegainfer.engine.kernels.mla_fixed import SplitRule, mla_decode_fixed, split_plan
+        rule, programs = SplitRule(*_lite_plan()["rule"]), _lite_plan()["programs"]
         s_t, lens_t = torch.tensor(slots, device=cache.device), torch.tensor(lens, device=cache.device)
         pages, table, q_rows = *paged(cache), q[s_t]
-        graph, out = capture(lambda: mla_decode(q_rows, pages, table, s_t, lens_t, length, SCALE, w_uv.shape[1],
-                                                w_uv_t=w_uv, **_lite_plan()), None)
+        graph, out = capture(lambda: mla_decode_fixed(q_rows, pages, table, s_t, lens_t, split_plan(lens_t, length, rule),
+                                                      SCALE, w_uv.shape[1], rule, programs, w_uv), None)
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, fixed), b
+        other_lens = torch.randint(1, GPU_N + 1, (b,), generator=g).tolist()
+        lens_t.copy_(torch.tensor(other_lens))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, _run(cache, q, w_uv, slots, other_lens, length, True, _lite_plan())), b
+
+
+def test_gpu_long_rows_keep_their_bits_in_any_batch(triton_gpu):
+    """Rows in the long regime (256-key splits from 2,048 keys, 64 of them at 16,384, then growing)."""
+    cache, q, w_uv = _inputs_on(triton_gpu, torch.bfloat16, 8, 40000, **LITE, seed=2)
+    probes = [(0, 2048), (1, 2049), (2, 9000), (3, 16384), (4, 16385), (5, 33000)]
+    _same_bits_in_any_batch(cache, q, w_uv, probes, (1, 2, 5, 12, 40), _lite_plan(), 2)
+    for slot, n in probes:
+        _, want = _reference(cache, q, w_uv, slot, n)
+        got = _run(cache, q, w_uv, [slot], [n], n, True, _lite_plan())[0].double()
+        assert float((got - want).norm() / want.norm()) < 1e-2, n

@@ -1,0 +1,238 @@
+"""The batch-invariant split MLA decode (the fixed plan of engine/kernels/mla_decode.py; issues 26
+and 28): a row's splits follow its own length only, so its bits never depend on the rows beside it,
+and a long row gets enough splits to read its context from many SMs at once.
+
+The rule (own_split): decode_split_len keys a split, grown so that a row has at most
+decode_max_splits (8) splits, until a split reaches decode_long_split keys; past that the split
+stays that long and the row gets more splits, up to decode_most_splits, after which the splits grow
+again. So a short row splits as before, and a 16k-token row at batch 1 gets 64 programs where the
+8-split cap gave it 8 (decode_long_split 0: the cap of 8 at every length, the rule before).
+
+Rows get different numbers of splits, so the work is a list: one launch (_plan_kernel, once a step:
+the first layer's call makes it and the step's other layers reuse it, inputs.DecodeInputs.memo)
+gives each row its first item (an exclusive prefix sum of the rows' split counts) and writes the
+(row, split) items back to back; the split kernel's programs (a fixed number, split_programs, each
+taking items pid, pid + programs, ...) walk the list to the step's total read from the device, so a
+graph replays any mix of lengths with no idle program per missing split, and the partials are packed
+by item. Which program computes an item changes nothing: an item's sums are its own keys in order.
+The merge takes each row's items in split order (16-row tiles, looping to the tile's most splits; a
+row's missing splits add exact zeros), then W_UV per value block with one tl.dot, as before."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from pegainfer.engine.kernels.mla_decode import BLOCK_N, attend
+
+FIXED_BLOCK_V = 32  # value columns per tl.dot of the fixed merge (fewer where V is smaller)
+FIXED_PROGRAMS = 256  # the fixed merge spreads value blocks over programs up to about this many
+ITEM_BITS = 16  # an item: row << 16 | split (the kernels write 65,536 for 1 << 16)
+
+
+@triton.jit
+def _own_split(length, SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, LONG: tl.constexpr, MOST: tl.constexpr):
+    # keys per split of a row `length` long (own_split)
+    keys = SPLIT * tl.maximum(tl.cdiv(tl.cdiv(length, SPLIT), MAX_SPLITS), 1)
+    if LONG > 0:
+        keys = tl.maximum(tl.minimum(keys, LONG), SPLIT * tl.cdiv(tl.cdiv(length, SPLIT), MOST))
+    return keys
+
+
+@triton.jit
+def _plan_kernel(lens_ptr, off_ptr, items_ptr, total_ptr, n_rows, n_most, SPLIT: tl.constexpr,
+                 MAX_SPLITS: tl.constexpr, LONG: tl.constexpr, MOST: tl.constexpr, B_P: tl.constexpr):
+    # one program: each row's split count, their exclusive prefix sum (the row's first item), the
+    # total, and the items (row, split) back to back; n_most: the most splits a row of the bound has
+    r = tl.arange(0, B_P)
+    live = r < n_rows
+    length = tl.load(lens_ptr + r, mask=live, other=0).to(tl.int32)
+    own = tl.where(live, tl.cdiv(length, _own_split(length, SPLIT, MAX_SPLITS, LONG, MOST)), 0)
+    off = tl.cumsum(own, 0) - own
+    tl.store(off_ptr + r, off, mask=live)
+    tl.store(total_ptr, tl.sum(own, 0))
+    for s in range(0, n_most):
+        tl.store(items_ptr + off + s, r * 65536 + s, mask=live & (s < own))
+
+
+@triton.jit
+def _split_kernel(q_ptr, cache_ptr, table_ptr, slots_ptr, lens_ptr, items_ptr, total_ptr, part_o_ptr, part_ml_ptr,
+                  scale, stride_cp, stride_cn, stride_t,
+                  H: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_N: tl.constexpr,
+                  SPLIT: tl.constexpr, H_P: tl.constexpr, RANK_P: tl.constexpr, ROPE_P: tl.constexpr,
+                  PAGE: tl.constexpr, MAX_SPLITS: tl.constexpr, LONG: tl.constexpr, MOST: tl.constexpr):
+    # program p takes items p, p + programs, ... up to the step's total; item w's partial goes to w
+    heads = tl.arange(0, H_P)
+    dl = tl.arange(0, RANK_P)
+    hm, lm = heads < H, dl < RANK
+    total = tl.load(total_ptr)
+    for w in range(tl.program_id(0), total, tl.num_programs(0)):
+        item = tl.load(items_ptr + w)
+        b = item // 65536
+        split = item % 65536
+        slot = tl.load(slots_ptr + b)
+        length = tl.load(lens_ptr + b).to(tl.int32)
+        keys = _own_split(length, SPLIT, MAX_SPLITS, LONG, MOST)
+        start = split * keys
+        end = tl.minimum(start + keys, length)
+        m, lsum, acc = attend(q_ptr, cache_ptr, table_ptr + slot.to(tl.int64) * stride_t, b, start, end, end - start,
+                              scale, stride_cp, stride_cn, H, RANK, ROPE, BLOCK_N, H_P, RANK_P, ROPE_P, PAGE)
+        part = w * H
+        tl.store(part_o_ptr + (part + heads[:, None]) * RANK + dl[None, :], acc, mask=hm[:, None] & lm[None, :])
+        tl.store(part_ml_ptr + (part + heads) * 2, m, mask=hm)
+        tl.store(part_ml_ptr + (part + heads) * 2 + 1, lsum, mask=hm)
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _merge_kernel(part_o_ptr, part_ml_ptr, lens_ptr, off_ptr, w_uv_ptr, out_ptr, n_rows,
+                  H: tl.constexpr, RANK: tl.constexpr, RANK_P: tl.constexpr, V: tl.constexpr,
+                  BLOCK_V: tl.constexpr, SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, LONG: tl.constexpr,
+                  MOST: tl.constexpr, APPLY_WUV: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    # program (value-block lane, head, 16-row tile); one compiled kernel at every batch size (the row
+    # count is not specialised on): each row's own splits, in index order, merged over the whole
+    # latent, rounded, then one tl.dot per BLOCK_V columns of W_UV, for the value blocks lane,
+    # lane + lanes, ... (the lanes spread W_UV's bytes over programs at small batches; every block
+    # runs the same instructions whoever takes it). A split past a row's own count adds exact zeros
+    # (its weight is 0; the sums are never -0.0), and a tl.dot row's sums do not depend on the other
+    # rows of its tile, so a row's bits follow only its own partials
+    BLOCK_B: tl.constexpr = 16
+    rows = tl.program_id(2) * BLOCK_B + tl.arange(0, BLOCK_B)  # [BB]
+    live = rows < n_rows
+    h = tl.program_id(1)
+    dk = tl.arange(0, RANK_P)
+    k_ok = dk < RANK
+    if APPLY_WUV:  # the first value block asked for before the merge: its latency under the merge's
+        lane, lanes = tl.program_id(0), tl.num_programs(0)
+        dv0 = tl.arange(0, BLOCK_V)
+        w_uv = tl.load(w_uv_ptr + h * RANK * V + dk[:, None] * V + lane * BLOCK_V + dv0[None, :],
+                       mask=k_ok[:, None] & (lane * BLOCK_V + dv0 < V)[None, :], other=0.0)  # [RANK_P, BV]
+    length = tl.load(lens_ptr + rows, mask=live, other=0).to(tl.int32)
+    own = tl.where(live, tl.cdiv(length, _own_split(length, SPLIT, MAX_SPLITS, LONG, MOST)), 0)  # [BB]
+    first = tl.load(off_ptr + rows, mask=live, other=0)  # [BB] the row's first item
+    most = tl.max(own, 0)
+    m = tl.full([BLOCK_B], float("-inf"), tl.float32)
+    for s in range(0, most):
+        ok = s < own
+        m = tl.maximum(m, tl.load(part_ml_ptr + ((first + s) * H + h) * 2, mask=ok, other=float("-inf")))
+    total = tl.zeros([BLOCK_B], tl.float32)
+    acc = tl.zeros([BLOCK_B, RANK_P], tl.float32)
+    for s in range(0, most):
+        ok = s < own
+        idx = (first + s) * H + h  # [BB]
+        ms = tl.load(part_ml_ptr + idx * 2, mask=ok, other=float("-inf"))
+        w = tl.where(ms == float("-inf"), 0.0, tl.exp(ms - m))  # [BB]
+        total += tl.load(part_ml_ptr + idx * 2 + 1, mask=ok, other=0.0) * w
+        part = tl.load(part_o_ptr + idx[:, None].to(tl.int64) * RANK + dk[None, :], mask=ok[:, None] & k_ok[None, :],
+                       other=0.0)  # [BB, RANK_P]
+        acc += tl.where(w[:, None] > 0, part * w[:, None], 0.0)
+    total = tl.where(live, total, 1.0)  # rows past the batch: zeros, never stored
+    o_lat = (acc / total[:, None]).to(out_ptr.dtype.element_ty)  # [BB, RANK_P]
+    if APPLY_WUV:
+        for j in range(lane, tl.cdiv(V, BLOCK_V), lanes):
+            dv = j * BLOCK_V + dv0
+            o = tl.dot(o_lat, w_uv, input_precision=INPUT_PRECISION)  # [BB, BV] fp32
+            tl.store(out_ptr + rows[:, None] * (H * V) + h * V + dv[None, :], o.to(out_ptr.dtype.element_ty),
+                     mask=live[:, None] & (dv < V)[None, :])
+            nxt = dv + lanes * BLOCK_V  # the lane's next block (none past V: masked)
+            w_uv = tl.load(w_uv_ptr + h * RANK * V + dk[:, None] * V + nxt[None, :],
+                           mask=k_ok[:, None] & (nxt < V)[None, :], other=0.0)
+    else:
+        tl.store(out_ptr + (rows[:, None] * H + h) * RANK + dk[None, :], o_lat, mask=live[:, None] & k_ok[None, :])
+
+
+class SplitRule(NamedTuple):
+    """The fixed plan's knobs (KernelConfig: decode_split_len, decode_max_splits, decode_long_split,
+    decode_most_splits); long_split 0: at most max_splits splits at every length."""
+    split_len: int
+    max_splits: int
+    long_split: int = 0
+    most_splits: int = 0
+
+    def constexprs(self) -> dict:
+        return dict(SPLIT=self.split_len, MAX_SPLITS=self.max_splits, LONG=self.long_split, MOST=self.most_splits)
+
+
+class SplitPlan(NamedTuple):
+    """A step's work list (one per step, shared by its layers): off [B] int32 each row's first item,
+    items [bound] int32 (row << 16 | split), total [1] int32; bound: the most items any rows under the
+    step's static length can have."""
+    off: torch.Tensor
+    items: torch.Tensor
+    total: torch.Tensor
+    bound: int
+
+
+def own_split(length: int, rule: SplitRule) -> int:
+    """Keys per split of a row `length` long (the kernels' _own_split): a function of its own length."""
+    keys = rule.split_len * max(triton.cdiv(triton.cdiv(length, rule.split_len), rule.max_splits), 1)
+    if rule.long_split > 0:
+        keys = max(min(keys, rule.long_split),
+                   rule.split_len * triton.cdiv(triton.cdiv(length, rule.split_len), rule.most_splits))
+    return keys
+
+
+def fixed_splits(length: int, rule: SplitRule) -> int:
+    """The most splits a row of at most `length` keys has (every such row's own count is at most this)."""
+    short = min(rule.max_splits, triton.cdiv(length, rule.split_len))
+    if rule.long_split <= 0:
+        return short
+    return min(triton.cdiv(length, rule.split_len),
+               max(rule.max_splits, min(rule.most_splits, triton.cdiv(length, rule.long_split))))
+
+
+def check_rule(rule: SplitRule) -> None:
+    if rule.split_len % BLOCK_N or rule.max_splits < 1:
+        raise ValueError(f"split length {rule.split_len} must be a multiple of {BLOCK_N}, max_splits >= 1")
+    if rule.long_split and (rule.long_split % rule.split_len or rule.most_splits < rule.max_splits):
+        raise ValueError(f"long_split {rule.long_split} must be a multiple of the split length {rule.split_len} "
+                         f"and most_splits ({rule.most_splits}) at least max_splits ({rule.max_splits})")
+
+
+def split_plan(lens: torch.Tensor, length: int, rule: SplitRule) -> SplitPlan:
+    """The step's work list for rows of these lengths [B] under the static bound `length` (one launch)."""
+    b, dev = lens.shape[0], lens.device
+    n_most = fixed_splits(length, rule)
+    bound = b * n_most
+    if b >= 1 << (31 - ITEM_BITS) or n_most >= 1 << ITEM_BITS:
+        raise ValueError(f"{b} rows of up to {n_most} splits do not fit an item")
+    off = torch.empty(b, dtype=torch.int32, device=dev)
+    items = torch.empty(max(bound, 1), dtype=torch.int32, device=dev)
+    total = torch.empty(1, dtype=torch.int32, device=dev)
+    _plan_kernel[(1,)](lens, off, items, total, b, n_most, **rule.constexprs(),
+                       B_P=max(16, triton.next_power_of_2(b)))
+    return SplitPlan(off, items, total, bound)
+
+
+def mla_decode_fixed(q: torch.Tensor, cache_layer: torch.Tensor, table: torch.Tensor, slots: torch.Tensor,
+                     lens: torch.Tensor, plan: SplitPlan, scale: float, rank: int, rule: SplitRule, programs: int,
+                     w_uv_t: torch.Tensor | None) -> torch.Tensor:
+    """mla_decode's fixed plan (its arguments; plan: split_plan's for these lens, programs: how many
+    split programs walk the items, KernelConfig.split_programs). Two launches, graph-safe."""
+    b, h, width = q.shape
+    page = cache_layer.shape[1]
+    part_o = torch.empty(plan.bound, h, rank, dtype=torch.float32, device=q.device)  # [items, H, rank]
+    part_ml = torch.empty(plan.bound, h, 2, dtype=torch.float32, device=q.device)  # [items, H, (max, sum)]
+    _split_kernel[(max(1, min(programs, plan.bound)),)](
+        q.contiguous(), cache_layer, table, slots, lens, plan.items, plan.total, part_o, part_ml, scale,
+        cache_layer.stride(0), cache_layer.stride(1), table.stride(0), H=h, RANK=rank, ROPE=width - rank,
+        BLOCK_N=BLOCK_N, H_P=max(16, triton.next_power_of_2(h)), RANK_P=triton.next_power_of_2(rank),
+        ROPE_P=max(16, triton.next_power_of_2(width - rank)), PAGE=page, **rule.constexprs(), num_warps=8)
+    if w_uv_t is None:
+        v, out = 1, torch.empty(b, h, rank, dtype=q.dtype, device=q.device)  # [B, H, rank]
+    else:
+        assert w_uv_t.is_contiguous() and w_uv_t.shape[:2] == (h, rank)
+        v = w_uv_t.shape[2]
+        out = torch.empty(b, h * v, dtype=q.dtype, device=q.device)  # [B, H*V]
+    # value columns per tl.dot: set by V alone (never by the batch). Lanes per (head, tile): every
+    # value block its own program while the tiles are few (W_UV's bytes over many SMs), fewer as they
+    # grow (each program merges its rows' partials once for more blocks); the bits are the same
+    block_v = max(16, min(FIXED_BLOCK_V, triton.next_power_of_2(v))) if w_uv_t is not None else 1
+    tiles = triton.cdiv(b, 16)
+    lanes = min(triton.cdiv(v, block_v), triton.cdiv(FIXED_PROGRAMS, tiles * h)) if w_uv_t is not None else 1
+    _merge_kernel[(lanes, h, tiles)](
+        part_o, part_ml, lens, plan.off, w_uv_t if w_uv_t is not None else part_o, out, b,
+        H=h, RANK=rank, RANK_P=triton.next_power_of_2(rank), V=v, BLOCK_V=block_v, **rule.constexprs(),
+        APPLY_WUV=w_uv_t is not None, INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=8)
+    return out
