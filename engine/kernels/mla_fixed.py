@@ -206,7 +206,7 @@ def split_plan(lens: torch.Tensor, length: int, rule: SplitRule) -> SplitPlan:
 
 
 def mla_decode_fixed(q: torch.Tensor, cache_layer: torch.Tensor, table: torch.Tensor, slots: torch.Tensor,
-                     lens: torch.Tensor, plan: SplitPlan, scale: float, rank: int, rule: SplitRule, programs: int,
+                     lens: torch.Tensor, *, plan: SplitPlan, scale: float, rank: int, rule: SplitRule, programs: int,
                      w_uv_t: torch.Tensor | None) -> torch.Tensor:
     """mla_decode's fixed plan (its arguments; plan: split_plan's for these lens, programs: how many
     split programs walk the items, KernelConfig.split_programs). Two launches, graph-safe."""

@@ -25,6 +25,8 @@ engine's KernelConfig (engine/kernels/config.py), which the tool hands to the en
     --expert-down-n       experts.few_rows.down_n      down column block up to 512 routes
     --expert-k            experts.few_rows.block_k     K block of both up to 512 routes
     --split-programs      split_programs               programs the split attention aims at
+    --decode-long-split   decode_long_split            the invariant split attention's long split (0: 8 splits at most)
+    --decode-most-splits  decode_most_splits           its most splits a row
     --expert-stages       experts.one_token_stages     pipeline stages of both at one token's routes
     --one-token-up-n      experts.one_token_up_n       gate-up column block at one token's routes
     --expert-warps        experts.few_rows.num_warps   warps per program of both up to 512 routes
@@ -74,6 +76,8 @@ KNOBS = {"batch_invariant": ("batch_invariant", lambda v, default: v == 1),
          "expert_down_n": ("experts.few_rows.down_n", _as_is),
          "expert_k": ("experts.few_rows.block_k", _as_is),
          "split_programs": ("split_programs", _as_is),
+         "decode_long_split": ("decode_long_split", _as_is),
+         "decode_most_splits": ("decode_most_splits", _as_is),
          "expert_stages": ("experts.one_token_stages", _as_is),
          "one_token_up_n": ("experts.one_token_up_n", _as_is),
          "expert_warps": ("experts.few_rows.num_warps", _as_is),

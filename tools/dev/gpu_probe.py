@@ -6,6 +6,8 @@ eager expand path.
     python tools/dev/gpu_probe.py [--batches 1,8,32] [--prompt-len 86] [--new-tokens 64] [--variants triton,plain]
     python tools/dev/gpu_probe.py --diag tiny,lite
     python tools/dev/gpu_probe.py --thread --batches 1,64,256 --out FILE.json  (the GPU thread, overlap off/on)
+    python tools/dev/gpu_probe.py --variants triton --batches 1 --contexts 1024,16384 [--decode-long-split 0]
+        (decode TPOT by context length; the knob: the split attention's rule, for an A/B)
 """
 from __future__ import annotations
 
@@ -313,6 +315,7 @@ def main() -> int:
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--prompt-len", type=int, default=86)
     p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--contexts", help="comma-separated prompt lengths to time each batch at (instead of --prompt-len)")
     p.add_argument("--variants", default="triton,plain", help="triton, plain (graphs, torch ops), eager")
     p.add_argument("--out", type=Path)
     p.add_argument("--diag", help="preset to diagnose instead of timing (tiny|lite)")
@@ -353,25 +356,27 @@ def main() -> int:
     variants = {"triton": dict(cuda_graphs=True, kernels=kernels),
                 "plain": dict(cuda_graphs=True, kernels=plain),
                 "eager": dict(cuda_graphs=False, kernels=plain)}
+    contexts = [int(x) for x in a.contexts.split(",")] if a.contexts else [a.prompt_len]
+    max_len = max(1024, max(contexts) + a.new_tokens + 16)  # pages for the longest run's rows
     for name in a.variants.split(","):
         t = time.perf_counter()
         engine = build_engine(EngineSpec(random_preset="lite", device="cuda", dtype="bfloat16",
-                                         num_slots=max(batches), max_model_len=1024,
-                                         kv_cache_tokens=max(batches) * 1024, **variants[name]))
+                                         num_slots=max(batches), max_model_len=max_len,
+                                         kv_cache_tokens=max(batches) * max_len, **variants[name]))
         report[f"build_s_{name}"] = round(time.perf_counter() - t, 1)
-        for b in batches:  # a first pass captures the graphs; the second is the one reported
-            run_batch(engine, b, a.prompt_len, 4)
         rows, timelines = [], []
-        for b in batches:
-            rows.append(run_batch(engine, b, a.prompt_len, a.new_tokens))
-            if a.timeline:  # right after its own run: the graphs' input region holds this bucket's last step
-                timelines.append(graph_timeline(engine, b))
-                print(json.dumps(timelines[-1]), flush=True)
+        for ctx in contexts:
+            for b in batches:  # a first pass captures the graphs; the second is the one reported
+                run_batch(engine, b, ctx, 4)
+            for b in batches:
+                rows.append(run_batch(engine, b, ctx, a.new_tokens) | {"prompt_len": ctx})
+                print(json.dumps({k: v for k, v in rows[-1].items() if k != "tokens"} | {"variant": name}), flush=True)
+                if a.timeline:  # right after its own run: the graphs' input region holds this bucket's last step
+                    timelines.append(graph_timeline(engine, b))
+                    print(json.dumps(timelines[-1]), flush=True)
         if a.timeline:
             report[f"timeline_{name}"] = timelines
         report[name] = rows
-        for r in rows:
-            print(json.dumps({k: v for k, v in r.items() if k != "tokens"} | {"variant": name}), flush=True)
         del engine
         torch.cuda.empty_cache()
     names = a.variants.split(",")

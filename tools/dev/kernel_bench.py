@@ -7,7 +7,7 @@ are apart. With --sweep it also times the expert kernels under several tilings.
 
     python tools/dev/kernel_bench.py [--batches 1,8,64,256] [--sweep] [--profile] [--out report.json]
     python tools/dev/kernel_bench.py --mla [--batches 1,8,64,256] [--mla-length 256 --mla-ctx 150]
-        [--mla-fixed-split 32 8]
+        [--mla-fixed-split 32 8 256 64]
     python tools/dev/kernel_bench.py --norm-proj
 """
 from __future__ import annotations
@@ -75,11 +75,12 @@ def kernel_table(fn, reps: int = 10) -> str:
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=16, max_name_column_width=50)
 
 
-def mla_rows(batches: list[int], length: int = 256, ctx: int = 150, fixed_split: tuple[int, int] | None = None
+def mla_rows(batches: list[int], length: int = 256, ctx: int = 150, fixed_split: tuple[int, ...] | None = None
              ) -> list[dict]:
     """MLA decode attention of one layer at lite's shapes (16 heads, latent 512 + 64, value 128):
     the split kernel and each merge kernel with W_UV applied, and the batch-invariant plan (split and
-    fixed merge; fixed_split: its (decode_split_len, decode_max_splits), default the KernelConfig's), µs
+    fixed merge, engine/kernels/mla_fixed.py; fixed_split: its (decode_split_len, decode_max_splits,
+    decode_long_split, decode_most_splits), default the KernelConfig's, with its work list), µs
     per layer; at a few rows also the output kernel against the separate kernels it replaces
     (output_rows)."""
     from pegainfer.engine.kernels.mla_decode import mla_decode
@@ -103,12 +104,16 @@ def mla_rows(batches: list[int], length: int = 256, ctx: int = 150, fixed_split:
         row["split_only_us"] = round(graph_time_us(
             lambda: mla_decode(q, *cache, slots, lens, length, 0.1, rank, split_len=split_len, merge="row")), 1)
         # the batch-invariant plan (KernelConfig.batch_invariant): splits by each row's length, one merge
-        split, most = fixed_split or (DEFAULT.decode_split_len, DEFAULT.decode_max_splits)
-        fixed = dict(split_len=split, merge="fixed", max_splits=most)
-        row["fixed_split"] = [split, most]
-        row["fixed_us"] = round(graph_time_us(
-            lambda: mla_decode(q, *cache, slots, lens, length, 0.1, rank, w_uv_t=w_uv_t, **fixed)), 1)
-        got = mla_decode(q, *cache, slots, lens, length, 0.1, rank, w_uv_t=w_uv_t, **fixed).float()
+        from pegainfer.engine.kernels.mla_fixed import SplitRule, mla_decode_fixed, split_plan
+        rule = SplitRule(*(fixed_split or (DEFAULT.decode_split_len, DEFAULT.decode_max_splits,
+                                           DEFAULT.decode_long_split, DEFAULT.decode_most_splits)))
+        row["fixed_split"] = list(rule)
+
+        def fixed():  # the step's work list (once a step) and one layer's launches
+            return mla_decode_fixed(q, *cache, slots, lens, plan=split_plan(lens, length, rule), scale=0.1, rank=rank,
+                                    rule=rule, programs=DEFAULT.split_programs, w_uv_t=w_uv_t)
+        row["fixed_us"] = round(graph_time_us(fixed), 1)
+        got = fixed().float()
         row["fixed_max_abs_diff"] = float((got - ref).abs().max())
         if b <= 4:
             row |= output_rows(q, cache, slots, lens, length, w_uv_t)
@@ -206,8 +211,8 @@ def main() -> int:
     p.add_argument("--mla", action="store_true", help="only MLA decode attention: split and the merge kernels")
     p.add_argument("--mla-length", type=int, default=256, help="--mla: the static bound (a graph bucket)")
     p.add_argument("--mla-ctx", type=int, default=150, help="--mla: every row's context")
-    p.add_argument("--mla-fixed-split", type=int, nargs=2, metavar=("SPLIT_LEN", "MAX_SPLITS"),
-                   help="--mla: the batch-invariant plan's split length and most splits (default: KernelConfig's)")
+    p.add_argument("--mla-fixed-split", type=int, nargs=4, metavar=("SPLIT_LEN", "MAX_SPLITS", "LONG", "MOST"),
+                   help="--mla: the batch-invariant plan's split rule (default: KernelConfig's)")
     p.add_argument("--norm-proj", action="store_true", help="only the layer's input: combine, norm and q/kv_a")
     p.add_argument("--out", type=Path)
     a = p.parse_args()

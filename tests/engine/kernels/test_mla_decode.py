@@ -150,8 +150,9 @@ def _run(cache, q, w_uv, slots: list[int], lens: list[int], length: int, w: bool
     if "rule" in plan:
         from pegainfer.engine.kernels.mla_fixed import SplitRule, mla_decode_fixed, split_plan
         rule = SplitRule(*plan["rule"])
-        return mla_decode_fixed(q[s], *paged(cache), s, lens_t, split_plan(lens_t, length, rule), SCALE, w_uv.shape[1],
-                                rule, plan.get("programs", 264), w_uv if w else None)
+        return mla_decode_fixed(q[s], *paged(cache), s, lens_t, plan=split_plan(lens_t, length, rule), scale=SCALE,
+                                rank=w_uv.shape[1], rule=rule, programs=plan.get("programs", 264),
+                                w_uv_t=w_uv if w else None)
     from pegainfer.engine.kernels.mla_decode import mla_decode
     return mla_decode(q[s], *paged(cache), s, lens_t, length, SCALE, w_uv.shape[1], w_uv_t=w_uv if w else None, **plan)
 
@@ -242,7 +243,7 @@ def test_decode_values_follow_the_batch_invariant_switch(triton_interpreter, mon
     calls = {"auto": [], "fixed": [], "plans": 0}
     real, real_fixed, real_plan = md.mla_decode, mf.mla_decode_fixed, mf.split_plan
     monkeypatch.setattr(md, "mla_decode", lambda *a, **kw: calls["auto"].append(kw) or real(*a, **kw))
-    monkeypatch.setattr(mf, "mla_decode_fixed", lambda *a: calls["fixed"].append(a) or real_fixed(*a))
+    monkeypatch.setattr(mf, "mla_decode_fixed", lambda *a, **kw: calls["fixed"].append(kw) or real_fixed(*a, **kw))
     monkeypatch.setattr(mf, "split_plan", lambda *a: calls.update(plans=calls["plans"] + 1) or real_plan(*a))
     outs = []
     for inv in (True, False):
@@ -251,8 +252,8 @@ def test_decode_values_follow_the_batch_invariant_switch(triton_interpreter, mon
         outs.append(attn.decode_absorbed(c.x, c.inp, mla_cases.copy(c.cache)))
         attn.decode_absorbed(c.x, c.inp, mla_cases.copy(c.cache))  # a second layer of the step: the same plan
     b, k = c.x.shape[0], KernelConfig()
-    assert len(calls["fixed"]) == 2 and calls["plans"] == 1 and calls["fixed"][0][7] is calls["fixed"][1][7]
-    assert calls["fixed"][0][8] == mf.SplitRule(k.decode_split_len, k.decode_max_splits, k.decode_long_split,
+    assert len(calls["fixed"]) == 2 and calls["plans"] == 1 and calls["fixed"][0]["plan"] is calls["fixed"][1]["plan"]
+    assert calls["fixed"][0]["rule"] == mf.SplitRule(k.decode_split_len, k.decode_max_splits, k.decode_long_split,
                                                 k.decode_most_splits)
     assert calls["auto"][0]["merge"] == md.merge_form(b, k.row_merge_max_batch)
     assert calls["auto"][0]["split_len"] == md.auto_split(b, c.inp.length, k.split_programs)
@@ -304,8 +305,10 @@ def test_gpu_fixed_plan_is_as_accurate_as_the_auto_plan_and_replays_the_same_bit
         rule, programs = SplitRule(*_lite_plan()["rule"]), _lite_plan()["programs"]
         s_t, lens_t = torch.tensor(slots, device=cache.device), torch.tensor(lens, device=cache.device)
         pages, table, q_rows = *paged(cache), q[s_t]
-        graph, out = capture(lambda: mla_decode_fixed(q_rows, pages, table, s_t, lens_t, split_plan(lens_t, length, rule),
-                                                      SCALE, w_uv.shape[1], rule, programs, w_uv), None)
+        graph, out = capture(lambda: mla_decode_fixed(q_rows, pages, table, s_t, lens_t,
+                                                      plan=split_plan(lens_t, length, rule), scale=SCALE,
+                                                      rank=w_uv.shape[1], rule=rule, programs=programs, w_uv_t=w_uv),
+                             None)
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, fixed), b
