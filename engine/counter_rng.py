@@ -48,8 +48,15 @@ def uniform(state: torch.Tensor, vocab: int) -> torch.Tensor:
     """[S, vocab] float32 uniforms in (0, 1), one per (row state, vocabulary index)."""
     v = torch.arange(vocab, dtype=torch.int64, device=state.device)
     word = mix32((v * _GOLDEN + 1) & MASK32)  # [V]
-    h = mix32(state[:, None] ^ word[None, :])  # [S, V]
-    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return to_unit(mix32(state[:, None] ^ word[None, :]))  # [S, V]
+
+
+def to_unit(h: torch.Tensor) -> torch.Tensor:
+    """32-bit hashes (int64 lanes) -> float32 in (0, 1): the top 23 bits + 0.5, times 2**-23, exact in
+    float32, so 2**-24 <= u <= 1 - 2**-24. (24 bits + 0.5 would not be: 2**24 - 0.5 rounds to 2**24,
+    a uniform of exactly 1, an Exp(1) noise of 0, and the race's winner would be that column whatever
+    its probability, 102,400 x 2**-24 = 0.6 % of a row's draws at lite's vocabulary.)"""
+    return ((h >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
 
 
 def exponential(seed: torch.Tensor, index: torch.Tensor, step: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -18,7 +18,7 @@ import triton.language as tl
 GOLDEN = tl.constexpr(0x9E3779B9)
 MUL1 = tl.constexpr(0x7FEB352D)
 MUL2 = tl.constexpr(0x846CA68B)
-INV_2_24 = tl.constexpr(1.0 / (1 << 24))
+INV_2_23 = tl.constexpr(1.0 / (1 << 23))
 
 
 @triton.jit
@@ -46,10 +46,10 @@ def stream_state(seed, index, step):
 @triton.jit
 def uniform_at(state, cols):
     """float32 uniforms in (0, 1) of the vocabulary indices cols (int32, >= 0) for one row's state:
-    counter_rng.uniform's bits (the + 0.5 rounds to nearest even in float32 on both sides)."""
+    counter_rng.uniform's bits (23 bits + 0.5, exact in float32: 2**-24 .. 1 - 2**-24)."""
     word = mix32(cols.to(tl.uint32) * GOLDEN + 1)
     h = mix32(state ^ word)
-    return ((h >> 8).to(tl.float32) + 0.5) * INV_2_24
+    return ((h >> 9).to(tl.float32) + 0.5) * INV_2_23
 
 
 @triton.jit

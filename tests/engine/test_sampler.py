@@ -179,8 +179,14 @@ def test_mix32_is_lowbias32():
 
 
 def test_uniforms_are_in_the_open_unit_interval_and_spread():
+    from pegainfer.engine.counter_rng import to_unit
     u = uniform(torch.tensor([0, 1, 2**31], dtype=torch.int64), 4096)  # [3, 4096]
     assert 0 < u.min() and u.max() < 1
+    # every hash, the extremes included (a uniform of 1 is an Exp(1) noise of 0: an infinite weight)
+    edges = to_unit(torch.tensor([0, 1, 511, 512, 2**31, 2**32 - 513, 2**32 - 512, 2**32 - 1], dtype=torch.int64))
+    assert 0 < edges.min() and edges.max() < 1 and edges.max() == 1 - 2**-24 and edges.min() == 2**-24
+    noise = -torch.log(edges)
+    assert (noise > 0).all() and torch.isfinite(torch.log(noise)).all()
     assert abs(u.mean().item() - 0.5) < 0.01 and not torch.equal(u[0], u[1])
 
 

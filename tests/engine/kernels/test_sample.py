@@ -309,7 +309,7 @@ def test_gpu_the_launch_replays_in_a_cuda_graph(triton_gpu):
     logits = (torch.randn(64, 102400, generator=gen) * 3).cuda()
     draws = mixed_draws(64, 102400, seed=3)
     rows, history, bias = kernel_inputs(draws, 102400, "cuda")
-    want = reference(logits, draws)
+    want = reference(logits, draws, 5)
     out = sample(logits, rows, history=history, bias=bias, logprobs=5)
     graph, _ = capture(lambda: sample(logits, rows, history=history, bias=bias, logprobs=5, out=out), None)
     for _ in range(20):
