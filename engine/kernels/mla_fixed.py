@@ -112,10 +112,13 @@ def _merge_kernel(part_o_ptr, part_ml_ptr, lens_ptr, off_ptr, w_uv_ptr, out_ptr,
     own = tl.where(live, tl.cdiv(length, _own_split(length, SPLIT, MAX_SPLITS, LONG, MOST)), 0)  # [BB]
     first = tl.load(off_ptr + rows, mask=live, other=0)  # [BB] the row's first item
     most = tl.max(own, 0)
+    # the splits' max, 16 splits a load (a max is exact in any order: the same bits as one by one)
     m = tl.full([BLOCK_B], float("-inf"), tl.float32)
-    for s in range(0, most):
-        ok = s < own
-        m = tl.maximum(m, tl.load(part_ml_ptr + ((first + s) * H + h) * 2, mask=ok, other=float("-inf")))
+    for s0 in range(0, most, 16):
+        ss = s0 + tl.arange(0, 16)
+        ok = ss[None, :] < own[:, None]  # [BB, 16]
+        ms = tl.load(part_ml_ptr + ((first[:, None] + ss[None, :]) * H + h) * 2, mask=ok, other=float("-inf"))
+        m = tl.maximum(m, tl.max(ms, axis=1))
     total = tl.zeros([BLOCK_B], tl.float32)
     acc = tl.zeros([BLOCK_B, RANK_P], tl.float32)
     for s in range(0, most):
@@ -152,6 +155,17 @@ class SplitRule(NamedTuple):
 
     def constexprs(self) -> dict:
         return dict(SPLIT=self.split_len, MAX_SPLITS=self.max_splits, LONG=self.long_split, MOST=self.most_splits)
+
+
+class Launches(NamedTuple):
+    """The launch shape of the two kernels: the keys a step of the split kernel takes (a multiple
+    that divides the page size and the split length: it fixes the order of a split's sums), and each
+    kernel's warps and pipeline stages (no bits change). tools/dev/kernel_bench.py --mla-tune."""
+    block_n: int = BLOCK_N
+    split_warps: int = 8
+    split_stages: int = 3
+    merge_warps: int = 8
+    merge_stages: int = 3
 
 
 class SplitPlan(NamedTuple):
@@ -207,18 +221,21 @@ def split_plan(lens: torch.Tensor, length: int, rule: SplitRule) -> SplitPlan:
 
 def mla_decode_fixed(q: torch.Tensor, cache_layer: torch.Tensor, table: torch.Tensor, slots: torch.Tensor,
                      lens: torch.Tensor, *, plan: SplitPlan, scale: float, rank: int, rule: SplitRule, programs: int,
-                     w_uv_t: torch.Tensor | None) -> torch.Tensor:
+                     w_uv_t: torch.Tensor | None, launches: Launches = Launches()) -> torch.Tensor:
     """mla_decode's fixed plan (its arguments; plan: split_plan's for these lens, programs: how many
     split programs walk the items, KernelConfig.split_programs). Two launches, graph-safe."""
     b, h, width = q.shape
-    page = cache_layer.shape[1]
+    page, bn = cache_layer.shape[1], launches.block_n
+    if page % bn or rule.split_len % bn:
+        raise ValueError(f"the page size ({page}) and split length ({rule.split_len}) must be multiples of {bn}")
     part_o = torch.empty(plan.bound, h, rank, dtype=torch.float32, device=q.device)  # [items, H, rank]
     part_ml = torch.empty(plan.bound, h, 2, dtype=torch.float32, device=q.device)  # [items, H, (max, sum)]
     _split_kernel[(max(1, min(programs, plan.bound)),)](
         q.contiguous(), cache_layer, table, slots, lens, plan.items, plan.total, part_o, part_ml, scale,
         cache_layer.stride(0), cache_layer.stride(1), table.stride(0), H=h, RANK=rank, ROPE=width - rank,
-        BLOCK_N=BLOCK_N, H_P=max(16, triton.next_power_of_2(h)), RANK_P=triton.next_power_of_2(rank),
-        ROPE_P=max(16, triton.next_power_of_2(width - rank)), PAGE=page, **rule.constexprs(), num_warps=8)
+        BLOCK_N=bn, H_P=max(16, triton.next_power_of_2(h)), RANK_P=triton.next_power_of_2(rank),
+        ROPE_P=max(16, triton.next_power_of_2(width - rank)), PAGE=page, **rule.constexprs(),
+        num_warps=launches.split_warps, num_stages=launches.split_stages)
     if w_uv_t is None:
         v, out = 1, torch.empty(b, h, rank, dtype=q.dtype, device=q.device)  # [B, H, rank]
     else:
@@ -234,5 +251,6 @@ def mla_decode_fixed(q: torch.Tensor, cache_layer: torch.Tensor, table: torch.Te
     _merge_kernel[(lanes, h, tiles)](
         part_o, part_ml, lens, plan.off, w_uv_t if w_uv_t is not None else part_o, out, b,
         H=h, RANK=rank, RANK_P=triton.next_power_of_2(rank), V=v, BLOCK_V=block_v, **rule.constexprs(),
-        APPLY_WUV=w_uv_t is not None, INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=8)
+        APPLY_WUV=w_uv_t is not None, INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=launches.merge_warps, num_stages=launches.merge_stages)
     return out

@@ -1,0 +1,84 @@
+"""The batch-invariant split MLA decode (engine/kernels/mla_fixed.py) at lite's shapes on a GPU, µs a
+layer, for a few split rules and launch shapes: each (batch, context) case replayed in a CUDA graph
+over COPIES layers' caches in turn (more bytes than the L2 holds, as a decode step's 27 layers), the
+work list made once per pass as the step makes it. One line of JSON per case; with --out, all of
+them. The variants are the candidates for KernelConfig's decode_* fields and mla_fixed.Launches.
+
+    python tools/dev/mla_tune.py [--cases 1x1024,1x4096,1x16384,1x32768,64x4096,256x1024] [--variants base,s1,...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from pegainfer.engine.kernels.config import KernelConfig  # noqa: E402
+from pegainfer.engine.kernels.mla_fixed import Launches, SplitRule, mla_decode_fixed, split_plan  # noqa: E402
+from tools.dev.kernel_bench import graph_time_us, paged_cache  # noqa: E402
+
+K = KernelConfig()
+BASE = SplitRule(K.decode_split_len, K.decode_max_splits, K.decode_long_split, K.decode_most_splits)
+VARIANTS = {  # name: (rule, launches)
+    "base": (BASE, Launches()),
+    "old": (SplitRule(32, 8), Launches()),  # at most 8 splits a row: the rule before
+    "s1": (BASE, Launches(split_stages=1)),
+    "s4": (BASE, Launches(split_stages=4)),
+    "w4": (BASE, Launches(split_warps=4)),
+    "m1": (BASE, Launches(merge_stages=1)),
+    "m4": (BASE, Launches(merge_stages=4, merge_warps=4)),
+    "b64": (SplitRule(64, 8, 256, 64), Launches(block_n=64)),
+    "r128": (SplitRule(32, 8, 128, 128), Launches()),
+    "r512": (SplitRule(32, 8, 512, 32), Launches()),
+}
+COPIES = 4  # caches walked in turn: more than the L2 at the long contexts
+
+
+def case_us(b: int, ctx: int, rule: SplitRule, launches: Launches, programs: int) -> float:
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    h, rank, rope, v = 16, 512, 64, 128
+    caches = [paged_cache(b, ctx, rank + rope, dev, dt) for _ in range(COPIES)]
+    q = torch.randn(b, h, rank + rope, device=dev, dtype=dt) * 0.1
+    w_uv = torch.randn(h, rank, v, device=dev, dtype=dt) * 0.05
+    slots = torch.arange(b, device=dev)
+    lens = torch.full((b,), ctx, device=dev)
+
+    def step():  # one work list, then COPIES layers
+        plan = split_plan(lens, ctx, rule)
+        return [mla_decode_fixed(q, pages, table, slots, lens, plan=plan, scale=0.1, rank=rank, rule=rule,
+                                 programs=programs, w_uv_t=w_uv, launches=launches) for pages, table in caches]
+    return graph_time_us(step, inner=5, reps=10) / COPIES
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--cases", default="1x1024,1x4096,1x16384,1x32768,64x4096,256x1024")
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--programs", type=int, default=K.split_programs)
+    p.add_argument("--out", type=Path)
+    a = p.parse_args()
+    rows = []
+    for name in a.variants.split(","):
+        rule, launches = VARIANTS[name]
+        for c in a.cases.split(","):
+            b, ctx = (int(x) for x in c.split("x"))
+            try:
+                us = round(case_us(b, ctx, rule, launches, a.programs), 1)
+            except Exception as e:  # noqa: BLE001 - a variant that fails is reported, the others still run
+                us = f"{type(e).__name__}: {str(e)[:200]}"
+            rows.append({"variant": name, "batch": b, "ctx": ctx, "us_per_layer": us})
+            print(json.dumps(rows[-1]), flush=True)
+            torch.cuda.empty_cache()
+    if a.out:
+        a.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
