@@ -85,11 +85,24 @@ def _split_kernel(q_ptr, cache_ptr, table_ptr, slots_ptr, lens_ptr, items_ptr, t
         tl.store(part_ml_ptr + (part + heads) * 2 + 1, lsum, mask=hm)
 
 
+@triton.jit
+def _partial(part_o_ptr, part_ml_ptr, first, s, own, h, dk, k_ok, H: tl.constexpr, RANK: tl.constexpr):
+    # split s of each row of the tile (its item first + s): (max [BB], sum [BB], output [BB, RANK_P]);
+    # a split past a row's count reads as (-inf, 0, 0)
+    ok = s < own
+    idx = (first + s) * H + h  # [BB]
+    ms = tl.load(part_ml_ptr + idx * 2, mask=ok, other=float("-inf"))
+    lsum = tl.load(part_ml_ptr + idx * 2 + 1, mask=ok, other=0.0)
+    part = tl.load(part_o_ptr + idx[:, None].to(tl.int64) * RANK + dk[None, :], mask=ok[:, None] & k_ok[None, :],
+                   other=0.0)
+    return ms, lsum, part
+
+
 @triton.jit(do_not_specialize=["n_rows"])
 def _merge_kernel(part_o_ptr, part_ml_ptr, lens_ptr, off_ptr, w_uv_ptr, out_ptr, n_rows,
                   H: tl.constexpr, RANK: tl.constexpr, RANK_P: tl.constexpr, V: tl.constexpr,
                   BLOCK_V: tl.constexpr, SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, LONG: tl.constexpr,
-                  MOST: tl.constexpr, APPLY_WUV: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+                  MOST: tl.constexpr, APPLY_WUV: tl.constexpr, INPUT_PRECISION: tl.constexpr, UNROLL: tl.constexpr):
     # program (value-block lane, head, 16-row tile); one compiled kernel at every batch size (the row
     # count is not specialised on): each row's own splits, in index order, merged over the whole
     # latent, rounded, then one tl.dot per BLOCK_V columns of W_UV, for the value blocks lane,
@@ -121,15 +134,19 @@ def _merge_kernel(part_o_ptr, part_ml_ptr, lens_ptr, off_ptr, w_uv_ptr, out_ptr,
         m = tl.maximum(m, tl.max(ms, axis=1))
     total = tl.zeros([BLOCK_B], tl.float32)
     acc = tl.zeros([BLOCK_B, RANK_P], tl.float32)
-    for s in range(0, most):
-        ok = s < own
-        idx = (first + s) * H + h  # [BB]
-        ms = tl.load(part_ml_ptr + idx * 2, mask=ok, other=float("-inf"))
-        w = tl.where(ms == float("-inf"), 0.0, tl.exp(ms - m))  # [BB]
-        total += tl.load(part_ml_ptr + idx * 2 + 1, mask=ok, other=0.0) * w
-        part = tl.load(part_o_ptr + idx[:, None].to(tl.int64) * RANK + dk[None, :], mask=ok[:, None] & k_ok[None, :],
-                       other=0.0)  # [BB, RANK_P]
-        acc += tl.where(w[:, None] > 0, part * w[:, None], 0.0)
+    # each split in index order; UNROLL 2 asks for two splits' partials before adding either (more
+    # loads in flight), the adds in the same order: the same bits
+    for s0 in range(0, most, UNROLL):
+        ms0, l0, p0 = _partial(part_o_ptr, part_ml_ptr, first, s0, own, h, dk, k_ok, H, RANK)
+        if UNROLL == 2:
+            ms1, l1, p1 = _partial(part_o_ptr, part_ml_ptr, first, s0 + 1, own, h, dk, k_ok, H, RANK)
+        w = tl.where(ms0 == float("-inf"), 0.0, tl.exp(ms0 - m))  # [BB]
+        total += l0 * w
+        acc += tl.where(w[:, None] > 0, p0 * w[:, None], 0.0)
+        if UNROLL == 2:
+            w = tl.where(ms1 == float("-inf"), 0.0, tl.exp(ms1 - m))
+            total += l1 * w
+            acc += tl.where(w[:, None] > 0, p1 * w[:, None], 0.0)
     total = tl.where(live, total, 1.0)  # rows past the batch: zeros, never stored
     o_lat = (acc / total[:, None]).to(out_ptr.dtype.element_ty)  # [BB, RANK_P]
     if APPLY_WUV:
@@ -166,6 +183,7 @@ class Launches(NamedTuple):
     split_stages: int = 3
     merge_warps: int = 8
     merge_stages: int = 3
+    merge_unroll: int = 1  # 1 or 2 splits' partials asked for at once (the same bits)
 
 
 class SplitPlan(NamedTuple):
@@ -252,5 +270,5 @@ def mla_decode_fixed(q: torch.Tensor, cache_layer: torch.Tensor, table: torch.Te
         part_o, part_ml, lens, plan.off, w_uv_t if w_uv_t is not None else part_o, out, b,
         H=h, RANK=rank, RANK_P=triton.next_power_of_2(rank), V=v, BLOCK_V=block_v, **rule.constexprs(),
         APPLY_WUV=w_uv_t is not None, INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=launches.merge_warps, num_stages=launches.merge_stages)
+        UNROLL=launches.merge_unroll, num_warps=launches.merge_warps, num_stages=launches.merge_stages)
     return out

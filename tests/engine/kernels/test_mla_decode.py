@@ -148,11 +148,11 @@ def _run(cache, q, w_uv, slots: list[int], lens: list[int], length: int, w: bool
     s = torch.tensor(slots, device=cache.device)
     lens_t = torch.tensor(lens, device=cache.device)
     if "rule" in plan:
-        from pegainfer.engine.kernels.mla_fixed import SplitRule, mla_decode_fixed, split_plan
+        from pegainfer.engine.kernels.mla_fixed import Launches, SplitRule, mla_decode_fixed, split_plan
         rule = SplitRule(*plan["rule"])
         return mla_decode_fixed(q[s], *paged(cache), s, lens_t, plan=split_plan(lens_t, length, rule), scale=SCALE,
                                 rank=w_uv.shape[1], rule=rule, programs=plan.get("programs", 264),
-                                w_uv_t=w_uv if w else None)
+                                w_uv_t=w_uv if w else None, launches=plan.get("launches", Launches()))
     from pegainfer.engine.kernels.mla_decode import mla_decode
     return mla_decode(q[s], *paged(cache), s, lens_t, length, SCALE, w_uv.shape[1], w_uv_t=w_uv if w else None, **plan)
 
@@ -230,6 +230,10 @@ def test_fixed_merge_lanes_and_split_programs_change_no_bits(triton_interpreter,
     spread = _run(cache, q, w_uv, slots, lens, 320, True, INV)
     for programs in (1, 3, 50):  # the split programs walk the work list in other strides
         assert torch.equal(_run(cache, q, w_uv, slots, lens, 320, True, {**INV, "programs": programs}), spread)
+    from pegainfer.engine.kernels.mla_fixed import Launches
+    # two splits' partials loaded at once, added in the same order; other warps and stages
+    assert torch.equal(_run(cache, q, w_uv, slots, lens, 320, True, {**INV, "launches": Launches(merge_unroll=2)}),
+                       spread)
     monkeypatch.setattr(md, "FIXED_PROGRAMS", 1)  # one program takes both value blocks
     assert torch.equal(_run(cache, q, w_uv, slots, lens, 320, True, INV), spread)
 
