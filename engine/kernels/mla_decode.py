@@ -169,6 +169,16 @@ def auto_split(batch: int, length: int, programs: int, block: int = 32) -> int:
     return triton.cdiv(triton.cdiv(length, n), block) * block
 
 
+def attention_out(q: torch.Tensor, rank: int, w_uv_t: torch.Tensor | None) -> tuple[int, torch.Tensor]:
+    """(value width, the merge's output): o_lat [B, H, rank] without W_UV (width 1), else the value
+    heads [B, H*V] for w_uv_t [H, rank, V]; q's dtype."""
+    b, h, _ = q.shape
+    if w_uv_t is None:
+        return 1, torch.empty(b, h, rank, dtype=q.dtype, device=q.device)
+    assert w_uv_t.is_contiguous() and w_uv_t.shape[:2] == (h, rank)
+    return w_uv_t.shape[2], torch.empty(b, h * w_uv_t.shape[2], dtype=q.dtype, device=q.device)
+
+
 def merge_form(batch: int, row_max_batch: int) -> str:
     """"row": a program per (row, head, value block), up to row_max_batch rows
     (KernelConfig.row_merge_max_batch); "block": 16 rows per program with tl.dot."""
@@ -201,12 +211,7 @@ def mla_decode(q: torch.Tensor, cache_layer: torch.Tensor, table: torch.Tensor, 
                                  H=h, RANK=rank, ROPE=width - rank, BLOCK_N=BLOCK_N, SPLIT=split_len,
                                  H_P=max(16, triton.next_power_of_2(h)), RANK_P=triton.next_power_of_2(rank),
                                  ROPE_P=max(16, triton.next_power_of_2(width - rank)), PAGE=page, num_warps=8)
-    if w_uv_t is None:
-        v, out = 1, torch.empty(b, h, rank, dtype=q.dtype, device=q.device)  # [B, H, rank]
-    else:
-        assert w_uv_t.is_contiguous() and w_uv_t.shape[:2] == (h, rank)
-        v = w_uv_t.shape[2]
-        out = torch.empty(b, h * v, dtype=q.dtype, device=q.device)  # [B, H*V]
+    v, out = attention_out(q, rank, w_uv_t)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     if merge == "row":
         block_v = min(32, triton.next_power_of_2(v)) if w_uv_t is not None else 1

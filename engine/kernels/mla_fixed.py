@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pegainfer.engine.kernels.mla_decode import BLOCK_N, attend
+from pegainfer.engine.kernels.mla_decode import BLOCK_N, attend, attention_out
 
 FIXED_BLOCK_V = 32  # value columns per tl.dot of the fixed merge (fewer where V is smaller)
 FIXED_PROGRAMS = 256  # the fixed merge spreads value blocks over programs up to about this many
@@ -254,12 +254,7 @@ def mla_decode_fixed(q: torch.Tensor, cache_layer: torch.Tensor, table: torch.Te
         BLOCK_N=bn, H_P=max(16, triton.next_power_of_2(h)), RANK_P=triton.next_power_of_2(rank),
         ROPE_P=max(16, triton.next_power_of_2(width - rank)), PAGE=page, **rule.constexprs(),
         num_warps=launches.split_warps, num_stages=launches.split_stages)
-    if w_uv_t is None:
-        v, out = 1, torch.empty(b, h, rank, dtype=q.dtype, device=q.device)  # [B, H, rank]
-    else:
-        assert w_uv_t.is_contiguous() and w_uv_t.shape[:2] == (h, rank)
-        v = w_uv_t.shape[2]
-        out = torch.empty(b, h * v, dtype=q.dtype, device=q.device)  # [B, H*V]
+    v, out = attention_out(q, rank, w_uv_t)
     # value columns per tl.dot: set by V alone (never by the batch). Lanes per (head, tile): every
     # value block its own program while the tiles are few (W_UV's bytes over many SMs), fewer as they
     # grow (each program merges its rows' partials once for more blocks); the bits are the same
