@@ -241,14 +241,19 @@ def mla_decode_fixed(q: torch.Tensor, cache_layer: torch.Tensor, table: torch.Te
                      lens: torch.Tensor, *, plan: SplitPlan, scale: float, rank: int, rule: SplitRule, programs: int,
                      w_uv_t: torch.Tensor | None, launches: Launches = Launches()) -> torch.Tensor:
     """mla_decode's fixed plan (its arguments; plan: split_plan's for these lens, programs: how many
-    split programs walk the items, KernelConfig.split_programs). Two launches, graph-safe."""
+    split programs walk the items at least, KernelConfig.split_programs, and at least B x max_splits).
+    Two launches, graph-safe."""
     b, h, width = q.shape
     page, bn = cache_layer.shape[1], launches.block_n
     if page % bn or rule.split_len % bn:
         raise ValueError(f"the page size ({page}) and split length ({rule.split_len}) must be multiples of {bn}")
     part_o = torch.empty(plan.bound, h, rank, dtype=torch.float32, device=q.device)  # [items, H, rank]
     part_ml = torch.empty(plan.bound, h, 2, dtype=torch.float32, device=q.device)  # [items, H, (max, sum)]
-    _split_kernel[(max(1, min(programs, plan.bound)),)](
+    # at least a program per split that the rule before (at most max_splits a row, one program each)
+    # launched, so short rows at large batches run as they did; long rows' further splits are walked
+    # by the same programs; at small batches `programs` (about 2 per SM) of them
+    n_programs = max(1, min(plan.bound, max(programs, b * rule.max_splits)))
+    _split_kernel[(n_programs,)](
         q.contiguous(), cache_layer, table, slots, lens, plan.items, plan.total, part_o, part_ml, scale,
         cache_layer.stride(0), cache_layer.stride(1), table.stride(0), H=h, RANK=rank, ROPE=width - rank,
         BLOCK_N=bn, H_P=max(16, triton.next_power_of_2(h)), RANK_P=triton.next_power_of_2(rank),
