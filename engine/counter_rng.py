@@ -17,6 +17,7 @@ import torch
 
 MASK32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B9  # 2**32 / golden ratio: separates the words fed to the hash
+MIN_NOISE = 2.0 ** -25  # the exponential noise's floor: a noise of 0 would give its column an infinite weight
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -60,5 +61,6 @@ def to_unit(h: torch.Tensor) -> torch.Tensor:
 
 
 def exponential(seed: torch.Tensor, index: torch.Tensor, step: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[S, vocab] Exp(1) noise: argmax(probs / noise) draws a token with probability probs / sum(probs)."""
-    return -torch.log(uniform(stream_state(seed, index, step), vocab))
+    """[S, vocab] Exp(1) noise: argmax(probs / noise) draws a token with probability probs / sum(probs).
+    Never below MIN_NOISE (never reached with an exact log: the largest uniform gives 5.96e-8)."""
+    return (-torch.log(uniform(stream_state(seed, index, step), vocab))).clamp_min(MIN_NOISE)

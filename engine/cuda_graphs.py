@@ -128,11 +128,11 @@ class DecodeGraphs:
         self.length_buckets = lengths + [cache.max_len]
         attn = model.layers[0].attn
         if attn.fused_decode and model.kernels.batch_invariant:
-            # the fixed plan (engine/kernels/mla_decode.py) launches min(max_splits, cdiv(bound, split_len))
-            # split programs per row, each row walking its own length only, and a split past a row's
-            # length stores nothing that the merge reads: every bound gives the same bits, and from 256
-            # keys on (8 splits of 32) the same launch. One bucket, max_len, instead of one per doubling:
-            # the graphs to capture before /ready divide by their number
+            # the fixed plan (engine/kernels/mla_fixed.py) splits each row by its own length only, into a
+            # per-step work list the split programs walk to its total: the bound sizes only the buffers
+            # (the partials: rows x fixed_splits(max_len), kept out of the KV cache by
+            # engine.split_partials), so every bound gives the same bits. One bucket, max_len, instead
+            # of one per doubling: the graphs to capture before /ready divide by their number
             self.length_buckets = [cache.max_len]
         dev = cache.data.device
         self.on_cuda = dev.type == "cuda"

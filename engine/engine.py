@@ -138,10 +138,11 @@ def build_engine(spec: EngineSpec) -> Engine:
     kernels = spec.kernels.on_device(device.type == "cuda", dtype == torch.bfloat16, triton_available())
     model = DeepseekV2(cfg, tensors, backend, max_len, device, kernels)
     slots = max_sequences(device, spec.num_slots)
+    partials = split_partials(kernels, cfg, slots, max_len)
     tokens, free = kv_tokens(device, max_len, MLACache.bytes_per_token(cfg.num_hidden_layers, cfg.cache_width, dtype),
-                             PAGE_SIZE, spec.kv_cache_tokens, slots)
+                             PAGE_SIZE, spec.kv_cache_tokens, slots, partials)
     log_event("kv_capacity", slots=slots, tokens=tokens, page_size=PAGE_SIZE, max_model_len=max_len, free_bytes=free,
-              cap=spec.num_slots, prefix_caching=spec.prefix_caching)
+              cap=spec.num_slots, prefix_caching=spec.prefix_caching, attention_partials_bytes=partials)
     cache = MLACache(cfg.num_hidden_layers, slots, max_len, cfg.cache_width, device, dtype,
                      num_pages=tokens // PAGE_SIZE, prefix_caching=spec.prefix_caching)
     graphs = prefill_graphs = None
@@ -194,3 +195,15 @@ def default_model_dir() -> Path:
     """The model served without --model: the embedded trained checkpoint."""
     from pegainfer.engine.default_model import trained_model_dir
     return trained_model_dir()
+
+
+def split_partials(kernels: KernelConfig, cfg: ModelConfig, rows: int, max_len: int) -> int:
+    """Bytes the batch-invariant split attention's partials take at the largest decode graph (rows x
+    the most splits a row of max_len has; engine/kernels/mla_fixed.py), kept out of the KV cache; 0
+    where that plan does not run (the CPU, no Triton, --no-batch-invariant)."""
+    if not (kernels.triton and kernels.batch_invariant):
+        return 0
+    from pegainfer.engine.kernels.mla_fixed import SplitRule, partial_bytes
+    rule = SplitRule(kernels.decode_split_len, kernels.decode_max_splits, kernels.decode_long_split,
+                     kernels.decode_most_splits)
+    return partial_bytes(rows, max_len, cfg.num_attention_heads, cfg.kv_lora_rank, rule)

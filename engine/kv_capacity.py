@@ -32,9 +32,10 @@ class CapacityError(ValueError):
     """Not even one request of the configured context fits in memory."""
 
 
-def tokens_that_fit(free_bytes: int, max_len: int, bytes_per_token: int, page_size: int) -> int:
-    """Tokens (whole pages) of latent cache that fit in free_bytes, one scratch page kept aside."""
-    usable = int(free_bytes * USABLE_FRACTION) - RESERVE_BYTES
+def tokens_that_fit(free_bytes: int, max_len: int, bytes_per_token: int, page_size: int, extra: int = 0) -> int:
+    """Tokens (whole pages) of latent cache that fit in free_bytes, one scratch page kept aside; extra:
+    bytes reserved beside RESERVE_BYTES (the split attention's partials at the largest decode graph)."""
+    usable = int(free_bytes * USABLE_FRACTION) - RESERVE_BYTES - extra
     pages = usable // (page_size * bytes_per_token) - 1
     if pages * page_size < max_len:
         raise CapacityError(f"the KV cache for one request of {max_len} tokens needs "
@@ -44,10 +45,10 @@ def tokens_that_fit(free_bytes: int, max_len: int, bytes_per_token: int, page_si
 
 
 def kv_tokens(device: torch.device, max_len: int, bytes_per_token: int, page_size: int,
-              requested: int | None, slots: int = 0) -> tuple[int, int | None]:
+              requested: int | None, slots: int = 0, extra: int = 0) -> tuple[int, int | None]:
     """(cache tokens, a multiple of page_size; free bytes seen or None). requested: --kv-cache-tokens;
     slots: the sequences that may hold pages at once (on the CPU the default holds a whole context
-    for each of them, and for at least CPU_DEFAULT_SLOTS)."""
+    for each of them, and for at least CPU_DEFAULT_SLOTS); extra: tokens_that_fit's."""
     if requested is not None:
         if requested < page_size:
             raise CapacityError(f"--kv-cache-tokens {requested} is less than one page ({page_size} tokens)")
@@ -55,7 +56,7 @@ def kv_tokens(device: torch.device, max_len: int, bytes_per_token: int, page_siz
     if device.type != "cuda":
         return max(CPU_DEFAULT_SLOTS, slots) * cdiv(max_len, page_size) * page_size, None
     free, _total = torch.cuda.mem_get_info(device)
-    return tokens_that_fit(free, max_len, bytes_per_token, page_size), free
+    return tokens_that_fit(free, max_len, bytes_per_token, page_size, extra), free
 
 
 def max_sequences(device: torch.device, cap: int | None) -> int:

@@ -19,6 +19,7 @@ GOLDEN = tl.constexpr(0x9E3779B9)
 MUL1 = tl.constexpr(0x7FEB352D)
 MUL2 = tl.constexpr(0x846CA68B)
 INV_2_23 = tl.constexpr(1.0 / (1 << 23))
+MIN_NOISE = tl.constexpr(2.0 ** -25)  # counter_rng.MIN_NOISE
 
 
 @triton.jit
@@ -54,8 +55,10 @@ def uniform_at(state, cols):
 
 @triton.jit
 def log_noise(state, cols):
-    """log(E) with E = -log(U) ~ Exp(1): the exponential race argmax(p / E) is argmax(log p - log E)."""
-    return tl.log(-tl.log(uniform_at(state, cols)))
+    """log(E) with E = -log(U) ~ Exp(1): the exponential race argmax(p / E) is argmax(log p - log E).
+    E is at least MIN_NOISE (counter_rng.exponential's floor): an exact log of the largest uniform
+    gives 5.96e-8, above it; a log approximated on the device near 1 could give 0, an infinite key."""
+    return tl.log(tl.maximum(-tl.log(uniform_at(state, cols)), MIN_NOISE))
 
 
 @triton.jit

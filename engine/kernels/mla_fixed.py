@@ -46,10 +46,12 @@ def _plan_kernel(lens_ptr, off_ptr, items_ptr, total_ptr, n_rows, n_most, SPLIT:
                  MAX_SPLITS: tl.constexpr, LONG: tl.constexpr, MOST: tl.constexpr, B_P: tl.constexpr):
     # one program: each row's split count, their exclusive prefix sum (the row's first item), the
     # total, and the items (row, split) back to back; n_most: the most splits a row of the bound has
+    # (a row longer than the static bound, which the engine never sends, is cut to it rather than
+    # writing past the B x n_most items; the merge cuts it alike)
     r = tl.arange(0, B_P)
     live = r < n_rows
     length = tl.load(lens_ptr + r, mask=live, other=0).to(tl.int32)
-    own = tl.where(live, tl.cdiv(length, _own_split(length, SPLIT, MAX_SPLITS, LONG, MOST)), 0)
+    own = tl.where(live, tl.minimum(tl.cdiv(length, _own_split(length, SPLIT, MAX_SPLITS, LONG, MOST)), n_most), 0)
     off = tl.cumsum(own, 0) - own
     tl.store(off_ptr + r, off, mask=live)
     tl.store(total_ptr, tl.sum(own, 0))
@@ -80,7 +82,8 @@ def _split_kernel(q_ptr, cache_ptr, table_ptr, slots_ptr, lens_ptr, items_ptr, t
         m, lsum, acc = attend(q_ptr, cache_ptr, table_ptr + slot.to(tl.int64) * stride_t, b, start, end, end - start,
                               scale, stride_cp, stride_cn, H, RANK, ROPE, BLOCK_N, H_P, RANK_P, ROPE_P, PAGE)
         part = w * H
-        tl.store(part_o_ptr + (part + heads[:, None]) * RANK + dl[None, :], acc, mask=hm[:, None] & lm[None, :])
+        rows = (part + heads).to(tl.int64)  # [H_P] the item's partial rows: int64 offsets past 2**31 / RANK
+        tl.store(part_o_ptr + rows[:, None] * RANK + dl[None, :], acc, mask=hm[:, None] & lm[None, :])
         tl.store(part_ml_ptr + (part + heads) * 2, m, mask=hm)
         tl.store(part_ml_ptr + (part + heads) * 2 + 1, lsum, mask=hm)
 
@@ -98,8 +101,8 @@ def _partial(part_o_ptr, part_ml_ptr, first, s, own, h, dk, k_ok, H: tl.constexp
     return ms, lsum, part
 
 
-@triton.jit(do_not_specialize=["n_rows"])
-def _merge_kernel(part_o_ptr, part_ml_ptr, lens_ptr, off_ptr, w_uv_ptr, out_ptr, n_rows,
+@triton.jit(do_not_specialize=["n_rows", "n_most"])
+def _merge_kernel(part_o_ptr, part_ml_ptr, lens_ptr, off_ptr, w_uv_ptr, out_ptr, n_rows, n_most,
                   H: tl.constexpr, RANK: tl.constexpr, RANK_P: tl.constexpr, V: tl.constexpr,
                   BLOCK_V: tl.constexpr, SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, LONG: tl.constexpr,
                   MOST: tl.constexpr, APPLY_WUV: tl.constexpr, INPUT_PRECISION: tl.constexpr, UNROLL: tl.constexpr):
@@ -122,7 +125,8 @@ def _merge_kernel(part_o_ptr, part_ml_ptr, lens_ptr, off_ptr, w_uv_ptr, out_ptr,
         w_uv = tl.load(w_uv_ptr + h * RANK * V + dk[:, None] * V + lane * BLOCK_V + dv0[None, :],
                        mask=k_ok[:, None] & (lane * BLOCK_V + dv0 < V)[None, :], other=0.0)  # [RANK_P, BV]
     length = tl.load(lens_ptr + rows, mask=live, other=0).to(tl.int32)
-    own = tl.where(live, tl.cdiv(length, _own_split(length, SPLIT, MAX_SPLITS, LONG, MOST)), 0)  # [BB]
+    own = tl.where(live, tl.minimum(tl.cdiv(length, _own_split(length, SPLIT, MAX_SPLITS, LONG, MOST)), n_most),
+                   0)  # [BB] (cut as _plan_kernel cuts it)
     first = tl.load(off_ptr + rows, mask=live, other=0)  # [BB] the row's first item
     most = tl.max(own, 0)
     # the splits' max, 16 splits a load (a max is exact in any order: the same bits as one by one)
@@ -188,12 +192,13 @@ class Launches(NamedTuple):
 
 class SplitPlan(NamedTuple):
     """A step's work list (one per step, shared by its layers): off [B] int32 each row's first item,
-    items [bound] int32 (row << 16 | split), total [1] int32; bound: the most items any rows under the
-    step's static length can have."""
+    items [bound] int32 (row << 16 | split), total [1] int32; most: the most splits a row under the
+    step's static length has (fixed_splits), bound: B x most, the items' room."""
     off: torch.Tensor
     items: torch.Tensor
     total: torch.Tensor
     bound: int
+    most: int
 
 
 def own_split(length: int, rule: SplitRule) -> int:
@@ -214,6 +219,12 @@ def fixed_splits(length: int, rule: SplitRule) -> int:
                max(rule.max_splits, min(rule.most_splits, triton.cdiv(length, rule.long_split))))
 
 
+def partial_bytes(rows: int, length: int, heads: int, rank: int, rule: SplitRule) -> int:
+    """Bytes of one call's float32 partials at `rows` rows under the static bound `length`: what the
+    largest decode graph's pool holds for them (engine/kv_capacity.py keeps it out of the KV cache)."""
+    return rows * fixed_splits(length, rule) * heads * (rank + 2) * 4
+
+
 def check_rule(rule: SplitRule) -> None:
     if rule.split_len % BLOCK_N or rule.max_splits < 1:
         raise ValueError(f"split length {rule.split_len} must be a multiple of {BLOCK_N}, max_splits >= 1")
@@ -224,6 +235,7 @@ def check_rule(rule: SplitRule) -> None:
 
 def split_plan(lens: torch.Tensor, length: int, rule: SplitRule) -> SplitPlan:
     """The step's work list for rows of these lengths [B] under the static bound `length` (one launch)."""
+    check_rule(rule)
     b, dev = lens.shape[0], lens.device
     n_most = fixed_splits(length, rule)
     bound = b * n_most
@@ -234,7 +246,7 @@ def split_plan(lens: torch.Tensor, length: int, rule: SplitRule) -> SplitPlan:
     total = torch.empty(1, dtype=torch.int32, device=dev)
     _plan_kernel[(1,)](lens, off, items, total, b, n_most, **rule.constexprs(),
                        B_P=max(16, triton.next_power_of_2(b)))
-    return SplitPlan(off, items, total, bound)
+    return SplitPlan(off, items, total, bound, n_most)
 
 
 def mla_decode_fixed(q: torch.Tensor, cache_layer: torch.Tensor, table: torch.Tensor, slots: torch.Tensor,
@@ -267,7 +279,7 @@ def mla_decode_fixed(q: torch.Tensor, cache_layer: torch.Tensor, table: torch.Te
     tiles = triton.cdiv(b, 16)
     lanes = min(triton.cdiv(v, block_v), triton.cdiv(FIXED_PROGRAMS, tiles * h)) if w_uv_t is not None else 1
     _merge_kernel[(lanes, h, tiles)](
-        part_o, part_ml, lens, plan.off, w_uv_t if w_uv_t is not None else part_o, out, b,
+        part_o, part_ml, lens, plan.off, w_uv_t if w_uv_t is not None else part_o, out, b, plan.most,
         H=h, RANK=rank, RANK_P=triton.next_power_of_2(rank), V=v, BLOCK_V=block_v, **rule.constexprs(),
         APPLY_WUV=w_uv_t is not None, INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         UNROLL=launches.merge_unroll, num_warps=launches.merge_warps, num_stages=launches.merge_stages)

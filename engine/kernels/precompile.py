@@ -46,6 +46,12 @@ def compile_all(launches: list[Launch], device, threads: int) -> tuple[float, li
         except Exception as e:  # noqa: BLE001 - reported; the real launch compiles it again
             errors.append(f"{getattr(getattr(ln.kernel, 'fn', ln.kernel), '__name__', ln.kernel)}: {type(e).__name__}: {e}")
 
+    if device.type == "cuda":  # each kernel's per-device cache made here, once: two threads making it
+        # at once (a defaultdict's factory) would each keep their own, and one compile would be lost
+        for kernel in {id(ln.kernel): ln.kernel for ln in launches}.values():
+            caches = getattr(kernel, "device_caches", None)
+            if caches is not None:
+                caches[device.index if device.index is not None else torch.cuda.current_device()]
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(launches)))) as pool:
         list(pool.map(one, launches))
     return time.perf_counter() - start, errors

@@ -166,3 +166,24 @@ def test_prefix_hits_leave_a_token_to_compute_and_skip_prompt_logprob_requests()
     cap.take(echo)
     assert echo.cached == 0  # every prompt position's log-prob needs computing
     eng.cache.pool.check()
+
+
+def test_the_split_attentions_partials_are_kept_out_of_the_kv_cache():
+    import dataclasses
+
+    from pegainfer.engine.config import ModelConfig
+    from pegainfer.engine.engine import split_partials
+    from pegainfer.engine.kernels.config import KernelConfig
+    from pegainfer.engine.presets import PRESETS
+    cfg = ModelConfig.from_dict(PRESETS["lite"])
+    k = KernelConfig()
+    # 1,024 rows of 64 splits (16k tokens of context and more), 16 heads x (512 + 2) float32 each
+    assert split_partials(k, cfg, 1024, 16384) == 1024 * 64 * 16 * 514 * 4
+    assert split_partials(k, cfg, 1024, 4096) == 1024 * 16 * 16 * 514 * 4  # 256-key splits: 16 a row
+    assert split_partials(dataclasses.replace(k, batch_invariant=False), cfg, 1024, 16384) == 0
+    assert split_partials(dataclasses.replace(k, triton=False), cfg, 1024, 16384) == 0
+    free = 83 << 30
+    extra = split_partials(k, cfg, 1024, 16384)
+    fewer = tokens_that_fit(free, 16384, LITE_BYTES_PER_TOKEN, PAGE_SIZE, extra)
+    assert fewer < tokens_that_fit(free, 16384, LITE_BYTES_PER_TOKEN, PAGE_SIZE)
+    assert (fewer + PAGE_SIZE) * LITE_BYTES_PER_TOKEN <= free * 0.9 - RESERVE_BYTES - extra

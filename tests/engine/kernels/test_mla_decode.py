@@ -228,8 +228,13 @@ def test_fixed_merge_lanes_and_split_programs_change_no_bits(triton_interpreter,
     slots, lens = list(range(1, 18)), list(range(5, 320, 19))
     assert _cdiv(md.FIXED_PROGRAMS, 2 * H) >= 2  # two tiles: a program per value block
     spread = _run(cache, q, w_uv, slots, lens, 320, True, INV)
-    for programs in (1, 3, 50):  # the split programs walk the work list in other strides
+    for programs in (1, 50):  # 17 rows: at least 17 x 2 programs walk the work list, or 50
         assert torch.equal(_run(cache, q, w_uv, slots, lens, 320, True, {**INV, "programs": programs}), spread)
+    # three long rows, 4 + 4 + 3 items: 6 programs (the floor, some taking two items), 7, or one each
+    few, few_lens = [2, 5, 9], [300, 250, 129]
+    one_each = _run(cache, q, w_uv, few, few_lens, 320, True, {**INV, "programs": 300})
+    for programs in (1, 7):
+        assert torch.equal(_run(cache, q, w_uv, few, few_lens, 320, True, {**INV, "programs": programs}), one_each)
     from pegainfer.engine.kernels.mla_fixed import Launches
     # two splits' partials loaded at once, added in the same order; other warps and stages
     assert torch.equal(_run(cache, q, w_uv, slots, lens, 320, True, {**INV, "launches": Launches(merge_unroll=2)}),
