@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 33 on the H200, in one device call (the `device` tool's `run`, carrying .whl/; under 9 min):
-#   1. GPU tests of the sampler: the kernel (tests/engine/kernels/test_sample.py, lite's vocabulary,
+#   1. GPU tests of the sampler: the kernels (tests/engine/kernels/test_sample.py and the split
+#      launches' test_sample_split.py, lite's vocabulary,
 #      up to 256 rows, a CUDA graph's replays), the sampler inside the captured decode graph against
 #      engine.sampler on mixed batches (tests/engine/test_gpu_device_sampler.py), and bitwise batch
 #      invariance through it (tests/engine/test_gpu_batch_invariance.py, crowds of 63 and 254);
@@ -20,10 +21,10 @@ PROFILES=${PROFILES:-"greedy top-p penalties logprobs mix"}
 if [ "$what" = all ] || [ "$what" = tests ]; then
   echo "== GPU tests (sampler kernel, sampler in the decode graph, batch invariance through it)"
   crowd=tests/engine/test_gpu_batch_invariance.py::test_a_request_is_the_same_alone_and_in_a_crowd_on_the_gpu
-  timeout ${TEST_S:-150} python3 -m pytest -q -p no:cacheprovider tests/engine/kernels/test_sample.py \
-    tests/engine/kernels/test_precompile.py \
-    tests/engine/test_gpu_device_sampler.py "$crowd[63-True-8192]" "$crowd[254-True-8192]" -rf 2>&1 \
-    | tail -25 | tee "$OUT/gpu-tests.txt"
+  timeout ${TEST_S:-300} python3 -m pytest -q -p no:cacheprovider tests/engine/kernels/test_sample.py \
+    tests/engine/kernels/test_sample_split.py tests/engine/kernels/test_precompile.py \
+    tests/engine/test_gpu_device_sampler.py "$crowd[63-True-8192]" "$crowd[254-True-8192]" -rf --tb=short 2>&1 \
+    | grep -v "^  " | tail -40 | tee "$OUT/gpu-tests.txt"
   echo "== the sampler kernel's device time against engine.sampler (tools/dev/sample_bench.py)"
   timeout ${KERNEL_S:-45} python3 tools/dev/sample_bench.py --device cuda --logits peaked --out "$OUT/sample-bench.json" \
     2>&1 | tail -12
