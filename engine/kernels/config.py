@@ -185,7 +185,7 @@ class KernelConfig:
     # blocks with tl.dot (kernel_bench --mla, lite, length 256: row/block 6.8/27.7 µs at batch 1,
     # 32.0/25.2 at 64, 108.5/50.1 at 256)
     row_merge_max_batch: int = 32
-    # The batch-invariant split attention (batch_invariant; engine/kernels/mla_fixed.py own_split): a
+    # The batch-invariant split attention (batch_invariant; engine/kernels/mla_rule.py own_split): a
     # row's splits follow its own length only: decode_split_len keys each, grown by that much for a
     # row longer than decode_split_len x decode_max_splits (so no such row has more than
     # decode_max_splits), until a split reaches decode_long_split keys; a longer row keeps splits of

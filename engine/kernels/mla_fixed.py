@@ -2,21 +2,23 @@
 and 28): a row's splits follow its own length only, so its bits never depend on the rows beside it,
 and a long row gets enough splits to read its context from many SMs at once.
 
-The rule (own_split): decode_split_len keys a split, grown so that a row has at most
+The rule (engine/kernels/mla_rule.py own_split): decode_split_len keys a split, grown so that a row has at most
 decode_max_splits (8) splits, until a split reaches decode_long_split keys; past that the split
 stays that long and the row gets more splits, up to decode_most_splits, after which the splits grow
 again. So a short row splits as before, and a 16k-token row at batch 1 gets 64 programs where the
 8-split cap gave it 8 (decode_long_split 0: the cap of 8 at every length, the rule before).
 
-Rows get different numbers of splits, so the work is a list: one launch (_plan_kernel, once a step:
+Rows get different numbers of splits, so the work is a list: one launch (mla_rule.work_list, once a step:
 the first layer's call makes it and the step's other layers reuse it, inputs.DecodeInputs.memo)
 gives each row its first item (an exclusive prefix sum of the rows' split counts) and writes the
 (row, split) items back to back; the split kernel's programs (a fixed number, split_programs, each
-taking items pid, pid + programs, ...) walk the list to the step's total read from the device, so a
+taking items pid, pid + programs, ..., at least as many as B x decode_max_splits) walk the list to
+the step's total read from the device, so a
 graph replays any mix of lengths with no idle program per missing split, and the partials are packed
 by item. Which program computes an item changes nothing: an item's sums are its own keys in order.
 The merge takes each row's items in split order (16-row tiles, looping to the tile's most splits; a
-row's missing splits add exact zeros), then W_UV per value block with one tl.dot, as before."""
+row's missing splits add exact zeros), then W_UV per value block with one tl.dot, as before. Opt-in
+(`Launches.merge_group`, not measured): a first merge level over groups of splits (mla_group.py)."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -26,37 +28,13 @@ import triton
 import triton.language as tl
 
 from pegainfer.engine.kernels.mla_decode import BLOCK_N, attend, attention_out
+from pegainfer.engine.kernels.mla_group import group_partials
+from pegainfer.engine.kernels.mla_rule import (SplitPlan, SplitRule, check_rule, fixed_splits, own_split,  # noqa: F401
+                                               partial_bytes, row_splits, split_keys, store_partial,
+                                               work_list)
 
 FIXED_BLOCK_V = 32  # value columns per tl.dot of the fixed merge (fewer where V is smaller)
 FIXED_PROGRAMS = 256  # the fixed merge spreads value blocks over programs up to about this many
-ITEM_BITS = 16  # an item: row << 16 | split (the kernels write 65,536 for 1 << 16)
-
-
-@triton.jit
-def _own_split(length, SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, LONG: tl.constexpr, MOST: tl.constexpr):
-    # keys per split of a row `length` long (own_split)
-    keys = SPLIT * tl.maximum(tl.cdiv(tl.cdiv(length, SPLIT), MAX_SPLITS), 1)
-    if LONG > 0:
-        keys = tl.maximum(tl.minimum(keys, LONG), SPLIT * tl.cdiv(tl.cdiv(length, SPLIT), MOST))
-    return keys
-
-
-@triton.jit
-def _plan_kernel(lens_ptr, off_ptr, items_ptr, total_ptr, n_rows, n_most, SPLIT: tl.constexpr,
-                 MAX_SPLITS: tl.constexpr, LONG: tl.constexpr, MOST: tl.constexpr, B_P: tl.constexpr):
-    # one program: each row's split count, their exclusive prefix sum (the row's first item), the
-    # total, and the items (row, split) back to back; n_most: the most splits a row of the bound has
-    # (a row longer than the static bound, which the engine never sends, is cut to it rather than
-    # writing past the B x n_most items; the merge cuts it alike)
-    r = tl.arange(0, B_P)
-    live = r < n_rows
-    length = tl.load(lens_ptr + r, mask=live, other=0).to(tl.int32)
-    own = tl.where(live, tl.minimum(tl.cdiv(length, _own_split(length, SPLIT, MAX_SPLITS, LONG, MOST)), n_most), 0)
-    off = tl.cumsum(own, 0) - own
-    tl.store(off_ptr + r, off, mask=live)
-    tl.store(total_ptr, tl.sum(own, 0))
-    for s in range(0, n_most):
-        tl.store(items_ptr + off + s, r * 65536 + s, mask=live & (s < own))
 
 
 @triton.jit
@@ -66,9 +44,6 @@ def _split_kernel(q_ptr, cache_ptr, table_ptr, slots_ptr, lens_ptr, items_ptr, t
                   SPLIT: tl.constexpr, H_P: tl.constexpr, RANK_P: tl.constexpr, ROPE_P: tl.constexpr,
                   PAGE: tl.constexpr, MAX_SPLITS: tl.constexpr, LONG: tl.constexpr, MOST: tl.constexpr):
     # program p takes items p, p + programs, ... up to the step's total; item w's partial goes to w
-    heads = tl.arange(0, H_P)
-    dl = tl.arange(0, RANK_P)
-    hm, lm = heads < H, dl < RANK
     total = tl.load(total_ptr)
     for w in range(tl.program_id(0), total, tl.num_programs(0)):
         item = tl.load(items_ptr + w)
@@ -76,16 +51,12 @@ def _split_kernel(q_ptr, cache_ptr, table_ptr, slots_ptr, lens_ptr, items_ptr, t
         split = item % 65536
         slot = tl.load(slots_ptr + b)
         length = tl.load(lens_ptr + b).to(tl.int32)
-        keys = _own_split(length, SPLIT, MAX_SPLITS, LONG, MOST)
+        keys = split_keys(length, SPLIT, MAX_SPLITS, LONG, MOST)
         start = split * keys
         end = tl.minimum(start + keys, length)
         m, lsum, acc = attend(q_ptr, cache_ptr, table_ptr + slot.to(tl.int64) * stride_t, b, start, end, end - start,
                               scale, stride_cp, stride_cn, H, RANK, ROPE, BLOCK_N, H_P, RANK_P, ROPE_P, PAGE)
-        part = w * H
-        rows = (part + heads).to(tl.int64)  # [H_P] the item's partial rows: int64 offsets past 2**31 / RANK
-        tl.store(part_o_ptr + rows[:, None] * RANK + dl[None, :], acc, mask=hm[:, None] & lm[None, :])
-        tl.store(part_ml_ptr + (part + heads) * 2, m, mask=hm)
-        tl.store(part_ml_ptr + (part + heads) * 2 + 1, lsum, mask=hm)
+        store_partial(part_o_ptr, part_ml_ptr, w, acc, m, lsum, H, RANK, H_P, RANK_P)
 
 
 @triton.jit
@@ -105,7 +76,8 @@ def _partial(part_o_ptr, part_ml_ptr, first, s, own, h, dk, k_ok, H: tl.constexp
 def _merge_kernel(part_o_ptr, part_ml_ptr, lens_ptr, off_ptr, w_uv_ptr, out_ptr, n_rows, n_most,
                   H: tl.constexpr, RANK: tl.constexpr, RANK_P: tl.constexpr, V: tl.constexpr,
                   BLOCK_V: tl.constexpr, SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, LONG: tl.constexpr,
-                  MOST: tl.constexpr, APPLY_WUV: tl.constexpr, INPUT_PRECISION: tl.constexpr, UNROLL: tl.constexpr):
+                  MOST: tl.constexpr, APPLY_WUV: tl.constexpr, INPUT_PRECISION: tl.constexpr, UNROLL: tl.constexpr,
+                  GROUP: tl.constexpr):
     # program (value-block lane, head, 16-row tile); one compiled kernel at every batch size (the row
     # count is not specialised on): each row's own splits, in index order, merged over the whole
     # latent, rounded, then one tl.dot per BLOCK_V columns of W_UV, for the value blocks lane,
@@ -125,8 +97,9 @@ def _merge_kernel(part_o_ptr, part_ml_ptr, lens_ptr, off_ptr, w_uv_ptr, out_ptr,
         w_uv = tl.load(w_uv_ptr + h * RANK * V + dk[:, None] * V + lane * BLOCK_V + dv0[None, :],
                        mask=k_ok[:, None] & (lane * BLOCK_V + dv0 < V)[None, :], other=0.0)  # [RANK_P, BV]
     length = tl.load(lens_ptr + rows, mask=live, other=0).to(tl.int32)
-    own = tl.where(live, tl.minimum(tl.cdiv(length, _own_split(length, SPLIT, MAX_SPLITS, LONG, MOST)), n_most),
-                   0)  # [BB] (cut as _plan_kernel cuts it)
+    own = tl.where(live, row_splits(length, n_most, SPLIT, MAX_SPLITS, LONG, MOST), 0)  # [BB]
+    if GROUP > 0:  # the parts are mla_group's: a row's groups of GROUP splits
+        own = tl.cdiv(own, GROUP)
     first = tl.load(off_ptr + rows, mask=live, other=0)  # [BB] the row's first item
     most = tl.max(own, 0)
     # the splits' max, 16 splits a load (a max is exact in any order: the same bits as one by one)
@@ -166,18 +139,6 @@ def _merge_kernel(part_o_ptr, part_ml_ptr, lens_ptr, off_ptr, w_uv_ptr, out_ptr,
         tl.store(out_ptr + (rows[:, None] * H + h) * RANK + dk[None, :], o_lat, mask=live[:, None] & k_ok[None, :])
 
 
-class SplitRule(NamedTuple):
-    """The fixed plan's knobs (KernelConfig: decode_split_len, decode_max_splits, decode_long_split,
-    decode_most_splits); long_split 0: at most max_splits splits at every length."""
-    split_len: int
-    max_splits: int
-    long_split: int = 0
-    most_splits: int = 0
-
-    def constexprs(self) -> dict:
-        return dict(SPLIT=self.split_len, MAX_SPLITS=self.max_splits, LONG=self.long_split, MOST=self.most_splits)
-
-
 class Launches(NamedTuple):
     """The launch shape of the two kernels: the keys a step of the split kernel takes (a multiple
     that divides the page size and the split length: it fixes the order of a split's sums), and each
@@ -188,64 +149,13 @@ class Launches(NamedTuple):
     merge_warps: int = 8
     merge_stages: int = 3
     merge_unroll: int = 1  # 1 or 2 splits' partials asked for at once (the same bits)
-
-
-class SplitPlan(NamedTuple):
-    """A step's work list (one per step, shared by its layers): off [B] int32 each row's first item,
-    items [bound] int32 (row << 16 | split), total [1] int32; most: the most splits a row under the
-    step's static length has (fixed_splits), bound: B x most, the items' room."""
-    off: torch.Tensor
-    items: torch.Tensor
-    total: torch.Tensor
-    bound: int
-    most: int
-
-
-def own_split(length: int, rule: SplitRule) -> int:
-    """Keys per split of a row `length` long (the kernels' _own_split): a function of its own length."""
-    keys = rule.split_len * max(triton.cdiv(triton.cdiv(length, rule.split_len), rule.max_splits), 1)
-    if rule.long_split > 0:
-        keys = max(min(keys, rule.long_split),
-                   rule.split_len * triton.cdiv(triton.cdiv(length, rule.split_len), rule.most_splits))
-    return keys
-
-
-def fixed_splits(length: int, rule: SplitRule) -> int:
-    """The most splits a row of at most `length` keys has (every such row's own count is at most this)."""
-    short = min(rule.max_splits, triton.cdiv(length, rule.split_len))
-    if rule.long_split <= 0:
-        return short
-    return min(triton.cdiv(length, rule.split_len),
-               max(rule.max_splits, min(rule.most_splits, triton.cdiv(length, rule.long_split))))
-
-
-def partial_bytes(rows: int, length: int, heads: int, rank: int, rule: SplitRule) -> int:
-    """Bytes of one call's float32 partials at `rows` rows under the static bound `length`: what the
-    largest decode graph's pool holds for them (engine/kv_capacity.py keeps it out of the KV cache)."""
-    return rows * fixed_splits(length, rule) * heads * (rank + 2) * 4
-
-
-def check_rule(rule: SplitRule) -> None:
-    if rule.split_len % BLOCK_N or rule.max_splits < 1:
-        raise ValueError(f"split length {rule.split_len} must be a multiple of {BLOCK_N}, max_splits >= 1")
-    if rule.long_split and (rule.long_split % rule.split_len or rule.most_splits < rule.max_splits):
-        raise ValueError(f"long_split {rule.long_split} must be a multiple of the split length {rule.split_len} "
-                         f"and most_splits ({rule.most_splits}) at least max_splits ({rule.max_splits})")
+    merge_group: int = 0  # > 0: merge groups of this many splits first (mla_group.py; other bits, opt-in)
 
 
 def split_plan(lens: torch.Tensor, length: int, rule: SplitRule) -> SplitPlan:
     """The step's work list for rows of these lengths [B] under the static bound `length` (one launch)."""
-    check_rule(rule)
-    b, dev = lens.shape[0], lens.device
     n_most = fixed_splits(length, rule)
-    bound = b * n_most
-    if b >= 1 << (31 - ITEM_BITS) or n_most >= 1 << ITEM_BITS:
-        raise ValueError(f"{b} rows of up to {n_most} splits do not fit an item")
-    off = torch.empty(b, dtype=torch.int32, device=dev)
-    items = torch.empty(max(bound, 1), dtype=torch.int32, device=dev)
-    total = torch.empty(1, dtype=torch.int32, device=dev)
-    _plan_kernel[(1,)](lens, off, items, total, b, n_most, **rule.constexprs(),
-                       B_P=max(16, triton.next_power_of_2(b)))
+    off, items, total, bound = work_list(lens, n_most, rule)
     return SplitPlan(off, items, total, bound, n_most)
 
 
@@ -278,9 +188,13 @@ def mla_decode_fixed(q: torch.Tensor, cache_layer: torch.Tensor, table: torch.Te
     block_v = max(16, min(FIXED_BLOCK_V, triton.next_power_of_2(v))) if w_uv_t is not None else 1
     tiles = triton.cdiv(b, 16)
     lanes = min(triton.cdiv(v, block_v), triton.cdiv(FIXED_PROGRAMS, tiles * h)) if w_uv_t is not None else 1
+    first = plan.off
+    if launches.merge_group > 0:  # the first merge level: groups of splits, side by side
+        part_o, part_ml, first, _ = group_partials(part_o, part_ml, lens, plan, rule, launches.merge_group, programs)
     _merge_kernel[(lanes, h, tiles)](
-        part_o, part_ml, lens, plan.off, w_uv_t if w_uv_t is not None else part_o, out, b, plan.most,
+        part_o, part_ml, lens, first, w_uv_t if w_uv_t is not None else part_o, out, b, plan.most,
         H=h, RANK=rank, RANK_P=triton.next_power_of_2(rank), V=v, BLOCK_V=block_v, **rule.constexprs(),
         APPLY_WUV=w_uv_t is not None, INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        UNROLL=launches.merge_unroll, num_warps=launches.merge_warps, num_stages=launches.merge_stages)
+        UNROLL=launches.merge_unroll, GROUP=launches.merge_group, num_warps=launches.merge_warps,
+        num_stages=launches.merge_stages)
     return out

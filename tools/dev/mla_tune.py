@@ -34,6 +34,7 @@ VARIANTS = {  # name: (rule, launches)
     "m1": (BASE, Launches(merge_stages=1)),
     "m4": (BASE, Launches(merge_stages=4, merge_warps=4)),
     "u2": (BASE, Launches(merge_unroll=2)),
+    "g8": (BASE, Launches(merge_group=8)),  # a first merge level of 8 splits (mla_group.py)
     "b64": (SplitRule(64, 8, 256, 64), Launches(block_n=64)),
     "r128": (SplitRule(32, 8, 128, 128), Launches()),
     "r512": (SplitRule(32, 8, 512, 32), Launches()),

@@ -243,6 +243,22 @@ def test_fixed_merge_lanes_and_split_programs_change_no_bits(triton_interpreter,
     assert torch.equal(_run(cache, q, w_uv, slots, lens, 320, True, INV), spread)
 
 
+def test_grouped_merge_keeps_a_rows_bits_in_any_batch(triton_interpreter):
+    """mla_group's first merge level (opt-in): groups of 1 are the one-level merge bit for bit; groups
+    of 3 keep a row's bits alone and in batches, and stay the attention over its length."""
+    from pegainfer.engine.kernels.mla_fixed import Launches
+    cache, q, w_uv = _inputs_on("cpu", torch.float32, INV_SLOTS, INV_N, H, RANK, ROPE, INV_V, 11)
+    slots, lens = [1, 4, 7, 2], [1, 129, 300, 65]
+    one = _run(cache, q, w_uv, slots, lens, 320, True, INV)
+    assert torch.equal(_run(cache, q, w_uv, slots, lens, 320, True, {**INV, "launches": Launches(merge_group=1)}), one)
+    grouped = {**INV, "launches": Launches(merge_group=3)}
+    _same_bits_in_any_batch(cache, q, w_uv, [(0, 1), (1, 129), (2, 256), (3, 300)], (2, 9), grouped, 11)
+    vals = _run(cache, q, w_uv, slots, lens, 320, True, grouped).double()
+    for b, (slot, n) in enumerate(zip(slots, lens)):
+        _, want = _reference(cache, q, w_uv, slot, n)
+        assert torch.allclose(vals[b], want, atol=1e-5, rtol=1e-5), (b, (vals[b] - want).abs().max())
+
+
 def test_decode_values_follow_the_batch_invariant_switch(triton_interpreter, monkeypatch):
     from pegainfer.engine.kernels import mla_decode as md
     from pegainfer.engine.kernels import mla_fixed as mf
