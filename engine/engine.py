@@ -199,11 +199,9 @@ def default_model_dir() -> Path:
 
 def split_partials(kernels: KernelConfig, cfg: ModelConfig, rows: int, max_len: int) -> int:
     """Bytes the batch-invariant split attention's partials take at the largest decode graph (rows x
-    the most splits a row of max_len has; engine/kernels/mla_fixed.py), kept out of the KV cache; 0
+    the most splits a row of max_len has; engine/kernels/mla_rule.py), kept out of the KV cache; 0
     where that plan does not run (the CPU, no Triton, --no-batch-invariant)."""
     if not (kernels.triton and kernels.batch_invariant):
         return 0
-    from pegainfer.engine.kernels.mla_fixed import SplitRule, partial_bytes
-    rule = SplitRule(kernels.decode_split_len, kernels.decode_max_splits, kernels.decode_long_split,
-                     kernels.decode_most_splits)
-    return partial_bytes(rows, max_len, cfg.num_attention_heads, cfg.kv_lora_rank, rule)
+    from pegainfer.engine.kernels.mla_rule import partial_bytes, rule_of
+    return partial_bytes(rows, max_len, cfg.num_attention_heads, cfg.kv_lora_rank, rule_of(kernels))

@@ -7,7 +7,8 @@ only to their own length, so one launch serves rows at any positions.
 This module is the auto plan (KernelConfig.batch_invariant off): the splits sized from the batch
 and the graph bucket's bound (auto_split) and the merge kernel picked by batch size (merge_form):
 fastest, but a row's sums then depend on its neighbours. The batch-invariant plan, whose splits follow
-each row's own length, is engine/kernels/mla_fixed.py; both walk a split's keys with `attend`."""
+each row's own length, is engine/kernels/mla_fixed.py; both walk a split's keys with `attend` and
+store its partial with `store_partial`."""
 from __future__ import annotations
 
 import torch
@@ -58,6 +59,19 @@ def attend(q_ptr, cache_ptr, row_pages, b, start, end, stop, scale, stride_cp, s
 
 
 @triton.jit
+def store_partial(o_ptr, ml_ptr, w, acc, m, lsum, H: tl.constexpr, RANK: tl.constexpr, H_P: tl.constexpr,
+                  RANK_P: tl.constexpr):
+    # partial w (a split's or a group's): its heads' unnormalised output [H_P, RANK_P] and (max, sum)
+    heads = tl.arange(0, H_P)
+    dl = tl.arange(0, RANK_P)
+    hm = heads < H
+    rows = (w * H + heads).to(tl.int64)  # int64 offsets: past 2**31 / RANK partial rows at large H
+    tl.store(o_ptr + rows[:, None] * RANK + dl[None, :], acc, mask=hm[:, None] & (dl < RANK)[None, :])
+    tl.store(ml_ptr + rows * 2, m, mask=hm)
+    tl.store(ml_ptr + rows * 2 + 1, lsum, mask=hm)
+
+
+@triton.jit
 def _split_kernel(q_ptr, cache_ptr, table_ptr, slots_ptr, lens_ptr, part_o_ptr, part_ml_ptr, scale,
                   stride_cp, stride_cn, stride_t,
                   H: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -73,13 +87,7 @@ def _split_kernel(q_ptr, cache_ptr, table_ptr, slots_ptr, lens_ptr, part_o_ptr, 
     end = tl.minimum(start + SPLIT, length)
     m, lsum, acc = attend(q_ptr, cache_ptr, table_ptr + slot.to(tl.int64) * stride_t, b, start, end, SPLIT, scale,
                           stride_cp, stride_cn, H, RANK, ROPE, BLOCK_N, H_P, RANK_P, ROPE_P, PAGE)
-    heads = tl.arange(0, H_P)
-    dl = tl.arange(0, RANK_P)
-    hm, lm = heads < H, dl < RANK
-    part = (b * n_splits + split) * H
-    tl.store(part_o_ptr + (part + heads[:, None]) * RANK + dl[None, :], acc, mask=hm[:, None] & lm[None, :])
-    tl.store(part_ml_ptr + (part + heads) * 2, m, mask=hm)
-    tl.store(part_ml_ptr + (part + heads) * 2 + 1, lsum, mask=hm)
+    store_partial(part_o_ptr, part_ml_ptr, b * n_splits + split, acc, m, lsum, H, RANK, H_P, RANK_P)
 
 
 @triton.jit

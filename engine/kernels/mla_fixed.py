@@ -1,4 +1,4 @@
-"""The batch-invariant split MLA decode (the fixed plan of engine/kernels/mla_decode.py; issues 26
+"""The batch-invariant split MLA decode (the fixed plan; the auto plan is engine/kernels/mla_decode.py; issues 26
 and 28): a row's splits follow its own length only, so its bits never depend on the rows beside it,
 and a long row gets enough splits to read its context from many SMs at once.
 
@@ -27,11 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from pegainfer.engine.kernels.mla_decode import BLOCK_N, attend, attention_out
+from pegainfer.engine.kernels.mla_decode import BLOCK_N, attend, attention_out, store_partial
 from pegainfer.engine.kernels.mla_group import group_partials
-from pegainfer.engine.kernels.mla_rule import (SplitPlan, SplitRule, check_rule, fixed_splits, own_split,  # noqa: F401
-                                               partial_bytes, row_splits, split_keys, store_partial,
-                                               work_list)
+from pegainfer.engine.kernels.mla_rule import SplitPlan, SplitRule, fixed_splits, row_splits, split_keys, work_list
 
 FIXED_BLOCK_V = 32  # value columns per tl.dot of the fixed merge (fewer where V is smaller)
 FIXED_PROGRAMS = 256  # the fixed merge spreads value blocks over programs up to about this many
@@ -142,7 +140,8 @@ def _merge_kernel(part_o_ptr, part_ml_ptr, lens_ptr, off_ptr, w_uv_ptr, out_ptr,
 class Launches(NamedTuple):
     """The launch shape of the two kernels: the keys a step of the split kernel takes (a multiple
     that divides the page size and the split length: it fixes the order of a split's sums), and each
-    kernel's warps and pipeline stages (no bits change). tools/dev/kernel_bench.py --mla-tune."""
+    kernel's warps and pipeline stages (no bits change), and the merge's options. tools/dev/mla_tune.py
+    times them."""
     block_n: int = BLOCK_N
     split_warps: int = 8
     split_stages: int = 3
@@ -155,8 +154,8 @@ class Launches(NamedTuple):
 def split_plan(lens: torch.Tensor, length: int, rule: SplitRule) -> SplitPlan:
     """The step's work list for rows of these lengths [B] under the static bound `length` (one launch)."""
     n_most = fixed_splits(length, rule)
-    off, items, total, bound = work_list(lens, n_most, rule)
-    return SplitPlan(off, items, total, bound, n_most)
+    off, items, total, _ = work_list(lens, n_most, rule)
+    return SplitPlan(off, items, total, n_most)
 
 
 def mla_decode_fixed(q: torch.Tensor, cache_layer: torch.Tensor, table: torch.Tensor, slots: torch.Tensor,
@@ -190,7 +189,7 @@ def mla_decode_fixed(q: torch.Tensor, cache_layer: torch.Tensor, table: torch.Te
     lanes = min(triton.cdiv(v, block_v), triton.cdiv(FIXED_PROGRAMS, tiles * h)) if w_uv_t is not None else 1
     first = plan.off
     if launches.merge_group > 0:  # the first merge level: groups of splits, side by side
-        part_o, part_ml, first, _ = group_partials(part_o, part_ml, lens, plan, rule, launches.merge_group, programs)
+        part_o, part_ml, first = group_partials(part_o, part_ml, lens, plan, rule, launches.merge_group, programs)
     _merge_kernel[(lanes, h, tiles)](
         part_o, part_ml, lens, first, w_uv_t if w_uv_t is not None else part_o, out, b, plan.most,
         H=h, RANK=rank, RANK_P=triton.next_power_of_2(rank), V=v, BLOCK_V=block_v, **rule.constexprs(),

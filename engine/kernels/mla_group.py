@@ -12,7 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from pegainfer.engine.kernels.mla_rule import SplitPlan, SplitRule, row_splits, store_partial, work_list
+from pegainfer.engine.kernels.mla_decode import store_partial
+from pegainfer.engine.kernels.mla_rule import SplitPlan, SplitRule, row_splits, work_list
 
 
 @triton.jit
@@ -50,9 +51,9 @@ def _group_kernel(part_o_ptr, part_ml_ptr, lens_ptr, off_ptr, groups_ptr, gtotal
 
 
 def group_partials(part_o: torch.Tensor, part_ml: torch.Tensor, lens: torch.Tensor, plan: SplitPlan, rule: SplitRule,
-                   group: int, programs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+                   group: int, programs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The first merge level: (group outputs [B x cdiv(most, G), H, rank], group (max, sum), each row's
-    first group [B] int32, the most groups a row has), for mla_fixed's merge to walk as it walks splits.
+    first group [B] int32), for mla_fixed's merge to walk as it walks splits.
     Two launches (the group list, the groups), graph-safe."""
     b, h, rank = lens.shape[0], part_o.shape[1], part_o.shape[2]
     goff, groups, gtotal, bound = work_list(lens, plan.most, rule, group)
@@ -63,4 +64,4 @@ def group_partials(part_o: torch.Tensor, part_ml: torch.Tensor, lens: torch.Tens
         part_o, part_ml, lens, plan.off, groups, gtotal, grp_o, grp_ml, plan.most, H=h, RANK=rank,
         H_P=max(16, triton.next_power_of_2(h)), RANK_P=triton.next_power_of_2(rank), **rule.constexprs(), G=group,
         num_warps=8)
-    return grp_o, grp_ml, goff, triton.cdiv(plan.most, group)
+    return grp_o, grp_ml, goff

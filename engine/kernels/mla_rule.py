@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pegainfer.engine.kernels.config import KernelConfig
 from pegainfer.engine.kernels.mla_decode import BLOCK_N
 
 
@@ -33,15 +34,26 @@ class SplitRule(NamedTuple):
         return dict(SPLIT=self.split_len, MAX_SPLITS=self.max_splits, LONG=self.long_split, MOST=self.most_splits)
 
 
+def rule_of(kernels: KernelConfig) -> SplitRule:
+    """The rule a KernelConfig sets (decode_split_len, decode_max_splits, decode_long_split,
+    decode_most_splits)."""
+    return SplitRule(kernels.decode_split_len, kernels.decode_max_splits, kernels.decode_long_split,
+                     kernels.decode_most_splits)
+
+
 class SplitPlan(NamedTuple):
     """A step's work list (one per step, shared by its layers): off [B] int32 each row's first item,
     items [bound] int32 (row << 16 | split), total [1] int32; most: the most splits a row under the
-    step's static length has (fixed_splits), bound: B x most, the items' room."""
+    step's static length has (fixed_splits)."""
     off: torch.Tensor
     items: torch.Tensor
     total: torch.Tensor
-    bound: int
     most: int
+
+    @property
+    def bound(self) -> int:
+        """B x most: the items' room (and the partials')."""
+        return self.off.shape[0] * self.most
 
 
 def own_split(length: int, rule: SplitRule) -> int:
@@ -82,19 +94,6 @@ def row_splits(length, n_most, SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, LO
     # a row's split count (own_split's), cut to n_most, the most of the step's static bound (a row
     # longer than the bound, which the engine never sends, is cut rather than written past the room)
     return tl.minimum(tl.cdiv(length, split_keys(length, SPLIT, MAX_SPLITS, LONG, MOST)), n_most)
-
-
-@triton.jit
-def store_partial(o_ptr, ml_ptr, w, acc, m, lsum, H: tl.constexpr, RANK: tl.constexpr, H_P: tl.constexpr,
-                  RANK_P: tl.constexpr):
-    # partial w (a split's or a group's): its heads' unnormalised output [H_P, RANK_P] and (max, sum)
-    heads = tl.arange(0, H_P)
-    dl = tl.arange(0, RANK_P)
-    hm = heads < H
-    rows = (w * H + heads).to(tl.int64)  # int64 offsets: past 2**31 / RANK partial rows at large H
-    tl.store(o_ptr + rows[:, None] * RANK + dl[None, :], acc, mask=hm[:, None] & (dl < RANK)[None, :])
-    tl.store(ml_ptr + rows * 2, m, mask=hm)
-    tl.store(ml_ptr + rows * 2 + 1, lsum, mask=hm)
 
 
 @triton.jit

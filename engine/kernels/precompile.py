@@ -15,6 +15,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, NamedTuple
 
+import torch
+
 
 class Launch(NamedTuple):
     kernel: Any  # a triton JITFunction
@@ -31,10 +33,9 @@ def launcher(kernel, grid: tuple, warm: list[Launch] | None) -> Callable[..., An
 
 
 def compile_all(launches: list[Launch], device, threads: int) -> tuple[float, list[str]]:
-    """Compile every recorded launch, in up to `threads` threads on `device` (a torch.device). Returns (seconds, errors): a launch that fails to compile is reported, not raised
-    (its first real launch compiles it again and raises there, where it always did)."""
-    import torch
-
+    """Compile every recorded launch, in up to `threads` threads on `device` (a torch.device).
+    Returns (seconds, errors): a launch that fails to compile is reported, not raised (its first real
+    launch compiles it again and raises there, where it always did)."""
     start = time.perf_counter()
     errors: list[str] = []
 

@@ -218,8 +218,8 @@ class MLAttention:
         b, k = q_full.shape[0], self.kernels
         if k.batch_invariant:
             from pegainfer.engine.kernels import mla_fixed
-            rule = mla_fixed.SplitRule(k.decode_split_len, k.decode_max_splits, k.decode_long_split,
-                                       k.decode_most_splits)
+            from pegainfer.engine.kernels.mla_rule import rule_of
+            rule = rule_of(k)
             plan = inp.memo.get("mla_split_plan")  # the step's work list: its first layer makes it
             if plan is None:
                 plan = inp.memo["mla_split_plan"] = mla_fixed.split_plan(inp.ctx_lens, inp.length, rule)

@@ -104,9 +104,9 @@ def mla_rows(batches: list[int], length: int = 256, ctx: int = 150, fixed_split:
         row["split_only_us"] = round(graph_time_us(
             lambda: mla_decode(q, *cache, slots, lens, length, 0.1, rank, split_len=split_len, merge="row")), 1)
         # the batch-invariant plan (KernelConfig.batch_invariant): splits by each row's length, one merge
-        from pegainfer.engine.kernels.mla_fixed import SplitRule, mla_decode_fixed, split_plan
-        rule = SplitRule(*(fixed_split or (DEFAULT.decode_split_len, DEFAULT.decode_max_splits,
-                                           DEFAULT.decode_long_split, DEFAULT.decode_most_splits)))
+        from pegainfer.engine.kernels.mla_fixed import mla_decode_fixed, split_plan
+        from pegainfer.engine.kernels.mla_rule import SplitRule, rule_of
+        rule = SplitRule(*fixed_split) if fixed_split else rule_of(DEFAULT)
         row["fixed_split"] = list(rule)
 
         def fixed():  # the step's work list (once a step) and one layer's launches

@@ -20,11 +20,12 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from pegainfer.engine.kernels.config import KernelConfig  # noqa: E402
-from pegainfer.engine.kernels.mla_fixed import Launches, SplitRule, mla_decode_fixed, split_plan  # noqa: E402
+from pegainfer.engine.kernels.mla_fixed import Launches, mla_decode_fixed, split_plan  # noqa: E402
+from pegainfer.engine.kernels.mla_rule import SplitRule, rule_of  # noqa: E402
 from tools.dev.kernel_bench import graph_time_us, paged_cache  # noqa: E402
 
 K = KernelConfig()
-BASE = SplitRule(K.decode_split_len, K.decode_max_splits, K.decode_long_split, K.decode_most_splits)
+BASE = rule_of(K)
 VARIANTS = {  # name: (rule, launches)
     "base": (BASE, Launches()),
     "old": (SplitRule(32, 8), Launches()),  # at most 8 splits a row: the rule before

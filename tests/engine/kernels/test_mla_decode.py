@@ -82,7 +82,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def test_own_split_follows_the_rows_length_alone():
-    from pegainfer.engine.kernels.mla_fixed import SplitRule, fixed_splits, own_split
+    from pegainfer.engine.kernels.mla_rule import SplitRule, fixed_splits, own_split
     old, new = SplitRule(32, 8), SplitRule(32, 8, 256, 64)
     # the rule before (no long splits): at most 8 splits, the split growing by 32 keys
     assert [own_split(n, old) for n in (1, 32, 256, 257, 512, 513, 8192)] == [32, 32, 32, 64, 64, 96, 1024]
@@ -103,7 +103,7 @@ def test_own_split_follows_the_rows_length_alone():
 
 def test_the_plans_refuse_what_they_do_not_take():
     from pegainfer.engine.kernels.mla_decode import mla_decode
-    from pegainfer.engine.kernels.mla_fixed import SplitRule, check_rule
+    from pegainfer.engine.kernels.mla_rule import SplitRule, check_rule
     with pytest.raises(ValueError, match="fixed plan"):
         mla_decode(torch.zeros(1, H, RANK + ROPE), *paged(torch.zeros(1, N, RANK + ROPE)), torch.zeros(1, dtype=torch.long),
                    torch.ones(1, dtype=torch.long), N, 0.3, RANK, split_len=32, merge="fixed")
@@ -114,7 +114,8 @@ def test_the_plans_refuse_what_they_do_not_take():
 
 
 def test_the_work_list_holds_each_rows_splits_in_order(triton_interpreter):
-    from pegainfer.engine.kernels.mla_fixed import SplitRule, fixed_splits, own_split, split_plan
+    from pegainfer.engine.kernels.mla_fixed import split_plan
+    from pegainfer.engine.kernels.mla_rule import SplitRule, fixed_splits, own_split
     rule = SplitRule(32, 2, 64, 4)
     lens = [1, 300, 64, 65, 200, 33]
     plan = split_plan(torch.tensor(lens), 320, rule)
@@ -148,7 +149,8 @@ def _run(cache, q, w_uv, slots: list[int], lens: list[int], length: int, w: bool
     s = torch.tensor(slots, device=cache.device)
     lens_t = torch.tensor(lens, device=cache.device)
     if "rule" in plan:
-        from pegainfer.engine.kernels.mla_fixed import Launches, SplitRule, mla_decode_fixed, split_plan
+        from pegainfer.engine.kernels.mla_fixed import Launches, mla_decode_fixed, split_plan
+        from pegainfer.engine.kernels.mla_rule import SplitRule
         rule = SplitRule(*plan["rule"])
         return mla_decode_fixed(q[s], *paged(cache), s, lens_t, plan=split_plan(lens_t, length, rule), scale=SCALE,
                                 rank=w_uv.shape[1], rule=rule, programs=plan.get("programs", 264),
@@ -326,7 +328,8 @@ def test_gpu_fixed_plan_is_as_accurate_as_the_auto_plan_and_replays_the_same_bit
             assert err < 1e-2 and err <= 1.5 * err_auto + 1e-3, (b, r, err, err_auto)
         # everything the launch reads made before the capture (no host copy may run inside one); the
         # work list is made inside the graph, so a replay at other lengths follows them
-        from pegainfer.engine.kernels.mla_fixed import SplitRule, mla_decode_fixed, split_plan
+        from pegainfer.engine.kernels.mla_fixed import mla_decode_fixed, split_plan
+        from pegainfer.engine.kernels.mla_rule import SplitRule
         rule, programs = SplitRule(*_lite_plan()["rule"]), _lite_plan()["programs"]
         s_t, lens_t = torch.tensor(slots, device=cache.device), torch.tensor(lens, device=cache.device)
         pages, table, q_rows = *paged(cache), q[s_t]
