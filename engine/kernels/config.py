@@ -91,9 +91,10 @@ class LinearTiling:
 class SampleTiling:
     """The device sampler's launches (engine/kernels/sample.py, sample_split.py). chunks: programs per
     draw row (0: one program walks the whole row, the kernel before the split); with chunks > 0 a row's
-    vocabulary is cut into block_v tiles, ceil(tiles / chunks) per program, in six launches (the
-    tiles' max, their pivot counts, a recount, the gather, a rejection round and the row's pick, the
-    rows left to one program), every per-row sum and pick combined tile by tile in tile order: the
+    vocabulary is cut into block_v tiles, ceil(tiles / chunks) per program, in eight launches (the
+    tiles' max, their pivot counts, each row's plan, a recount, the plan again, the gather, a
+    rejection round and the row's pick, the rows left to one program), every per-row sum and pick
+    combined tile by tile in tile order: the
     same bits at every batch size, and the one-program kernel's tokens and log-probs. The count
     depends on the vocabulary and this field, never on the batch. pivots: the split's count
     thresholds (the one-program kernel's: one_pivots); cap: the candidates a row sorts at most. The

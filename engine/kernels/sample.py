@@ -50,7 +50,7 @@ request's dense logit_bias row; SampleRows names each draw's slot (-1: none).
 
 Two launch shapes (KernelConfig.sample.chunks): one program per draw row, one launch (chunks 0:
 `_sample_kernel`, whose row code is engine/kernels/sample_row.py); or each row's BLOCK_V tiles
-split over a fixed number of programs in six launches (engine/kernels/sample_split.py), so a
+split over a fixed number of programs in eight launches (engine/kernels/sample_split.py), so a
 batch-1 step is spread over ~50 SMs rather than one. The steps above are the one program's; the
 split runs them tile by tile and folds the tiles' parts in tile order, as the one program walks its
 blocks: the same tokens and log-probs, bit for bit, wherever both take the same path (sample_split.py

@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from pegainfer.engine.kernels.lowbias import log_noise
+from pegainfer.engine.kernels.sample_row import row_of
 from pegainfer.engine.kernels.sample_select import sorted_keys
 from pegainfer.engine.kernels.sample_sweeps import BIG, deltas, order_key, pick
 
@@ -29,6 +30,13 @@ from pegainfer.engine.kernels.sample_sweeps import BIG, deltas, order_key, pick
 # modes of a top-k / top-p row after the counts: its candidates gathered whole, a band around the
 # boundary gathered (the entries above it all kept, raced where they lie), or the one-program code
 ALL, BAND, WHOLE = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+# a row's plan, made once a row by _plan_kernel and read by every program of the later launches:
+# floats (the row's max, then plan's lo, hi, m_hi, m_all, top_s, lo1, the top-N's raw floor, the
+# first round's winner's x) and ints (plan's mode, c_lo, c_hi, lo_off, hi_off, k_lim, recount, the
+# top-N's raw count and pivot, the first round's winner's column); ROW_PARTS of each a row
+(R_G, R_LO, R_HI, R_MHI, R_MALL, R_TOPS, R_LO1, R_LOR, R_WX) = (tl.constexpr(i) for i in range(9))
+(Q_MODE, Q_CLO, Q_CHI, Q_LOOFF, Q_HIOFF, Q_KLIM, Q_RECOUNT, Q_CR, Q_JR, Q_WCOL) = (tl.constexpr(i) for i in range(10))
+ROW_PARTS = tl.constexpr(16)
 
 
 def layout(pivots: int) -> tuple[int, int]:
@@ -110,6 +118,61 @@ def plan(f_row, i_row, g_val, temp, top_k, top_p, CAP: tl.constexpr, NF: tl.cons
             hi_off = tl.where(up2, i_cs2 + js2 + 1, hi_off)
     mode = tl.where(c_lo <= CAP, ALL, tl.where(one_cut & (c_lo - c_hi <= CAP), BAND, WHOLE))
     return mode, lo, hi, c_lo, c_hi, m_hi, lo_off, hi_off, k_lim, m_all, recount, top_s, lo1
+
+
+@triton.jit
+def _plan_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b, pf_ptr, pi_ptr,
+                 rf_ptr, ri_ptr, N_TOP: tl.constexpr, CAP: tl.constexpr, TILES: tl.constexpr, TP: tl.constexpr,
+                 P: tl.constexpr, NF: tl.constexpr, NI: tl.constexpr, RECOUNTED: tl.constexpr):
+    # one program a row: its plan from the tiles' parts, written once for the later launches' programs
+    # (before, each of a row's programs folded its tiles again: the split sampler's cost at 256 rows)
+    s = tl.program_id(0)
+    (temp, top_p, min_p, presence, frequency, repetition, top_k, state, has_h, has_b, x_ptr, h_ptr, b_ptr, inv_t,
+     filtered, plain) = row_of(s, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b)
+    f_row = pf_ptr + s.to(tl.int64) * (TILES * NF)
+    i_row = pi_ptr + s.to(tl.int64) * (TILES * NI)
+    rf = rf_ptr + s * ROW_PARTS
+    ri = ri_ptr + s * ROW_PARTS
+    if filtered:
+        g_val = row_max(f_row, NF, F_M, TILES, TP)
+        (mode, lo, hi, c_lo, c_hi, m_hi, lo_off, hi_off, k_lim, m_all, recount, top_s,
+         lo1) = plan(f_row, i_row, g_val, temp, top_k, top_p, CAP, NF, NI, TILES, TP, P, RECOUNTED)
+        tl.store(rf + R_G, g_val)
+        tl.store(rf + R_LO, lo)
+        tl.store(rf + R_HI, hi)
+        tl.store(rf + R_MHI, m_hi)
+        tl.store(rf + R_MALL, m_all)
+        tl.store(rf + R_TOPS, top_s)
+        tl.store(rf + R_LO1, lo1)
+        tl.store(ri + Q_MODE, mode)
+        tl.store(ri + Q_CLO, c_lo)
+        tl.store(ri + Q_CHI, c_hi)
+        tl.store(ri + Q_LOOFF, lo_off)
+        tl.store(ri + Q_HIOFF, hi_off)
+        tl.store(ri + Q_KLIM, k_lim)
+        tl.store(ri + Q_RECOUNT, recount.to(tl.int32))
+        if RECOUNTED:
+            if (mode == WHOLE) & recount:  # the second race's bound: the first round's winner
+                w_col, w_x = race_fold(f_row, i_row, F_R0K, F_R0X, I_R0C, NF, NI, TILES, TP)
+                tl.store(ri + Q_WCOL, w_col)
+                tl.store(rf + R_WX, w_x)
+    if RECOUNTED & (N_TOP > 0):
+        lo_r, c_r, jr = pick_raw(i_row, row_max(f_row, NF, F_RM, TILES, TP), N_TOP, NI, TILES, TP, P)
+        tl.store(rf + R_LOR, lo_r)
+        tl.store(ri + Q_CR, c_r)
+        tl.store(ri + Q_JR, jr)
+
+
+@triton.jit
+def row_plan(rf_ptr, ri_ptr, s):
+    """Row s's plan as _plan_kernel wrote it: plan's (mode, lo, hi, c_lo, c_hi, m_hi, lo_off, hi_off,
+    k_lim, m_all, recount, top_s, lo1) and the row's max first."""
+    rf = rf_ptr + s * ROW_PARTS
+    ri = ri_ptr + s * ROW_PARTS
+    return (tl.load(rf + R_G), tl.load(ri + Q_MODE), tl.load(rf + R_LO), tl.load(rf + R_HI), tl.load(ri + Q_CLO),
+            tl.load(ri + Q_CHI), tl.load(rf + R_MHI), tl.load(ri + Q_LOOFF), tl.load(ri + Q_HIOFF),
+            tl.load(ri + Q_KLIM), tl.load(rf + R_MALL), tl.load(ri + Q_RECOUNT) != 0, tl.load(rf + R_TOPS),
+            tl.load(rf + R_LO1))
 
 
 @triton.jit

@@ -1,9 +1,12 @@
 """The device sampler with each row split over a fixed number of programs (KernelConfig.sample.chunks):
-engine/kernels/sample.py's choice in six launches, so a batch-1 step reads its row from ~50 SMs
+engine/kernels/sample.py's choice in eight launches, so a batch-1 step reads its row from ~50 SMs
 rather than one. A row's vocabulary is cut into BLOCK_V tiles (the one-program kernel's blocks),
 program (row, c) takes ceil(tiles / chunks) of them, and every launch writes per-tile parts that
 the next reads back (engine/kernels/sample_plan.py: the layout and the folds, tile by tile in tile
-order). A launch's programs for rows it has nothing to do for return at once.
+order). A launch's programs for rows it has nothing to do for return at once. After each count a
+launch of one program a row (sample_plan._plan_kernel) folds the row's parts into its plan (the row's
+max, where the kept set ends, the top-N's floor, the first round's winner), which the later
+launches' programs read: a row's tiles are folded once, not again in each of its ~50 programs.
 
 1. `_first_kernel`: per tile, the shaped logits' max, first max and first NaN (the greedy pick),
    the raw logits' max, and for temperature-only rows the exponential race's winner (the one
@@ -52,8 +55,8 @@ from pegainfer.engine.kernels.sample_fold import final_row
 from pegainfer.engine.kernels.sample_plan import (ALL, BAND, F_B1M, F_B2M, F_K2, F_KA, F_M, F_MALL, F_MS, F_R0K, F_R0X,
                                                   F_R1K, F_R1X, F_RM, F_RS, F_WLN, F_WX, F_WY, F_X2, I_B1C, I_B2C,
                                                   I_CALL, I_CS, I_FIRST, I_IDX2, I_NAN, I_R0C, I_R1C, I_WA, I_WIDX,
-                                                  WHOLE, kept_after, layout, pick_raw, plan, race_fold, race_tile,
-                                                  row_max)
+                                                  Q_CR, Q_JR, Q_WCOL, R_LOR, R_WX, ROW_PARTS, WHOLE, _plan_kernel,
+                                                  kept_after, layout, race_fold, race_tile, row_max, row_plan)
 from pegainfer.engine.kernels.sample_row import row_of, sample_row
 from pegainfer.engine.kernels.sample_select import MIN64
 from pegainfer.engine.kernels.ticket import last_to_finish
@@ -107,9 +110,9 @@ def tile_counts(x, ent, e, ts, P: tl.constexpr):
 
 @triton.jit
 def _count_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b, pf_ptr, pi_ptr,
-                  V, N_TOP: tl.constexpr, LOGPROBS: tl.constexpr, RECOUNT: tl.constexpr, CAP: tl.constexpr,
-                  BLOCK_V: tl.constexpr, TILES: tl.constexpr, TP: tl.constexpr, PER: tl.constexpr, P: tl.constexpr,
-                  NF: tl.constexpr, NI: tl.constexpr):
+                  rf_ptr, ri_ptr, V, N_TOP: tl.constexpr, LOGPROBS: tl.constexpr, RECOUNT: tl.constexpr,
+                  CAP: tl.constexpr, BLOCK_V: tl.constexpr, TILES: tl.constexpr, TP: tl.constexpr, PER: tl.constexpr,
+                  P: tl.constexpr, NF: tl.constexpr, NI: tl.constexpr):
     s = tl.program_id(0)
     (temp, top_p, min_p, presence, frequency, repetition, top_k, state, has_h, has_b, x_ptr, h_ptr, b_ptr, inv_t,
      filtered, plain) = row_of(s, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b)
@@ -121,10 +124,9 @@ def _count_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h
     k = tl.arange(0, TP)
     if RECOUNT:  # the second count, inside the first's band, for the rows whose band held more than CAP
         if filtered:
-            g_val = row_max(f_row, NF, F_M, TILES, TP)
+            (g_val, mode, lo, hi, c_lo, c_hi, m_hi, lo_off, hi_off, k_lim, m_all, recount, top_s,
+             lo1) = row_plan(rf_ptr, ri_ptr, s)
             top = g_val * inv_t
-            (mode, lo, hi, c_lo, c_hi, m_hi, lo_off, hi_off, k_lim, m_all, recount, top_s,
-             lo1) = plan(f_row, i_row, g_val, temp, top_k, top_p, CAP, NF, NI, TILES, TP, P, False)
             if recount:  # and the rejection rounds' first race, among every entry >= lo
                 ts = lo + (top_s - lo) * ((j + 1).to(tl.float32) / (P + 1))
                 for t in range(t0, tl.minimum(t0 + PER, TILES)):
@@ -185,7 +187,7 @@ def _count_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h
 
 @triton.jit
 def _gather_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b, scratch_ptr,
-                   pf_ptr, pi_ptr, V, N_TOP: tl.constexpr, CAP: tl.constexpr, BLOCK_V: tl.constexpr,
+                   pf_ptr, pi_ptr, rf_ptr, ri_ptr, V, N_TOP: tl.constexpr, CAP: tl.constexpr, BLOCK_V: tl.constexpr,
                    TILES: tl.constexpr, TP: tl.constexpr, PER: tl.constexpr, P: tl.constexpr, NF: tl.constexpr,
                    NI: tl.constexpr):
     s = tl.program_id(0)
@@ -196,8 +198,6 @@ def _gather_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
         i_row = pi_ptr + s.to(tl.int64) * (TILES * NI)
         s_ptr = scratch_ptr + s.to(tl.int64) * (2 * CAP)
         r_ptr = s_ptr + CAP
-        g_val = row_max(f_row, NF, F_M, TILES, TP)
-        top = g_val * inv_t
         t0 = tl.program_id(1) * PER
         k = tl.arange(0, TP)
         before = k < t0  # the row's tiles before this program's: their candidates come first
@@ -205,16 +205,17 @@ def _gather_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
         lo = tl.full([], float("-inf"), tl.float32)
         hi = tl.full([], float("inf"), tl.float32)
         lo1 = lo
+        top = tl.full([], 0.0, tl.float32)
         ps = tl.full([], 0, tl.int32)
         rounds = tl.full([], 0, tl.int1)
         bound = tl.full([], 0, tl.int64)
         if filtered:
-            (mode, lo, hi, c_lo, c_hi, m_hi, lo_off, hi_off, k_lim, m_all, recount, top_s,
-             lo1) = plan(f_row, i_row, g_val, temp, top_k, top_p, CAP, NF, NI, TILES, TP, P, True)
+            (g_val, mode, lo, hi, c_lo, c_hi, m_hi, lo_off, hi_off, k_lim, m_all, recount, top_s,
+             lo1) = row_plan(rf_ptr, ri_ptr, s)
+            top = g_val * inv_t
             rounds = (mode == WHOLE) & recount
             if rounds:  # the second race: among the entries before the first's winner
-                w_col, w_x = race_fold(f_row, i_row, F_R0K, F_R0X, I_R0C, NF, NI, TILES, TP)
-                bound = order_key(w_x, w_col)
+                bound = order_key(tl.load(rf_ptr + s * ROW_PARTS + R_WX), tl.load(ri_ptr + s * ROW_PARTS + Q_WCOL))
             ps = tl.sum(tl.load(i_row + k * NI + lo_off, mask=before, other=0), axis=0)
             if mode == BAND:  # the band only: less the tiles' entries above it
                 above = tl.sum(tl.load(i_row + k * NI + tl.maximum(hi_off, 0), mask=before, other=0), axis=0)
@@ -226,7 +227,9 @@ def _gather_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
         c_r = tl.full([], BIG, tl.int32)
         pr = tl.full([], 0, tl.int32)
         if N_TOP > 0:
-            lo_r, c_r, jr = pick_raw(i_row, row_max(f_row, NF, F_RM, TILES, TP), N_TOP, NI, TILES, TP, P)
+            lo_r = tl.load(rf_ptr + s * ROW_PARTS + R_LOR)
+            c_r = tl.load(ri_ptr + s * ROW_PARTS + Q_CR)
+            jr = tl.load(ri_ptr + s * ROW_PARTS + Q_JR)
             pr = tl.sum(tl.load(i_row + k * NI + I_CS + P + 1 + jr, mask=before, other=0), axis=0)
         fast_r = c_r <= CAP
         if fast_s | fast_r | rounds:
@@ -274,8 +277,8 @@ def _gather_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
 
 @triton.jit
 def _round_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b, scratch_ptr,
-                  pf_ptr, pi_ptr, tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, whole_ptr, ticket_ptr, V,
-                  N_TOP: tl.constexpr, LOGPROBS: tl.constexpr, RECORD: tl.constexpr, COUNT: tl.constexpr,
+                  pf_ptr, pi_ptr, rf_ptr, ri_ptr, tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, whole_ptr, ticket_ptr,
+                  V, N_TOP: tl.constexpr, LOGPROBS: tl.constexpr, RECORD: tl.constexpr, COUNT: tl.constexpr,
                   CAP: tl.constexpr, BLOCK_V: tl.constexpr, TILES: tl.constexpr, TP: tl.constexpr, PER: tl.constexpr,
                   P: tl.constexpr, NF: tl.constexpr, NI: tl.constexpr):
     # the rejection rounds' second check: where the first winner is not kept, the count and mass of
@@ -295,10 +298,9 @@ def _round_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h
     recount = tl.full([], 0, tl.int1)
     kept0 = tl.full([], 0, tl.int1)
     if filtered:
-        g_val = row_max(f_row, NF, F_M, TILES, TP)
+        (g_val, mode, lo, hi, c_lo, c_hi, m_hi, lo_off, hi_off, k_lim, m_all, recount, top_s,
+         lo1) = row_plan(rf_ptr, ri_ptr, s)
         top = g_val * inv_t
-        (mode, lo, hi, c_lo, c_hi, m_hi, lo_off, hi_off, k_lim, m_all, recount, top_s,
-         lo1) = plan(f_row, i_row, g_val, temp, top_k, top_p, CAP, NF, NI, TILES, TP, P, True)
         if (mode == WHOLE) & recount:
             kept0 = kept_after(f_row, i_row, F_B1M, I_B1C, k_lim, top_p, m_all, NF, NI, TILES, TP)
             if kept0 == 0:
@@ -345,7 +347,7 @@ def launch(logits: torch.Tensor, rows, history: torch.Tensor, bias: torch.Tensor
            outs: tuple[torch.Tensor, ...], tickets: torch.Tensor, n_top: int, logprobs: bool, record: bool,
            count: bool, chunks: int, block_v: int, pivots: int, one_pivots: int, cap: int, num_warps: int,
            warm: list | None = None) -> None:
-    """The six launches for rows.floats.shape[0] draws (sample.sample's arguments, checked there).
+    """The eight launches for rows.floats.shape[0] draws (sample.sample's arguments, checked there).
     outs: (tokens, chosen log-probs, top ids, top log-probs, sweeps) as the one-program kernel takes
     them; tickets: [>= S] int32 zeros (engine/kernels/ticket.py), left at zero. warm: a list to record
     the launches into instead of running them (engine/kernels/precompile.py)."""
@@ -358,14 +360,19 @@ def launch(logits: torch.Tensor, rows, history: torch.Tensor, bias: torch.Tensor
     shape = {"BLOCK_V": block_v, "TILES": tiles, "PER": per, "NF": nf, "NI": ni}
     tp = triton.next_power_of_2(tiles)
     opts = {"num_warps": num_warps, "enable_fp_fusion": False}
+    rf = torch.empty(s * ROW_PARTS.value, dtype=torch.float32, device=logits.device)  # [S, ROW_PARTS] plans
+    ri = torch.empty(s * ROW_PARTS.value, dtype=torch.int32, device=logits.device)
     go = {k: launcher(k, (s, programs), warm) for k in (_first_kernel, _count_kernel, _gather_kernel, _round_kernel)}
     go[_first_kernel](*row, pf, pi, v, LOGPROBS=logprobs, **shape, **opts)
+    folds = {"N_TOP": n_top, "CAP": cap, "TILES": tiles, "TP": tp, "P": pivots, "NF": nf, "NI": ni}
     for recount in (False, True):
-        go[_count_kernel](*row, pf, pi, v, N_TOP=n_top, LOGPROBS=logprobs, RECOUNT=recount, CAP=cap, TP=tp, P=pivots,
-                          **shape, **opts)
-    go[_gather_kernel](*row, scratch, pf, pi, v, N_TOP=n_top, CAP=cap, TP=tp, P=pivots, **shape, **opts)
+        go[_count_kernel](*row, pf, pi, rf, ri, v, N_TOP=n_top, LOGPROBS=logprobs, RECOUNT=recount, CAP=cap, TP=tp,
+                          P=pivots, **shape, **opts)
+        launcher(_plan_kernel, (s,), warm)(*row, pf, pi, rf, ri, RECOUNTED=recount, **folds, **opts)
+    go[_gather_kernel](*row, scratch, pf, pi, rf, ri, v, N_TOP=n_top, CAP=cap, TP=tp, P=pivots, **shape, **opts)
     whole = torch.empty(s, dtype=torch.int32, device=logits.device)  # [S] passes of the rows left to _whole_kernel
     flags = {"N_TOP": n_top, "LOGPROBS": logprobs, "RECORD": record, "COUNT": count, "CAP": cap}
-    go[_round_kernel](*row, scratch, pf, pi, *outs, whole, tickets, v, TP=tp, P=pivots, **flags, **shape, **opts)
+    go[_round_kernel](*row, scratch, pf, pi, rf, ri, *outs, whole, tickets, v, TP=tp, P=pivots, **flags, **shape,
+                      **opts)
     launcher(_whole_kernel, (s,), warm)(*row, scratch, *outs, whole, v, NP=triton.next_power_of_2(max(n_top, 1)),
                                         BLOCK_V=block_v, PIVOTS=one_pivots, **flags, **opts)

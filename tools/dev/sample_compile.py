@@ -5,7 +5,7 @@ frontend, the GPU IR, LLVM, ptxas). Catches what Triton's CPU interpreter lets p
 type differs between an if's branches, a loop-carried value that changes type, and the like. Prints
 one line per kernel and variant with its compile time; exits 1 on the first failure.
 
-    python tools/dev/sample_compile.py [first count recount gather round whole one]   (default: all)
+    python tools/dev/sample_compile.py [first count plan recount replan gather round whole one]   (default: all)
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ TARGET = GPUTarget("cuda", 90, 32)
 POINTERS = {"logits_ptr": "*fp32", "floats_ptr": "*fp32", "ints_ptr": "*i64", "hist_ptr": "*i32",
             "bias_ptr": "*fp32", "pf_ptr": "*fp32", "pi_ptr": "*i32", "scratch_ptr": "*i64", "tok_ptr": "*i64",
             "lp_ptr": "*fp32", "ids_ptr": "*i64", "lps_ptr": "*fp32", "sweeps_ptr": "*i32", "ticket_ptr": "*i32",
-            "whole_ptr": "*i32"}
+            "whole_ptr": "*i32", "rf_ptr": "*fp32", "ri_ptr": "*i32"}
 
 
 def compile_one(fn, constexprs: dict, num_warps: int) -> float:
@@ -56,6 +56,9 @@ def variants(t: SampleTiling, vocab: int = 102_400):
         for recount in (False, True):
             yield "recount" if recount else "count", split._count_kernel, {
                 "N_TOP": n_top, "LOGPROBS": lp, "RECOUNT": recount, "CAP": t.cap, "TP": tp, "P": t.pivots, **shape}
+            yield "replan" if recount else "plan", split._plan_kernel, {
+                "N_TOP": n_top, "CAP": t.cap, "TILES": tiles, "TP": tp, "P": t.pivots, "NF": nf, "NI": ni,
+                "RECOUNTED": recount}
         yield "gather", split._gather_kernel, {"N_TOP": n_top, "CAP": t.cap, "TP": tp, "P": t.pivots, **shape}
         yield "round", split._round_kernel, {**flags, "TP": tp, "P": t.pivots, **shape}
         yield "whole", split._whole_kernel, {**flags, "NP": triton.next_power_of_2(max(n_top, 1)),
@@ -65,7 +68,7 @@ def variants(t: SampleTiling, vocab: int = 102_400):
 
 
 def main(argv: list[str]) -> int:
-    wanted = set(argv) or {"first", "count", "recount", "gather", "round", "whole", "one"}
+    wanted = set(argv) or {"first", "count", "plan", "recount", "replan", "gather", "round", "whole", "one"}
     tiling = dataclasses.replace(SampleTiling(), chunks=64)  # the split as the A/B runs it (lite: 50 programs)
     for name, fn, consts in variants(tiling):
         if name not in wanted:
