@@ -201,6 +201,10 @@ class KernelConfig:
     decode_max_splits: int = 8
     decode_long_split: int = 256
     decode_most_splits: int = 64
+    # the split kernel's keys a step (a divisor of decode_split_len and the 64-token page: it fixes the
+    # order of a split's sums) and its warps (no bits change): engine/kernels/mla_fixed.Launches
+    decode_block_n: int = 32
+    decode_split_warps: int = 8
     experts: ExpertTilings = ExpertTilings()
     # A dense SwiGLU MLP (shared experts, dense layer) at up to dense_rows rows: gate, up and
     # SiLU * up in one launch (row 32: -45 µs a step at one row, +80 µs at eight); 4 stages (row 38)

@@ -151,6 +151,12 @@ class Launches(NamedTuple):
     merge_group: int = 0  # > 0: merge groups of this many splits first (mla_group.py; other bits, opt-in)
 
 
+def launches_of(kernels) -> Launches:
+    """The launch shape a KernelConfig sets (decode_block_n, decode_split_warps; the rest Launches'
+    defaults)."""
+    return Launches(block_n=kernels.decode_block_n, split_warps=kernels.decode_split_warps)
+
+
 def split_plan(lens: torch.Tensor, length: int, rule: SplitRule) -> SplitPlan:
     """The step's work list for rows of these lengths [B] under the static bound `length` (one launch)."""
     n_most = fixed_splits(length, rule)

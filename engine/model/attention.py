@@ -225,7 +225,8 @@ class MLAttention:
                 plan = inp.memo["mla_split_plan"] = mla_fixed.split_plan(inp.ctx_lens, inp.length, rule)
             return mla_fixed.mla_decode_fixed(q_full, cache.data[self.layer], cache.table, inp.slots, inp.ctx_lens,
                                               plan=plan, scale=self.scale, rank=self.rank, rule=rule,
-                                              programs=k.split_programs, w_uv_t=self.w_uv_t)
+                                              programs=k.split_programs, w_uv_t=self.w_uv_t,
+                                              launches=mla_fixed.launches_of(k))
         return mla_decode(q_full, cache.data[self.layer], cache.table, inp.slots, inp.ctx_lens, inp.length,
                           self.scale, self.rank, w_uv_t=self.w_uv_t,
                           split_len=auto_split(b, inp.length, k.split_programs),

@@ -27,6 +27,9 @@ engine's KernelConfig (engine/kernels/config.py), which the tool hands to the en
     --split-programs      split_programs               programs the split attention aims at
     --decode-long-split   decode_long_split            the invariant split attention's long split (0: 8 splits at most)
     --decode-most-splits  decode_most_splits           its most splits a row
+    --decode-split-len    decode_split_len             its keys a split (short rows)
+    --decode-block-n      decode_block_n               its split kernel's keys a step
+    --decode-split-warps  decode_split_warps           its split kernel's warps
     --expert-stages       experts.one_token_stages     pipeline stages of both at one token's routes
     --one-token-up-n      experts.one_token_up_n       gate-up column block at one token's routes
     --expert-warps        experts.few_rows.num_warps   warps per program of both up to 512 routes
@@ -78,6 +81,9 @@ KNOBS = {"batch_invariant": ("batch_invariant", lambda v, default: v == 1),
          "split_programs": ("split_programs", _as_is),
          "decode_long_split": ("decode_long_split", _as_is),
          "decode_most_splits": ("decode_most_splits", _as_is),
+         "decode_split_len": ("decode_split_len", _as_is),
+         "decode_block_n": ("decode_block_n", _as_is),
+         "decode_split_warps": ("decode_split_warps", _as_is),
          "expert_stages": ("experts.one_token_stages", _as_is),
          "one_token_up_n": ("experts.one_token_up_n", _as_is),
          "expert_warps": ("experts.few_rows.num_warps", _as_is),

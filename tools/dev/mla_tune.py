@@ -39,6 +39,13 @@ VARIANTS = {  # name: (rule, launches)
     "b64": (SplitRule(64, 8, 256, 64), Launches(block_n=64)),
     "r128": (SplitRule(32, 8, 128, 128), Launches()),
     "r512": (SplitRule(32, 8, 512, 32), Launches()),
+    # round 2 (after the H100 run of 2026-12-06: b64 best at batch 1, w4 at 64-256 rows)
+    "bw": (SplitRule(64, 8, 256, 64), Launches(block_n=64, split_warps=4)),
+    "bwu": (SplitRule(64, 8, 256, 64), Launches(block_n=64, split_warps=4, merge_unroll=2)),
+    "bwg": (SplitRule(64, 8, 256, 64), Launches(block_n=64, split_warps=4, merge_group=8)),
+    "bwm": (SplitRule(64, 8, 256, 128), Launches(block_n=64, split_warps=4)),
+    "b128": (SplitRule(128, 8, 256, 64), Launches(block_n=64, split_warps=4)),
+    "bw2": (SplitRule(64, 8, 256, 64), Launches(block_n=64, split_warps=4, split_stages=2)),
 }
 COPIES = 4  # caches walked in turn: more than the L2 at the long contexts
 
