@@ -190,21 +190,25 @@ class KernelConfig:
     # row's splits follow its own length only: decode_split_len keys each, grown by that much for a
     # row longer than decode_split_len x decode_max_splits (so no such row has more than
     # decode_max_splits), until a split reaches decode_long_split keys; a longer row keeps splits of
-    # that length and gets more of them, up to decode_most_splits, past which they grow again. 32
-    # keys (one block per program): rows up to 256 keys (bench_direct's prompt 128 + 64 new) split as
-    # the auto split does at batch 1, where the step is latency-bound; 8 splits up to 2,048 keys keep
-    # the float32 partials (32 KB a split) small against the keys read; from 2,048 keys on, 256-key
-    # splits (a partial is 11 % of its keys' bytes) let a long row at batch 1 read its context from
-    # up to 64 SMs (16k tokens: 64 splits; before, 8 splits of 2,048). decode_long_split 0: at most
-    # decode_max_splits splits at every length (the rule before issue 28's split-KV)
-    decode_split_len: int = 32
+    # that length and gets more of them, up to decode_most_splits, past which they grow again. 8
+    # splits up to 2,048 keys keep the float32 partials (32 KB a split) small against the keys read;
+    # from 2,048 keys on, 256-key splits (a partial is 11 % of its keys' bytes) let a long row at
+    # batch 1 read its context from up to 64 SMs (16k tokens: 64 splits; before, 8 splits of 2,048).
+    # decode_long_split 0: at most decode_max_splits splits at every length (the rule before issue
+    # 28's split-KV). The split kernel's keys a step (a divisor of decode_split_len and the 64-token
+    # page: it fixes the order of a split's sums), warps and pipeline stages (no bits change;
+    # engine/kernels/mla_fixed.Launches): 64-key splits of 64-key steps, 4 warps, 2 stages, chosen by
+    # tools/dev/mla_tune.py on an H100 (2026-12-06, docs/benchmarks/2026-12-06b-device.md): 15.8 /
+    # 23.6 / 48.0 / 64.6 µs a layer at batch 1 and 1k / 4k / 16k / 32k keys, 162 at 64 x 4k, 182 at
+    # 256 x 1k, against 20.2 / 32.4 / 57.4 / 80.5 / 182.5 / 206.1 with 32-key splits and steps, 8
+    # warps, 3 stages
+    decode_split_len: int = 64
     decode_max_splits: int = 8
     decode_long_split: int = 256
     decode_most_splits: int = 64
-    # the split kernel's keys a step (a divisor of decode_split_len and the 64-token page: it fixes the
-    # order of a split's sums) and its warps (no bits change): engine/kernels/mla_fixed.Launches
-    decode_block_n: int = 32
-    decode_split_warps: int = 8
+    decode_block_n: int = 64
+    decode_split_warps: int = 4
+    decode_split_stages: int = 2
     experts: ExpertTilings = ExpertTilings()
     # A dense SwiGLU MLP (shared experts, dense layer) at up to dense_rows rows: gate, up and
     # SiLU * up in one launch (row 32: -45 µs a step at one row, +80 µs at eight); 4 stages (row 38)

@@ -152,9 +152,10 @@ class Launches(NamedTuple):
 
 
 def launches_of(kernels) -> Launches:
-    """The launch shape a KernelConfig sets (decode_block_n, decode_split_warps; the rest Launches'
-    defaults)."""
-    return Launches(block_n=kernels.decode_block_n, split_warps=kernels.decode_split_warps)
+    """The launch shape a KernelConfig sets (decode_block_n, decode_split_warps, decode_split_stages;
+    the merge's Launches' defaults)."""
+    return Launches(block_n=kernels.decode_block_n, split_warps=kernels.decode_split_warps,
+                    split_stages=kernels.decode_split_stages)
 
 
 def split_plan(lens: torch.Tensor, length: int, rule: SplitRule) -> SplitPlan:

@@ -30,6 +30,7 @@ engine's KernelConfig (engine/kernels/config.py), which the tool hands to the en
     --decode-split-len    decode_split_len             its keys a split (short rows)
     --decode-block-n      decode_block_n               its split kernel's keys a step
     --decode-split-warps  decode_split_warps           its split kernel's warps
+    --decode-split-stages decode_split_stages          its split kernel's pipeline stages
     --expert-stages       experts.one_token_stages     pipeline stages of both at one token's routes
     --one-token-up-n      experts.one_token_up_n       gate-up column block at one token's routes
     --expert-warps        experts.few_rows.num_warps   warps per program of both up to 512 routes
@@ -84,6 +85,7 @@ KNOBS = {"batch_invariant": ("batch_invariant", lambda v, default: v == 1),
          "decode_split_len": ("decode_split_len", _as_is),
          "decode_block_n": ("decode_block_n", _as_is),
          "decode_split_warps": ("decode_split_warps", _as_is),
+         "decode_split_stages": ("decode_split_stages", _as_is),
          "expert_stages": ("experts.one_token_stages", _as_is),
          "one_token_up_n": ("experts.one_token_up_n", _as_is),
          "expert_warps": ("experts.few_rows.num_warps", _as_is),

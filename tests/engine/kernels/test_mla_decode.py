@@ -215,13 +215,17 @@ def test_fixed_plan_is_the_attention_over_each_rows_length(triton_interpreter, r
         request.getfixturevalue("bf16_as_gpu")
     cache, q, w_uv = _inputs_on("cpu", dtype, INV_SLOTS, INV_N, H, RANK, ROPE, INV_V, 8)
     slots, lens = [3, 9, 0, 21, 30], [1, 40, 128, 200, 320]
-    o_lat = _run(cache, q, w_uv, slots, lens, 320, False, INV).double()  # [B, H, RANK]
-    vals = _run(cache, q, w_uv, slots, lens, 320, True, INV).double()  # [B, H*V]
     tol = 1e-5 if dtype == torch.float32 else 2e-2
-    for b, (slot, n) in enumerate(zip(slots, lens)):
-        want, want_v = _reference(cache, q, w_uv, slot, n)
-        assert torch.allclose(o_lat[b], want, atol=tol, rtol=tol), (b, (o_lat[b] - want).abs().max())
-        assert torch.allclose(vals[b], want_v, atol=tol, rtol=tol), (b, (vals[b] - want_v).abs().max())
+    from pegainfer.engine.kernels.mla_fixed import Launches
+    # the rule at 32-key splits and steps, and the engine's shape: 64-key splits of 64-key steps, 4 warps, 2 stages
+    wide = dict(rule=(64, 2, 128, 4), launches=Launches(block_n=64, split_warps=4, split_stages=2))
+    for plan in (INV, wide):
+        o_lat = _run(cache, q, w_uv, slots, lens, 320, False, plan).double()  # [B, H, RANK]
+        vals = _run(cache, q, w_uv, slots, lens, 320, True, plan).double()  # [B, H*V]
+        for b, (slot, n) in enumerate(zip(slots, lens)):
+            want, want_v = _reference(cache, q, w_uv, slot, n)
+            assert torch.allclose(o_lat[b], want, atol=tol, rtol=tol), (b, (o_lat[b] - want).abs().max())
+            assert torch.allclose(vals[b], want_v, atol=tol, rtol=tol), (b, (vals[b] - want_v).abs().max())
 
 
 def test_fixed_merge_lanes_and_split_programs_change_no_bits(triton_interpreter, monkeypatch):
@@ -282,6 +286,8 @@ def test_decode_values_follow_the_batch_invariant_switch(triton_interpreter, mon
     assert len(calls["fixed"]) == 2 and calls["plans"] == 1 and calls["fixed"][0]["plan"] is calls["fixed"][1]["plan"]
     assert calls["fixed"][0]["rule"] == mf.SplitRule(k.decode_split_len, k.decode_max_splits, k.decode_long_split,
                                                 k.decode_most_splits)
+    assert calls["fixed"][0]["launches"] == mf.Launches(block_n=k.decode_block_n, split_warps=k.decode_split_warps,
+                                                        split_stages=k.decode_split_stages)
     assert calls["auto"][0]["merge"] == md.merge_form(b, k.row_merge_max_batch)
     assert calls["auto"][0]["split_len"] == md.auto_split(b, c.inp.length, k.split_programs)
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)  # two orders of one sum
@@ -295,9 +301,10 @@ GPU_SLOTS, GPU_N = 257, 8192
 
 def _lite_plan() -> dict:
     from pegainfer.engine.kernels.config import KernelConfig
+    from pegainfer.engine.kernels.mla_fixed import launches_of
     k = KernelConfig()
     return dict(rule=(k.decode_split_len, k.decode_max_splits, k.decode_long_split, k.decode_most_splits),
-                programs=k.split_programs)
+                programs=k.split_programs, launches=launches_of(k))
 
 
 def test_gpu_fixed_plan_gives_a_row_the_same_bits_in_any_batch(triton_gpu):
@@ -330,12 +337,14 @@ def test_gpu_fixed_plan_is_as_accurate_as_the_auto_plan_and_replays_the_same_bit
         # work list is made inside the graph, so a replay at other lengths follows them
         from pegainfer.engine.kernels.mla_fixed import mla_decode_fixed, split_plan
         from pegainfer.engine.kernels.mla_rule import SplitRule
-        rule, programs = SplitRule(*_lite_plan()["rule"]), _lite_plan()["programs"]
+        lite = _lite_plan()
+        rule, programs = SplitRule(*lite["rule"]), lite["programs"]
         s_t, lens_t = torch.tensor(slots, device=cache.device), torch.tensor(lens, device=cache.device)
         pages, table, q_rows = *paged(cache), q[s_t]
         graph, out = capture(lambda: mla_decode_fixed(q_rows, pages, table, s_t, lens_t,
                                                       plan=split_plan(lens_t, length, rule), scale=SCALE,
-                                                      rank=w_uv.shape[1], rule=rule, programs=programs, w_uv_t=w_uv),
+                                                      rank=w_uv.shape[1], rule=rule, programs=programs, w_uv_t=w_uv,
+                                                      launches=lite["launches"]),
                              None)
         graph.replay()
         torch.cuda.synchronize()
