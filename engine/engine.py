@@ -204,4 +204,5 @@ def split_partials(kernels: KernelConfig, cfg: ModelConfig, rows: int, max_len: 
     if not (kernels.triton and kernels.batch_invariant):
         return 0
     from pegainfer.engine.kernels.mla_rule import partial_bytes, rule_of
-    return partial_bytes(rows, max_len, cfg.num_attention_heads, cfg.kv_lora_rank, rule_of(kernels))
+    return partial_bytes(rows, max_len, cfg.num_attention_heads, cfg.kv_lora_rank, rule_of(kernels),
+                         kernels.decode_merge_group)

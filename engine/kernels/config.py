@@ -209,6 +209,11 @@ class KernelConfig:
     decode_block_n: int = 64
     decode_split_warps: int = 4
     decode_split_stages: int = 2
+    # > 0: a first merge level over groups of this many splits of each row with more than
+    # decode_max_splits splits (engine/kernels/mla_group.py; other bits for those rows, still batch
+    # invariant; 0: one level). Opt-in until measured end to end (mla_tune bwg on an H100: -13 µs a
+    # layer at 16k keys, batch 1)
+    decode_merge_group: int = 0
     experts: ExpertTilings = ExpertTilings()
     # A dense SwiGLU MLP (shared experts, dense layer) at up to dense_rows rows: gate, up and
     # SiLU * up in one launch (row 32: -45 µs a step at one row, +80 µs at eight); 4 stages (row 38)

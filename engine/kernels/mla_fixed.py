@@ -18,7 +18,8 @@ graph replays any mix of lengths with no idle program per missing split, and the
 by item. Which program computes an item changes nothing: an item's sums are its own keys in order.
 The merge takes each row's items in split order (16-row tiles, looping to the tile's most splits; a
 row's missing splits add exact zeros), then W_UV per value block with one tl.dot, as before. Opt-in
-(`Launches.merge_group`, not measured): a first merge level over groups of splits (mla_group.py)."""
+(`Launches.merge_group`, KernelConfig.decode_merge_group; timed in mla_tune only): a first merge level
+over groups of a long row's splits (mla_group.py)."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -29,7 +30,8 @@ import triton.language as tl
 
 from pegainfer.engine.kernels.mla_decode import BLOCK_N, attend, attention_out, store_partial
 from pegainfer.engine.kernels.mla_group import group_partials
-from pegainfer.engine.kernels.mla_rule import SplitPlan, SplitRule, fixed_splits, row_splits, split_keys, work_list
+from pegainfer.engine.kernels.mla_rule import (SplitPlan, SplitRule, fixed_splits, row_group, row_splits, split_keys,
+                                               work_list)
 
 FIXED_BLOCK_V = 32  # value columns per tl.dot of the fixed merge (fewer where V is smaller)
 FIXED_PROGRAMS = 256  # the fixed merge spreads value blocks over programs up to about this many
@@ -96,8 +98,8 @@ def _merge_kernel(part_o_ptr, part_ml_ptr, lens_ptr, off_ptr, w_uv_ptr, out_ptr,
                        mask=k_ok[:, None] & (lane * BLOCK_V + dv0 < V)[None, :], other=0.0)  # [RANK_P, BV]
     length = tl.load(lens_ptr + rows, mask=live, other=0).to(tl.int32)
     own = tl.where(live, row_splits(length, n_most, SPLIT, MAX_SPLITS, LONG, MOST), 0)  # [BB]
-    if GROUP > 0:  # the parts are mla_group's: a row's groups of GROUP splits
-        own = tl.cdiv(own, GROUP)
+    if GROUP > 0:  # the parts are mla_group's: a long row's groups of GROUP splits (a short row's splits)
+        own = tl.cdiv(own, row_group(own, MAX_SPLITS, GROUP))
     first = tl.load(off_ptr + rows, mask=live, other=0)  # [BB] the row's first item
     most = tl.max(own, 0)
     # the splits' max, 16 splits a load (a max is exact in any order: the same bits as one by one)
@@ -148,14 +150,14 @@ class Launches(NamedTuple):
     merge_warps: int = 8
     merge_stages: int = 3
     merge_unroll: int = 1  # 1 or 2 splits' partials asked for at once (the same bits)
-    merge_group: int = 0  # > 0: merge groups of this many splits first (mla_group.py; other bits, opt-in)
+    merge_group: int = 0  # > 0: merge a long row's groups of this many splits first (mla_group.py; opt-in)
 
 
 def launches_of(kernels) -> Launches:
-    """The launch shape a KernelConfig sets (decode_block_n, decode_split_warps, decode_split_stages;
-    the merge's Launches' defaults)."""
+    """The launch shape a KernelConfig sets (decode_block_n, decode_split_warps, decode_split_stages,
+    decode_merge_group; the merge's other Launches' defaults)."""
     return Launches(block_n=kernels.decode_block_n, split_warps=kernels.decode_split_warps,
-                    split_stages=kernels.decode_split_stages)
+                    split_stages=kernels.decode_split_stages, merge_group=kernels.decode_merge_group)
 
 
 def split_plan(lens: torch.Tensor, length: int, rule: SplitRule) -> SplitPlan:
@@ -194,13 +196,13 @@ def mla_decode_fixed(q: torch.Tensor, cache_layer: torch.Tensor, table: torch.Te
     block_v = max(16, min(FIXED_BLOCK_V, triton.next_power_of_2(v))) if w_uv_t is not None else 1
     tiles = triton.cdiv(b, 16)
     lanes = min(triton.cdiv(v, block_v), triton.cdiv(FIXED_PROGRAMS, tiles * h)) if w_uv_t is not None else 1
-    first = plan.off
-    if launches.merge_group > 0:  # the first merge level: groups of splits, side by side
-        part_o, part_ml, first = group_partials(part_o, part_ml, lens, plan, rule, launches.merge_group, programs)
+    first, group = plan.off, launches.merge_group if plan.most > rule.max_splits else 0
+    if group > 0:  # the first merge level: a long row's groups of splits, side by side (none can be long: skipped)
+        part_o, part_ml, first = group_partials(part_o, part_ml, lens, plan, rule, group, programs)
     _merge_kernel[(lanes, h, tiles)](
         part_o, part_ml, lens, first, w_uv_t if w_uv_t is not None else part_o, out, b, plan.most,
         H=h, RANK=rank, RANK_P=triton.next_power_of_2(rank), V=v, BLOCK_V=block_v, **rule.constexprs(),
         APPLY_WUV=w_uv_t is not None, INPUT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        UNROLL=launches.merge_unroll, GROUP=launches.merge_group, num_warps=launches.merge_warps,
+        UNROLL=launches.merge_unroll, GROUP=group, num_warps=launches.merge_warps,
         num_stages=launches.merge_stages)
     return out

@@ -74,10 +74,13 @@ def fixed_splits(length: int, rule: SplitRule) -> int:
                max(rule.max_splits, min(rule.most_splits, triton.cdiv(length, rule.long_split))))
 
 
-def partial_bytes(rows: int, length: int, heads: int, rank: int, rule: SplitRule) -> int:
-    """Bytes of one call's float32 partials at `rows` rows under the static bound `length`: what the
-    largest decode graph's pool holds for them (engine/kv_capacity.py keeps it out of the KV cache)."""
-    return rows * fixed_splits(length, rule) * heads * (rank + 2) * 4
+def partial_bytes(rows: int, length: int, heads: int, rank: int, rule: SplitRule, group: int = 0) -> int:
+    """Bytes of one call's float32 partials at `rows` rows under the static bound `length`, with a
+    first merge level's group partials where group > 0 and a row can be long: what the largest decode
+    graph's pool holds for them (engine/kv_capacity.py keeps it out of the KV cache)."""
+    most = fixed_splits(length, rule)
+    items = most + (list_bound(most, rule, group) if group > 0 and most > rule.max_splits else 0)
+    return rows * items * heads * (rank + 2) * 4
 
 
 def check_rule(rule: SplitRule) -> None:
@@ -97,15 +100,29 @@ def row_splits(length, n_most, SPLIT: tl.constexpr, MAX_SPLITS: tl.constexpr, LO
 
 
 @triton.jit
+def row_group(own, MAX_SPLITS: tl.constexpr, G: tl.constexpr):
+    # the splits a row's first-level merge group takes (mla_group): G for a row with more than
+    # MAX_SPLITS splits, else 1 (its splits pass through: the one-level merge's bits); G 1: splits
+    return tl.where(own > MAX_SPLITS, G, 1)
+
+
+def list_bound(n_most: int, rule: SplitRule, group: int) -> int:
+    """The most items a row has in a work list of `group`-split units (row_group's) under n_most."""
+    return max(min(n_most, rule.max_splits), triton.cdiv(n_most, group)) if group > 1 else n_most
+
+
+@triton.jit
 def _list_kernel(lens_ptr, off_ptr, items_ptr, total_ptr, n_rows, n_most, n_list, SPLIT: tl.constexpr,
                  MAX_SPLITS: tl.constexpr, LONG: tl.constexpr, MOST: tl.constexpr, G: tl.constexpr,
                  B_P: tl.constexpr):
-    # one program: each row's count of G-split units (G 1: its splits), their exclusive prefix sum
-    # (the row's first item), the total, and the items (row, unit) back to back
+    # one program: each row's count of units (row_group's: G splits for a long row, else 1; G 1: its
+    # splits), their exclusive prefix sum (the row's first item), the total, and the items (row, unit)
+    # back to back
     r = tl.arange(0, B_P)
     live = r < n_rows
     length = tl.load(lens_ptr + r, mask=live, other=0).to(tl.int32)
-    n = tl.where(live, tl.cdiv(row_splits(length, n_most, SPLIT, MAX_SPLITS, LONG, MOST), G), 0)
+    own = row_splits(length, n_most, SPLIT, MAX_SPLITS, LONG, MOST)
+    n = tl.where(live, tl.cdiv(own, row_group(own, MAX_SPLITS, G)), 0)
     off = tl.cumsum(n, 0) - n
     tl.store(off_ptr + r, off, mask=live)
     tl.store(total_ptr, tl.sum(n, 0))
@@ -116,11 +133,12 @@ def _list_kernel(lens_ptr, off_ptr, items_ptr, total_ptr, n_rows, n_most, n_list
 def work_list(lens: torch.Tensor, n_most: int, rule: SplitRule, group: int = 1
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """A step's list of (row, unit) items for rows of these lengths [B], a unit being `group` consecutive
-    splits (1: a split), each row's cut to n_most splits: (each row's first item [B] int32, the items
-    [bound] int32 (row << 16 | unit), the total [1] int32, bound = B x cdiv(n_most, group)). One launch."""
+    splits of a row with more than max_splits splits, else one split (row_group; group 1: splits),
+    each row's cut to n_most splits: (each row's first item [B] int32, the items [bound] int32
+    (row << 16 | unit), the total [1] int32, bound = B x list_bound). One launch."""
     check_rule(rule)
     b, dev = lens.shape[0], lens.device
-    n_list = triton.cdiv(n_most, group)
+    n_list = list_bound(n_most, rule, group)
     if b >= 1 << 15 or n_list >= 1 << 16:
         raise ValueError(f"{b} rows of up to {n_list} items do not fit an item")
     bound = b * n_list

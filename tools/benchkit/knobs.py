@@ -31,6 +31,7 @@ engine's KernelConfig (engine/kernels/config.py), which the tool hands to the en
     --decode-block-n      decode_block_n               its split kernel's keys a step
     --decode-split-warps  decode_split_warps           its split kernel's warps
     --decode-split-stages decode_split_stages          its split kernel's pipeline stages
+    --decode-merge-group  decode_merge_group           a long row's splits a first merge group takes (0: one level)
     --expert-stages       experts.one_token_stages     pipeline stages of both at one token's routes
     --one-token-up-n      experts.one_token_up_n       gate-up column block at one token's routes
     --expert-warps        experts.few_rows.num_warps   warps per program of both up to 512 routes
@@ -86,6 +87,7 @@ KNOBS = {"batch_invariant": ("batch_invariant", lambda v, default: v == 1),
          "decode_block_n": ("decode_block_n", _as_is),
          "decode_split_warps": ("decode_split_warps", _as_is),
          "decode_split_stages": ("decode_split_stages", _as_is),
+         "decode_merge_group": ("decode_merge_group", _as_is),
          "expert_stages": ("experts.one_token_stages", _as_is),
          "one_token_up_n": ("experts.one_token_up_n", _as_is),
          "expert_warps": ("experts.few_rows.num_warps", _as_is),

@@ -249,15 +249,30 @@ def test_fixed_merge_lanes_and_split_programs_change_no_bits(triton_interpreter,
     assert torch.equal(_run(cache, q, w_uv, slots, lens, 320, True, INV), spread)
 
 
-def test_grouped_merge_keeps_a_rows_bits_in_any_batch(triton_interpreter):
+def test_grouped_merge_keeps_a_rows_bits_in_any_batch(triton_interpreter, monkeypatch):
     """mla_group's first merge level (opt-in): groups of 1 are the one-level merge bit for bit; groups
-    of 3 keep a row's bits alone and in batches, and stay the attention over its length."""
+    of 3 keep a row's bits alone and in batches, and stay the attention over its length; a row with
+    at most max_splits splits keeps the one-level bits beside long rows, and a step whose bound
+    allows no long row launches no group level."""
+    from pegainfer.engine.kernels import mla_fixed
     from pegainfer.engine.kernels.mla_fixed import Launches
     cache, q, w_uv = _inputs_on("cpu", torch.float32, INV_SLOTS, INV_N, H, RANK, ROPE, INV_V, 11)
     slots, lens = [1, 4, 7, 2], [1, 129, 300, 65]
     one = _run(cache, q, w_uv, slots, lens, 320, True, INV)
     assert torch.equal(_run(cache, q, w_uv, slots, lens, 320, True, {**INV, "launches": Launches(merge_group=1)}), one)
     grouped = {**INV, "launches": Launches(merge_group=3)}
+    out = _run(cache, q, w_uv, slots, lens, 320, True, grouped)
+    short = [0, 3]  # INV's rule: 1 key is one split, 65 keys two 64-key splits (at most max_splits 2)
+    assert torch.equal(out[short], one[short])
+    calls = []
+    real = mla_fixed.group_partials
+    monkeypatch.setattr(mla_fixed, "group_partials", lambda *a: calls.append(a[-2]) or real(*a))
+    _run(cache, q, w_uv, slots, lens, 320, True, grouped)
+    assert calls == [3]
+    calls.clear()  # a bound of 64 keys: 2 splits at most, no row can be long
+    assert torch.equal(_run(cache, q, w_uv, [1, 2], [1, 64], 64, True, grouped), _run(cache, q, w_uv, [1, 2], [1, 64],
+                                                                                      64, True, INV))
+    assert calls == []
     _same_bits_in_any_batch(cache, q, w_uv, [(0, 1), (1, 129), (2, 256), (3, 300)], (2, 9), grouped, 11)
     vals = _run(cache, q, w_uv, slots, lens, 320, True, grouped).double()
     for b, (slot, n) in enumerate(zip(slots, lens)):
@@ -299,18 +314,18 @@ LITE = dict(h=16, rank=512, rope=64, v=128)
 GPU_SLOTS, GPU_N = 257, 8192
 
 
-def _lite_plan() -> dict:
+def _lite_plan(**overrides) -> dict:
     from pegainfer.engine.kernels.config import KernelConfig
     from pegainfer.engine.kernels.mla_fixed import launches_of
-    k = KernelConfig()
+    k = KernelConfig(**overrides)
     return dict(rule=(k.decode_split_len, k.decode_max_splits, k.decode_long_split, k.decode_most_splits),
                 programs=k.split_programs, launches=launches_of(k))
 
 
 def test_gpu_fixed_plan_gives_a_row_the_same_bits_in_any_batch(triton_gpu):
     cache, q, w_uv = _inputs_on(triton_gpu, torch.bfloat16, GPU_SLOTS, GPU_N, **LITE, seed=0)
-    # around the split boundaries (32 keys; 256 = 8 splits, the most before they grow) and long rows
-    probes = [(0, 1), (1, 31), (2, 32), (3, 33), (4, 150), (5, 256), (6, 257), (7, 1000), (8, 4097), (9, 8192)]
+    # around the split boundaries (64 keys; 512 = 8 splits, the most before they grow) and long rows
+    probes = [(0, 1), (1, 63), (2, 64), (3, 65), (4, 150), (5, 512), (6, 513), (7, 1000), (8, 4097), (9, 8192)]
     _same_bits_in_any_batch(cache, q, w_uv, probes, (1, 2, 7, 33, 64, 128, 255, 256), _lite_plan(), 0)
 
 
@@ -356,12 +371,15 @@ def test_gpu_fixed_plan_is_as_accurate_as_the_auto_plan_and_replays_the_same_bit
         assert torch.equal(out, _run(cache, q, w_uv, slots, other_lens, length, True, _lite_plan())), b
 
 
-def test_gpu_long_rows_keep_their_bits_in_any_batch(triton_gpu):
-    """Rows in the long regime (256-key splits from 2,048 keys, 64 of them at 16,384, then growing)."""
+@pytest.mark.parametrize("group", [0, 8], ids=["one_level", "grouped"])
+def test_gpu_long_rows_keep_their_bits_in_any_batch(triton_gpu, group):
+    """Rows in the long regime (256-key splits from 2,048 keys, 64 of them at 16,384, then growing),
+    with the one-level merge and with the opt-in first level over groups of 8 splits."""
     cache, q, w_uv = _inputs_on(triton_gpu, torch.bfloat16, 8, 40000, **LITE, seed=2)
     probes = [(0, 2048), (1, 2049), (2, 9000), (3, 16384), (4, 16385), (5, 33000)]
-    _same_bits_in_any_batch(cache, q, w_uv, probes, (1, 2, 5, 12, 40), _lite_plan(), 2)
+    plan = _lite_plan(decode_merge_group=group)
+    _same_bits_in_any_batch(cache, q, w_uv, probes, (1, 2, 5, 12, 40), plan, 2)
     for slot, n in probes:
         _, want = _reference(cache, q, w_uv, slot, n)
-        got = _run(cache, q, w_uv, [slot], [n], n, True, _lite_plan())[0].double()
+        got = _run(cache, q, w_uv, [slot], [n], n, True, plan)[0].double()
         assert float((got - want).norm() / want.norm()) < 1e-2, n
