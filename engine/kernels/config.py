@@ -211,8 +211,10 @@ class KernelConfig:
     decode_split_stages: int = 2
     # > 0: a first merge level over groups of this many splits of each row with more than
     # decode_max_splits splits (engine/kernels/mla_group.py; other bits for those rows, still batch
-    # invariant; 0: one level). Opt-in until measured end to end (mla_tune bwg on an H100: -13 µs a
-    # layer at 16k keys, batch 1)
+    # invariant; 0: one level). Opt-in until measured end to end: mla_tune's bwg on an H100 (every
+    # row grouped, 3 split stages) gave 38.2 µs a layer at 16k keys and batch 1 against 48.0 for the
+    # default shape one-level, and +4.7 µs at 1k (its launches, paid wherever the graph's length
+    # bound allows a long row: the engine's decode graphs are bounded by max_len)
     decode_merge_group: int = 0
     experts: ExpertTilings = ExpertTilings()
     # A dense SwiGLU MLP (shared experts, dense layer) at up to dense_rows rows: gate, up and
@@ -223,6 +225,12 @@ class KernelConfig:
     linear: LinearTiling = LinearTiling()
     # The device sampler (issue 33): one program per row (chunks 0) or each row split over chunks programs
     sample: SampleTiling = SampleTiling()
+
+    def __post_init__(self) -> None:
+        b = self.decode_block_n
+        if b < 16 or b & (b - 1) or 64 % b or self.decode_split_len % b or self.decode_merge_group < 0:
+            raise ValueError(f"KernelConfig: decode_block_n ({b}) a power of two from 16 that divides the 64-token "
+                             f"page and decode_split_len ({self.decode_split_len}); decode_merge_group >= 0")
 
     def on_device(self, cuda: bool, bf16: bool, triton_imports: bool) -> KernelConfig:
         """This configuration as it runs on the device: `triton` cleared where the Triton kernels

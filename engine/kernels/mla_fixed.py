@@ -160,11 +160,13 @@ def launches_of(kernels) -> Launches:
                     split_stages=kernels.decode_split_stages, merge_group=kernels.decode_merge_group)
 
 
-def split_plan(lens: torch.Tensor, length: int, rule: SplitRule) -> SplitPlan:
-    """The step's work list for rows of these lengths [B] under the static bound `length` (one launch)."""
+def split_plan(lens: torch.Tensor, length: int, rule: SplitRule, group: int = 0) -> SplitPlan:
+    """The step's work list for rows of these lengths [B] under the static bound `length` (one launch),
+    and with group > 0, where the bound allows a long row, the first merge level's group list (one more)."""
     n_most = fixed_splits(length, rule)
     off, items, total, _ = work_list(lens, n_most, rule)
-    return SplitPlan(off, items, total, n_most)
+    groups = (group, *work_list(lens, n_most, rule, group)) if group > 0 and n_most > rule.max_splits else None
+    return SplitPlan(off, items, total, n_most, groups)
 
 
 def mla_decode_fixed(q: torch.Tensor, cache_layer: torch.Tensor, table: torch.Tensor, slots: torch.Tensor,
@@ -198,6 +200,8 @@ def mla_decode_fixed(q: torch.Tensor, cache_layer: torch.Tensor, table: torch.Te
     lanes = min(triton.cdiv(v, block_v), triton.cdiv(FIXED_PROGRAMS, tiles * h)) if w_uv_t is not None else 1
     first, group = plan.off, launches.merge_group if plan.most > rule.max_splits else 0
     if group > 0:  # the first merge level: a long row's groups of splits, side by side (none can be long: skipped)
+        if plan.groups is None or plan.groups[0] != group:
+            raise ValueError(f"a merge in groups of {group} needs the step's split_plan(..., group={group})")
         part_o, part_ml, first = group_partials(part_o, part_ml, lens, plan, rule, group, programs)
     _merge_kernel[(lanes, h, tiles)](
         part_o, part_ml, lens, first, w_uv_t if w_uv_t is not None else part_o, out, b, plan.most,

@@ -8,9 +8,10 @@ at most max_splits splits passes its splits through one by one (groups of 1: the
 bits), and where the step's bound allows no long row the level is not launched at all (the same
 bits). The groups follow the row's own split count only, and each group and the row take their
 parts in split order, so a row's bits still depend on nothing but itself (a long row's differ from
-the one-level merge's: another tree of the same sums). On an H100 (2026-12-06, mla_tune bwg, groups
-of 8 for every row): 16k / 32k keys at batch 1 38.2 / 57.7 µs a layer against 51.3 / 70.4 one-level,
-+4.7 µs at 1k (the launch, now skipped there)."""
+the one-level merge's: another tree of the same sums). On an H100 (2026-12-06, mla_tune bwg: groups
+of 8 for every row, 3 split stages): 16k / 32k keys at batch 1 38.2 / 57.7 µs a layer, against 48.0 /
+64.6 for the default shape one-level (2 stages), and +4.7 µs at 1k (its launches; skipped only where
+the step's bound allows no long row, which in the engine means max_len <= 2,048)."""
 from __future__ import annotations
 
 import torch
@@ -18,7 +19,7 @@ import triton
 import triton.language as tl
 
 from pegainfer.engine.kernels.mla_decode import store_partial
-from pegainfer.engine.kernels.mla_rule import SplitPlan, SplitRule, row_group, row_splits, work_list
+from pegainfer.engine.kernels.mla_rule import SplitPlan, SplitRule, row_group, row_splits
 
 
 @triton.jit
@@ -60,10 +61,10 @@ def _group_kernel(part_o_ptr, part_ml_ptr, lens_ptr, off_ptr, groups_ptr, gtotal
 def group_partials(part_o: torch.Tensor, part_ml: torch.Tensor, lens: torch.Tensor, plan: SplitPlan, rule: SplitRule,
                    group: int, programs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The first merge level: (group outputs [B x list_bound, H, rank], group (max, sum), each row's
-    first group [B] int32), for mla_fixed's merge to walk as it walks splits.
-    Two launches (the group list, the groups), graph-safe."""
+    first group [B] int32), for mla_fixed's merge to walk as it walks splits. The group list is the
+    step's (plan.groups, made once a step by split_plan). One launch, graph-safe."""
     b, h, rank = lens.shape[0], part_o.shape[1], part_o.shape[2]
-    goff, groups, gtotal, bound = work_list(lens, plan.most, rule, group)
+    _, goff, groups, gtotal, bound = plan.groups
     bound = max(bound, 1)
     grp_o = torch.empty(bound, h, rank, dtype=torch.float32, device=lens.device)
     grp_ml = torch.empty(bound, h, 2, dtype=torch.float32, device=lens.device)

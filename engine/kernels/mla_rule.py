@@ -44,11 +44,13 @@ def rule_of(kernels: KernelConfig) -> SplitRule:
 class SplitPlan(NamedTuple):
     """A step's work list (one per step, shared by its layers): off [B] int32 each row's first item,
     items [bound] int32 (row << 16 | split), total [1] int32; most: the most splits a row under the
-    step's static length has (fixed_splits)."""
+    step's static length has (fixed_splits); groups: the first merge level's group size and list where
+    it runs ((group, *work_list's (off, items, total, bound) over groups), mla_group.py), else None."""
     off: torch.Tensor
     items: torch.Tensor
     total: torch.Tensor
     most: int
+    groups: tuple | None = None
 
     @property
     def bound(self) -> int:

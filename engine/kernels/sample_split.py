@@ -3,10 +3,9 @@ engine/kernels/sample.py's choice in eight launches, so a batch-1 step reads its
 rather than one. A row's vocabulary is cut into BLOCK_V tiles (the one-program kernel's blocks),
 program (row, c) takes ceil(tiles / chunks) of them, and every launch writes per-tile parts that
 the next reads back (engine/kernels/sample_plan.py: the layout and the folds, tile by tile in tile
-order). A launch's programs for rows it has nothing to do for return at once. After each count a
-launch of one program a row (sample_plan._plan_kernel) folds the row's parts into its plan (the row's
-max, where the kept set ends, the top-N's floor, the first round's winner), which the later
-launches' programs read: a row's tiles are folded once, not again in each of its ~50 programs.
+order). A launch's programs for rows it has nothing to do for return at once. The two plan launches
+(one program a row, sample_plan._plan_kernel) fold a row's parts once into its plan, which the later
+launches' programs read, rather than each of the row's ~50 programs folding them again.
 
 1. `_first_kernel`: per tile, the shaped logits' max, first max and first NaN (the greedy pick),
    the raw logits' max, and for temperature-only rows the exponential race's winner (the one
@@ -16,22 +15,25 @@ launches' programs read: a row's tiles are folded once, not again in each of its
    pivot sweep), the raw counts for the top-N, min-p's race among its entries, and the raw exp-sum
    against the max of the tiles up to this one (the one program's running log-sum-exp, block for
    block).
-3. `_count_kernel` RECOUNT (top-k or top-p alone, where the first count's band around the boundary
+3. `_plan_kernel` (one program a row): the row's max and the first count's plan (sample_plan.plan:
+   where the kept set ends, whether its band needs the recount).
+4. `_count_kernel` RECOUNT (top-k or top-p alone, where the first count's band around the boundary
    holds more than CAP): counts at PIVOTS thresholds evenly inside that band, and the exponential
    race's winner among every entry above the band's floor (the first rejection round).
-4. `_gather_kernel`: where the kept set ends (sample_plan.plan, the same choice in every program of
-   the row), then each tile's candidates written as sort keys at the place the tiles before it
+5. `_plan_kernel` RECOUNTED: the plan again with the recount's counts, the top-N's raw floor
+   (sample_plan.pick_raw) and the first round's winner (sample_plan.race_fold).
+6. `_gather_kernel`: from the row's plan, each tile's candidates written as sort keys at the place the tiles before it
    leave (their counts): every entry that can be kept (ALL, the one program's gather, in column
    order), or only the band holding the boundary, with the race's winner among the entries above
    it (all kept: BAND); kept sets larger than that: the count and mass of the entries before the
    first round's winner and the race among them (the second round).
-5. `_round_kernel`: where the first round's winner is not kept, the count and mass before the
+7. `_round_kernel`: where the first round's winner is not kept, the count and mass before the
    second's. Then the row's program that takes the last ticket (engine/kernels/ticket.py: who,
    never an order of sums) picks (sample_fold.final_row): the greedy pick, the race's winner, the
    sort and draw among the gathered candidates (sample_plan.draw_band: all of them, or the band
    against the winner above it), or the first kept round's winner; the log-probs, the top-N, the
    history record.
-6. `_whole_kernel` (one program per row): a row none of that settles (both rounds' winners outside,
+8. `_whole_kernel` (one program per row): a row none of that settles (both rounds' winners outside,
    top-k and top-p both with a kept set beyond CAP, many ties at the N-th raw logit) chosen whole
    (sample_row.sample_row, the one-program kernel's code); the others return at once. Apart from
    the round launch, so that the heavy one-program code is compiled once, on its own.
@@ -288,7 +290,7 @@ def _round_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h
      filtered, plain) = row_of(s, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b)
     f_row = pf_ptr + s.to(tl.int64) * (TILES * NF)
     i_row = pi_ptr + s.to(tl.int64) * (TILES * NI)
-    # the plan of a top-k / top-p row, made once here and handed to the pick
+    # the plan of a top-k / top-p row (_plan_kernel's), read here and handed to the pick
     mode = tl.full([], ALL, tl.int32)
     c_lo = tl.full([], 0, tl.int32)
     c_hi = tl.full([], 0, tl.int32)

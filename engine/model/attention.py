@@ -222,7 +222,8 @@ class MLAttention:
             rule = rule_of(k)
             plan = inp.memo.get("mla_split_plan")  # the step's work list: its first layer makes it
             if plan is None:
-                plan = inp.memo["mla_split_plan"] = mla_fixed.split_plan(inp.ctx_lens, inp.length, rule)
+                plan = inp.memo["mla_split_plan"] = mla_fixed.split_plan(inp.ctx_lens, inp.length, rule,
+                                                                         k.decode_merge_group)
             return mla_fixed.mla_decode_fixed(q_full, cache.data[self.layer], cache.table, inp.slots, inp.ctx_lens,
                                               plan=plan, scale=self.scale, rank=self.rank, rule=rule,
                                               programs=k.split_programs, w_uv_t=self.w_uv_t,

@@ -180,6 +180,12 @@ def test_the_split_attentions_partials_are_kept_out_of_the_kv_cache():
     # 1,024 rows of 64 splits (16k tokens of context and more), 16 heads x (512 + 2) float32 each
     assert split_partials(k, cfg, 1024, 16384) == 1024 * 64 * 16 * 514 * 4
     assert split_partials(k, cfg, 1024, 4096) == 1024 * 16 * 16 * 514 * 4  # 256-key splits: 16 a row
+    # with the first merge level (groups of 8 of a long row's 64 splits): 8 group partials a row more;
+    # a bound that allows no long row (2,048 keys: 8 splits of 256) launches none
+    grouped = dataclasses.replace(k, decode_merge_group=8)
+    assert split_partials(grouped, cfg, 1024, 16384) == 1024 * (64 + 8) * 16 * 514 * 4
+    assert split_partials(grouped, cfg, 1024, 2048) == split_partials(k, cfg, 1024, 2048) == 1024 * 8 * 16 * 514 * 4
+    assert split_partials(dataclasses.replace(k, decode_merge_group=32), cfg, 1, 4096) == (16 + 8) * 16 * 514 * 4
     assert split_partials(dataclasses.replace(k, batch_invariant=False), cfg, 1024, 16384) == 0
     assert split_partials(dataclasses.replace(k, triton=False), cfg, 1024, 16384) == 0
     free = 83 << 30

@@ -100,7 +100,9 @@ def test_applying_flags_changes_no_module_state():
     modules = ["engine.kernels." + m for m in ("argmax", "head_argmax", "norm_proj", "mla_output", "mla_decode",
                                                 "moe_route", "moe_experts", "sample", "sample_split")] + ["engine.cuda_graphs"]
     before = {m: dict(vars(importlib.import_module(m))) for m in modules}
-    every = [f for flag in knobs.KNOBS for f in ("--" + flag.replace("_", "-"), "1" if flag in knobs.CHOICES else "7")]
+    valid = {"decode_block_n": "16", "decode_split_len": "128"}  # set together: 128 keys of 16-key steps
+    every = [f for flag in knobs.KNOBS
+             for f in ("--" + flag.replace("_", "-"), valid.get(flag, "1" if flag in knobs.CHOICES else "7"))]
     config, done = _config(*every)
     assert len(done) == len(knobs.KNOBS) and config != DEFAULT
     assert KernelConfig() == DEFAULT and ExpertTilings() == DEFAULT.experts

@@ -100,7 +100,7 @@ KNOBS = {"batch_invariant": ("batch_invariant", lambda v, default: v == 1),
          "sample_chunks": ("sample.chunks", _as_is),
          "sample_pivots": ("sample.pivots", _as_is)}
 CHOICES = {"batch_invariant": [0, 1], "argmax_launches": [1, 4], "head_argmax_rows": [0, 1], "norm_proj_rows": [0, 1],
-           "router_launches": [1, 2], "embed_in_norm": [0, 1], "linear_ticket": [0, 1]}
+           "router_launches": [1, 2], "embed_in_norm": [0, 1], "linear_ticket": [0, 1], "decode_block_n": [16, 32, 64]}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -123,10 +123,14 @@ def _replace(config, field: str, value):
 
 
 def apply(a: argparse.Namespace, base: KernelConfig = KernelConfig()) -> tuple[KernelConfig, dict]:
-    """The KernelConfig of the flags given (the others as in `base`), and the fields they set, by name."""
-    config, done = base, {}
+    """The KernelConfig of the flags given (the others as in `base`), and the fields they set, by name.
+    The top-level fields are set together (KernelConfig checks some against each other)."""
+    config, done, top = base, {}, {}
     for flag, (field, value) in KNOBS.items():
         if getattr(a, flag) is not None:
-            config = _replace(config, field, value(getattr(a, flag), get(config, field)))
-            done[field] = get(config, field)
-    return config, done
+            done[field] = value(getattr(a, flag), get(config, field))
+            if "." in field:
+                config = _replace(config, field, done[field])
+            else:
+                top[field] = done[field]
+    return dataclasses.replace(config, **top), done

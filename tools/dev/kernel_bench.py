@@ -104,14 +104,16 @@ def mla_rows(batches: list[int], length: int = 256, ctx: int = 150, fixed_split:
         row["split_only_us"] = round(graph_time_us(
             lambda: mla_decode(q, *cache, slots, lens, length, 0.1, rank, split_len=split_len, merge="row")), 1)
         # the batch-invariant plan (KernelConfig.batch_invariant): splits by each row's length, one merge
-        from pegainfer.engine.kernels.mla_fixed import mla_decode_fixed, split_plan
+        from pegainfer.engine.kernels.mla_fixed import launches_of, mla_decode_fixed, split_plan
         from pegainfer.engine.kernels.mla_rule import SplitRule, rule_of
         rule = SplitRule(*fixed_split) if fixed_split else rule_of(DEFAULT)
         row["fixed_split"] = list(rule)
 
         def fixed():  # the step's work list (once a step) and one layer's launches
-            return mla_decode_fixed(q, *cache, slots, lens, plan=split_plan(lens, length, rule), scale=0.1, rank=rank,
-                                    rule=rule, programs=DEFAULT.split_programs, w_uv_t=w_uv_t)
+            launches = launches_of(DEFAULT)
+            return mla_decode_fixed(q, *cache, slots, lens, plan=split_plan(lens, length, rule, launches.merge_group),
+                                    scale=0.1, rank=rank, rule=rule, programs=DEFAULT.split_programs, w_uv_t=w_uv_t,
+                                    launches=launches)
         row["fixed_us"] = round(graph_time_us(fixed), 1)
         got = fixed().float()
         row["fixed_max_abs_diff"] = float((got - ref).abs().max())

@@ -20,32 +20,38 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from pegainfer.engine.kernels.config import KernelConfig  # noqa: E402
-from pegainfer.engine.kernels.mla_fixed import Launches, mla_decode_fixed, split_plan  # noqa: E402
+from pegainfer.engine.kernels.mla_fixed import Launches, launches_of, mla_decode_fixed, split_plan  # noqa: E402
 from pegainfer.engine.kernels.mla_rule import SplitRule, rule_of  # noqa: E402
 from tools.dev.kernel_bench import graph_time_us, paged_cache  # noqa: E402
 
 K = KernelConfig()
 BASE = rule_of(K)
+R1 = SplitRule(32, 8, 256, 64)  # round 1's rule (the default before 2026-12-06's tune)
 VARIANTS = {  # name: (rule, launches)
-    "base": (BASE, Launches()),
+    "base": (BASE, launches_of(K)),  # the engine's defaults
+    # round 1 (2026-12-06, H100): against R1 with Launches() (32-key steps, 8 warps, 3 stages)
+    "r1": (R1, Launches()),
     "old": (SplitRule(32, 8), Launches()),  # at most 8 splits a row: the rule before
-    "s1": (BASE, Launches(split_stages=1)),
-    "s4": (BASE, Launches(split_stages=4)),
-    "w4": (BASE, Launches(split_warps=4)),
-    "m1": (BASE, Launches(merge_stages=1)),
-    "m4": (BASE, Launches(merge_stages=4, merge_warps=4)),
-    "u2": (BASE, Launches(merge_unroll=2)),
-    "g8": (BASE, Launches(merge_group=8)),  # a first merge level of 8 splits (mla_group.py)
+    "s1": (R1, Launches(split_stages=1)),
+    "s4": (R1, Launches(split_stages=4)),
+    "w4": (R1, Launches(split_warps=4)),
+    "m1": (R1, Launches(merge_stages=1)),
+    "m4": (R1, Launches(merge_stages=4, merge_warps=4)),
+    "u2": (R1, Launches(merge_unroll=2)),
+    "g8": (R1, Launches(merge_group=8)),  # a first merge level of 8 splits (mla_group.py)
     "b64": (SplitRule(64, 8, 256, 64), Launches(block_n=64)),
     "r128": (SplitRule(32, 8, 128, 128), Launches()),
     "r512": (SplitRule(32, 8, 512, 32), Launches()),
-    # round 2 (after the H100 run of 2026-12-06: b64 best at batch 1, w4 at 64-256 rows)
+    # round 2 (after round 1: b64 best at batch 1, w4 at 64-256 rows); bw2 became the default
     "bw": (SplitRule(64, 8, 256, 64), Launches(block_n=64, split_warps=4)),
     "bwu": (SplitRule(64, 8, 256, 64), Launches(block_n=64, split_warps=4, merge_unroll=2)),
     "bwg": (SplitRule(64, 8, 256, 64), Launches(block_n=64, split_warps=4, merge_group=8)),
     "bwm": (SplitRule(64, 8, 256, 128), Launches(block_n=64, split_warps=4)),
     "b128": (SplitRule(128, 8, 256, 64), Launches(block_n=64, split_warps=4)),
     "bw2": (SplitRule(64, 8, 256, 64), Launches(block_n=64, split_warps=4, split_stages=2)),
+    # next: the defaults with the per-row first merge level (groups of 8 / 4 of a long row's splits)
+    "g8r": (BASE, launches_of(K)._replace(merge_group=8)),
+    "g4r": (BASE, launches_of(K)._replace(merge_group=4)),
 }
 COPIES = 4  # caches walked in turn: more than the L2 at the long contexts
 
@@ -60,7 +66,7 @@ def case_us(b: int, ctx: int, rule: SplitRule, launches: Launches, programs: int
     lens = torch.full((b,), ctx, device=dev)
 
     def step():  # one work list, then COPIES layers
-        plan = split_plan(lens, ctx, rule)
+        plan = split_plan(lens, ctx, rule, launches.merge_group)
         return [mla_decode_fixed(q, pages, table, slots, lens, plan=plan, scale=0.1, rank=rank, rule=rule,
                                  programs=programs, w_uv_t=w_uv, launches=launches) for pages, table in caches]
     return graph_time_us(step, inner=5, reps=10) / COPIES

@@ -101,6 +101,22 @@ def test_own_split_follows_the_rows_length_alone():
     assert fixed_splits(16384, new) == 64 and fixed_splits(4096, new) == 16 and fixed_splits(100, new) == 4
 
 
+def test_group_lists_and_the_launch_shape_are_checked():
+    """list_bound: a row's units in a grouped work list (long rows' groups, short rows' splits);
+    KernelConfig refuses a split kernel step that does not divide the page and the split length."""
+    from pegainfer.engine.kernels.config import KernelConfig
+    from pegainfer.engine.kernels.mla_rule import SplitRule, list_bound
+    rule = SplitRule(64, 8, 256, 64)
+    assert [list_bound(most, rule, 8) for most in (1, 8, 9, 64, 65)] == [1, 8, 8, 8, 9]
+    assert [list_bound(most, rule, 4) for most in (8, 16, 64)] == [8, 8, 16]
+    assert list_bound(64, rule, 1) == list_bound(64, rule, 0) == 64
+    for bad in (dict(decode_block_n=128), dict(decode_block_n=48), dict(decode_block_n=64, decode_split_len=32),
+                dict(decode_block_n=8, decode_split_len=32), dict(decode_merge_group=-1)):
+        with pytest.raises(ValueError, match="decode_block_n"):
+            KernelConfig(**bad)
+    assert KernelConfig(decode_block_n=32, decode_split_len=32).decode_block_n == 32
+
+
 def test_the_plans_refuse_what_they_do_not_take():
     from pegainfer.engine.kernels.mla_decode import mla_decode
     from pegainfer.engine.kernels.mla_rule import SplitRule, check_rule
@@ -151,10 +167,10 @@ def _run(cache, q, w_uv, slots: list[int], lens: list[int], length: int, w: bool
     if "rule" in plan:
         from pegainfer.engine.kernels.mla_fixed import Launches, mla_decode_fixed, split_plan
         from pegainfer.engine.kernels.mla_rule import SplitRule
-        rule = SplitRule(*plan["rule"])
-        return mla_decode_fixed(q[s], *paged(cache), s, lens_t, plan=split_plan(lens_t, length, rule), scale=SCALE,
-                                rank=w_uv.shape[1], rule=rule, programs=plan.get("programs", 264),
-                                w_uv_t=w_uv if w else None, launches=plan.get("launches", Launches()))
+        rule, launches = SplitRule(*plan["rule"]), plan.get("launches", Launches())
+        step = split_plan(lens_t, length, rule, launches.merge_group)
+        return mla_decode_fixed(q[s], *paged(cache), s, lens_t, plan=step, scale=SCALE, rank=w_uv.shape[1], rule=rule,
+                                programs=plan.get("programs", 264), w_uv_t=w_uv if w else None, launches=launches)
     from pegainfer.engine.kernels.mla_decode import mla_decode
     return mla_decode(q[s], *paged(cache), s, lens_t, length, SCALE, w_uv.shape[1], w_uv_t=w_uv if w else None, **plan)
 
@@ -357,7 +373,8 @@ def test_gpu_fixed_plan_is_as_accurate_as_the_auto_plan_and_replays_the_same_bit
         s_t, lens_t = torch.tensor(slots, device=cache.device), torch.tensor(lens, device=cache.device)
         pages, table, q_rows = *paged(cache), q[s_t]
         graph, out = capture(lambda: mla_decode_fixed(q_rows, pages, table, s_t, lens_t,
-                                                      plan=split_plan(lens_t, length, rule), scale=SCALE,
+                                                      plan=split_plan(lens_t, length, rule,
+                                                                      lite["launches"].merge_group), scale=SCALE,
                                                       rank=w_uv.shape[1], rule=rule, programs=programs, w_uv_t=w_uv,
                                                       launches=lite["launches"]),
                              None)

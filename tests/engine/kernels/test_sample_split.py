@@ -227,7 +227,7 @@ def test_passes_record_and_the_program_count(triton_interpreter):
 
 def test_gpu_split_gives_the_one_program_bits(triton_gpu):
     gen = torch.Generator().manual_seed(10)
-    # two row counts and two top-N: every variant is a Triton compile of the six launches (the first
+    # two row counts and two top-N: every variant is a Triton compile of the eight launches (the first
     # H100 run of four sizes and three top-N had not finished one test in 270 s)
     for size in (1, 256):
         logits = (torch.randn(size, 102400, generator=gen) * 3).cuda()
