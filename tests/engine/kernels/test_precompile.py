@@ -20,7 +20,8 @@ from tests.engine.kernels.sample_cases import mixed_draws  # noqa: E402
 from tests.engine.kernels.test_sample import quick_interpreter, run  # noqa: E402, F401
 from tests.engine.kernels.test_sample_split import assert_same_bits  # noqa: E402
 
-SPLIT = ["_first_kernel", "_count_kernel", "_count_kernel", "_gather_kernel", "_round_kernel", "_whole_kernel"]
+SPLIT = ["_first_kernel", "_count_kernel", "_plan_kernel", "_count_kernel", "_plan_kernel", "_gather_kernel",
+         "_round_kernel", "_whole_kernel"]
 
 
 def sentinel_out(s: int, n_top: int) -> SampleOut:
