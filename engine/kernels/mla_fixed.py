@@ -155,9 +155,10 @@ class Launches(NamedTuple):
 
 def launches_of(kernels) -> Launches:
     """The launch shape a KernelConfig sets (decode_block_n, decode_split_warps, decode_split_stages,
-    decode_merge_group; the merge's other Launches' defaults)."""
+    decode_merge_unroll, decode_merge_group; the merge's warps and stages Launches' defaults)."""
     return Launches(block_n=kernels.decode_block_n, split_warps=kernels.decode_split_warps,
-                    split_stages=kernels.decode_split_stages, merge_group=kernels.decode_merge_group)
+                    split_stages=kernels.decode_split_stages, merge_unroll=kernels.decode_merge_unroll,
+                    merge_group=kernels.decode_merge_group)
 
 
 def split_plan(lens: torch.Tensor, length: int, rule: SplitRule, group: int = 0) -> SplitPlan:

@@ -2,8 +2,8 @@
 # The second GPU call of 2026-12-06 (the `device` tool's `run`, carrying .whl/ and .ab/), ~8 minutes:
 #   1. decode TPOT by context at batch 1 (tools/dev/gpu_probe.py --contexts), an A/B in one call: the
 #      split attention's launch shape before the tune (--decode-split-len 32 --decode-block-n 32
-#      --decode-split-warps 8 --decode-split-stages 3) against the defaults since (64-key splits and
-#      steps, 4 warps, 2 stages), each its own process (on 2026-12-06 it ran 64/64/4 with 3 stages
+#      --decode-split-warps 8 --decode-split-stages 3 --decode-merge-unroll 1) against the defaults
+#      since (64-key splits and steps, 4 warps, 2 stages, the merge unrolled by 2), each its own process (on 2026-12-06 it ran 64/64/4 with 3 stages
 #      as the candidate, before those became the defaults);
 #   2. tools/dev/mla_tune.py round 2 (those shapes combined, at 1-256 rows);
 #   3. the split sampler's per-row plan, same-call A/B at 256 rows (tools/dev/sample_bench.py,
@@ -14,7 +14,7 @@ source tools/dev/h200_env.sh
 HERE=$PWD
 CONTEXTS=${CONTEXTS:-1024,4096,16384,32768}
 for side in before default; do
-  flags=$([ $side = before ] && echo "--decode-split-len 32 --decode-block-n 32 --decode-split-warps 8 --decode-split-stages 3")
+  flags=$([ $side = before ] && echo "--decode-split-len 32 --decode-block-n 32 --decode-split-warps 8 --decode-split-stages 3 --decode-merge-unroll 1")
   echo "== 1. decode TPOT by context, $side $flags"
   timeout ${PROBE_S:-80} python3 tools/dev/gpu_probe.py --variants triton --batches 1 --contexts "$CONTEXTS" \
     --new-tokens 48 $flags --out "$OUT/tpot-$side.json" 2>&1 | grep -E '"batch"|rror' | grep -v ceilings | cut -c1-300

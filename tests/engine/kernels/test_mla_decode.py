@@ -111,7 +111,8 @@ def test_group_lists_and_the_launch_shape_are_checked():
     assert [list_bound(most, rule, 4) for most in (8, 16, 64)] == [8, 8, 16]
     assert list_bound(64, rule, 1) == list_bound(64, rule, 0) == 64
     for bad in (dict(decode_block_n=128), dict(decode_block_n=48), dict(decode_block_n=64, decode_split_len=32),
-                dict(decode_block_n=8, decode_split_len=32), dict(decode_merge_group=-1)):
+                dict(decode_block_n=8, decode_split_len=32), dict(decode_merge_group=-1),
+                dict(decode_merge_unroll=3)):
         with pytest.raises(ValueError, match="decode_block_n"):
             KernelConfig(**bad)
     assert KernelConfig(decode_block_n=32, decode_split_len=32).decode_block_n == 32
@@ -318,7 +319,8 @@ def test_decode_values_follow_the_batch_invariant_switch(triton_interpreter, mon
     assert calls["fixed"][0]["rule"] == mf.SplitRule(k.decode_split_len, k.decode_max_splits, k.decode_long_split,
                                                 k.decode_most_splits)
     assert calls["fixed"][0]["launches"] == mf.Launches(block_n=k.decode_block_n, split_warps=k.decode_split_warps,
-                                                        split_stages=k.decode_split_stages)
+                                                        split_stages=k.decode_split_stages,
+                                                        merge_unroll=k.decode_merge_unroll)
     assert calls["auto"][0]["merge"] == md.merge_form(b, k.row_merge_max_batch)
     assert calls["auto"][0]["split_len"] == md.auto_split(b, c.inp.length, k.split_programs)
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)  # two orders of one sum
