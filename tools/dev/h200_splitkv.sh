@@ -7,8 +7,9 @@
 #      side its own process (tools/dev/gpu_probe.py): the defaults (long splits, 64-key splits and
 #      steps, 4 warps, 2 stages), a first merge level over groups of 8 of a long row's splits
 #      (--decode-merge-group 8, opt-in), and at most 8 splits a row (--decode-long-split 0, the rule
-#      before split-KV).
-# Usage: [CONTEXTS=1024,4096,16384,32768] [BATCHES=1] [SIDES="base group cap"] bash tools/dev/h200_splitkv.sh
+#      before split-KV); with SIDES also "before": the launch shape before 2026-12-06's tune (32-key
+#      splits and steps, 8 warps, 3 stages, no merge unroll).
+# Usage: [CONTEXTS=1024,4096,16384,32768] [BATCHES=1] [SIDES="base group cap before"] bash tools/dev/h200_splitkv.sh
 set -uo pipefail
 source tools/dev/h200_env.sh
 CONTEXTS=${CONTEXTS:-1024,4096,16384,32768}
@@ -18,7 +19,9 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     | tail -12 | tee "$OUT/mla-gpu-tests.txt"
 fi
 for side in ${SIDES:-base group cap}; do
-  case $side in base) flags="";; group) flags="--decode-merge-group 8";; cap) flags="--decode-long-split 0";; esac
+  case $side in base) flags="";; group) flags="--decode-merge-group 8";; cap) flags="--decode-long-split 0";;
+    before) flags="--decode-split-len 32 --decode-block-n 32 --decode-split-warps 8 --decode-split-stages 3 --decode-merge-unroll 1";;
+  esac
   echo "== decode TPOT by context, $side $flags"
   timeout ${PROBE_S:-150} python3 tools/dev/gpu_probe.py --variants triton --batches ${BATCHES:-1} --contexts "$CONTEXTS" \
     --new-tokens 48 $flags --out "$OUT/splitkv-$side.json" 2>&1 \
