@@ -94,14 +94,14 @@ class SampleTiling:
     vocabulary is cut into block_v tiles, ceil(tiles / chunks) per program, in eight launches (the
     tiles' max, their pivot counts, each row's plan, a recount, the plan again, the gather, a
     rejection round and the row's pick, the rows left to one program), every per-row sum and pick
-    combined tile by tile in tile order: the
-    same bits at every batch size, and the one-program kernel's tokens and log-probs. The count
-    depends on the vocabulary and this field, never on the batch. pivots: the split's count
-    thresholds (the one-program kernel's: one_pivots); cap: the candidates a row sorts at most. The
-    split is the default (64: lite's 50 tiles of 2,048, one program each): at batch 1 on an H100
-    (2026-12-05, bench_direct, one warm machine) it sampled top-p and top-k + penalties at +1.4 %
-    over greedy against +13.3 % with one program per row (0, `--sample-chunks 0`, the A/B side;
-    tools/dev/sample_bench.py, tools/dev/h200_sample_split.sh, docs/perf-notes.md row 47)."""
+    combined tile by tile in tile order: the same bits at every batch size, and the one-program
+    kernel's tokens and log-probs. The count depends on the vocabulary and this field, never on the
+    batch. pivots: the split's count thresholds (the one-program kernel's: one_pivots); cap: the
+    candidates a row sorts at most. The split is the default (64: lite's 50 tiles of 2,048, one
+    program each): at batch 1 on an H100 (2026-12-05, bench_direct, one warm machine) it sampled
+    top-p and top-k + penalties at +1.4 % over greedy against +13.3 % with one program per row (0,
+    `--sample-chunks 0`, the A/B side; tools/dev/sample_bench.py, tools/dev/h200_sample_split.sh,
+    docs/perf-notes.md row 47)."""
     chunks: int = 64
     block_v: int = 2048
     pivots: int = 8

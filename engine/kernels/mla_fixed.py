@@ -18,7 +18,7 @@ graph replays any mix of lengths with no idle program per missing split, and the
 by item. Which program computes an item changes nothing: an item's sums are its own keys in order.
 The merge takes each row's items in split order (16-row tiles, looping to the tile's most splits; a
 row's missing splits add exact zeros), then W_UV per value block with one tl.dot, as before. Opt-in
-(`Launches.merge_group`, KernelConfig.decode_merge_group; timed in mla_tune only): a first merge level
+(split_plan's group, KernelConfig.decode_merge_group; timed in mla_tune only): a first merge level
 over groups of a long row's splits (mla_group.py)."""
 from __future__ import annotations
 
@@ -142,28 +142,27 @@ def _merge_kernel(part_o_ptr, part_ml_ptr, lens_ptr, off_ptr, w_uv_ptr, out_ptr,
 class Launches(NamedTuple):
     """The launch shape of the two kernels: the keys a step of the split kernel takes (a multiple
     that divides the page size and the split length: it fixes the order of a split's sums), and each
-    kernel's warps and pipeline stages (no bits change), and the merge's options. tools/dev/mla_tune.py
-    times them."""
+    kernel's warps and pipeline stages (no bits change), and the merge's unroll (the same bits; a first
+    merge level is the step's plan's: split_plan(..., group)). tools/dev/mla_tune.py times them."""
     block_n: int = BLOCK_N
     split_warps: int = 8
     split_stages: int = 3
     merge_warps: int = 8
     merge_stages: int = 3
     merge_unroll: int = 1  # 1 or 2 splits' partials asked for at once (the same bits)
-    merge_group: int = 0  # > 0: merge a long row's groups of this many splits first (mla_group.py; opt-in)
 
 
 def launches_of(kernels) -> Launches:
     """The launch shape a KernelConfig sets (decode_block_n, decode_split_warps, decode_split_stages,
-    decode_merge_unroll, decode_merge_group; the merge's warps and stages Launches' defaults)."""
+    decode_merge_unroll; the merge's warps and stages Launches' defaults)."""
     return Launches(block_n=kernels.decode_block_n, split_warps=kernels.decode_split_warps,
-                    split_stages=kernels.decode_split_stages, merge_unroll=kernels.decode_merge_unroll,
-                    merge_group=kernels.decode_merge_group)
+                    split_stages=kernels.decode_split_stages, merge_unroll=kernels.decode_merge_unroll)
 
 
 def split_plan(lens: torch.Tensor, length: int, rule: SplitRule, group: int = 0) -> SplitPlan:
     """The step's work list for rows of these lengths [B] under the static bound `length` (one launch),
-    and with group > 0, where the bound allows a long row, the first merge level's group list (one more)."""
+    and with group > 0 (KernelConfig.decode_merge_group), where the bound allows a long row, the first
+    merge level's group list (one more): mla_decode_fixed then merges in two levels."""
     n_most = fixed_splits(length, rule)
     off, items, total, _ = work_list(lens, n_most, rule)
     groups = (group, *work_list(lens, n_most, rule, group)) if group > 0 and n_most > rule.max_splits else None
@@ -199,11 +198,9 @@ def mla_decode_fixed(q: torch.Tensor, cache_layer: torch.Tensor, table: torch.Te
     block_v = max(16, min(FIXED_BLOCK_V, triton.next_power_of_2(v))) if w_uv_t is not None else 1
     tiles = triton.cdiv(b, 16)
     lanes = min(triton.cdiv(v, block_v), triton.cdiv(FIXED_PROGRAMS, tiles * h)) if w_uv_t is not None else 1
-    first, group = plan.off, launches.merge_group if plan.most > rule.max_splits else 0
-    if group > 0:  # the first merge level: a long row's groups of splits, side by side (none can be long: skipped)
-        if plan.groups is None or plan.groups[0] != group:
-            raise ValueError(f"a merge in groups of {group} needs the step's split_plan(..., group={group})")
-        part_o, part_ml, first = group_partials(part_o, part_ml, lens, plan, rule, group, programs)
+    first, group = plan.off, plan.groups[0] if plan.groups else 0
+    if group > 0:  # the first merge level: a long row's groups of splits, side by side
+        part_o, part_ml, first = group_partials(part_o, part_ml, lens, plan, rule, programs)
     _merge_kernel[(lanes, h, tiles)](
         part_o, part_ml, lens, first, w_uv_t if w_uv_t is not None else part_o, out, b, plan.most,
         H=h, RANK=rank, RANK_P=triton.next_power_of_2(rank), V=v, BLOCK_V=block_v, **rule.constexprs(),

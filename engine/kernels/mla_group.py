@@ -1,6 +1,6 @@
 """An opt-in first merge level for the batch-invariant split attention (engine/kernels/mla_fixed.py,
-`Launches.merge_group` G > 0, KernelConfig.decode_merge_group; not the default): the merge walks a
-row's partials one split after another, so a long row's 64 splits are 64 dependent steps. Here each
+a step's split_plan(..., G) with G > 0, KernelConfig.decode_merge_group; not the default): the merge
+walks a row's partials one split after another, so a long row's 64 splits are 64 dependent steps. Here each
 group of G consecutive splits of a row with more than max_splits splits (a long row) is merged
 first, by programs side by side (a per-step group list as the split list is), into one partial of
 the same form (max, sum, unnormalised output), and the merge then walks the row's groups; a row with
@@ -59,12 +59,12 @@ def _group_kernel(part_o_ptr, part_ml_ptr, lens_ptr, off_ptr, groups_ptr, gtotal
 
 
 def group_partials(part_o: torch.Tensor, part_ml: torch.Tensor, lens: torch.Tensor, plan: SplitPlan, rule: SplitRule,
-                   group: int, programs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   programs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The first merge level: (group outputs [B x list_bound, H, rank], group (max, sum), each row's
     first group [B] int32), for mla_fixed's merge to walk as it walks splits. The group list is the
     step's (plan.groups, made once a step by split_plan). One launch, graph-safe."""
     b, h, rank = lens.shape[0], part_o.shape[1], part_o.shape[2]
-    _, goff, groups, gtotal, bound = plan.groups
+    group, goff, groups, gtotal, bound = plan.groups
     bound = max(bound, 1)
     grp_o = torch.empty(bound, h, rank, dtype=torch.float32, device=lens.device)
     grp_ml = torch.empty(bound, h, 2, dtype=torch.float32, device=lens.device)

@@ -219,15 +219,15 @@ class MLAttention:
         if k.batch_invariant:
             from pegainfer.engine.kernels import mla_fixed
             from pegainfer.engine.kernels.mla_rule import rule_of
-            rule = rule_of(k)
-            plan = inp.memo.get("mla_split_plan")  # the step's work list: its first layer makes it
-            if plan is None:
-                plan = inp.memo["mla_split_plan"] = mla_fixed.split_plan(inp.ctx_lens, inp.length, rule,
-                                                                         k.decode_merge_group)
+            step = inp.memo.get("mla_fixed")  # the step's rule, launch shape and work list: its first layer's
+            if step is None:
+                rule = rule_of(k)
+                step = inp.memo["mla_fixed"] = (rule, mla_fixed.launches_of(k), mla_fixed.split_plan(
+                    inp.ctx_lens, inp.length, rule, k.decode_merge_group))
+            rule, launches, plan = step
             return mla_fixed.mla_decode_fixed(q_full, cache.data[self.layer], cache.table, inp.slots, inp.ctx_lens,
                                               plan=plan, scale=self.scale, rank=self.rank, rule=rule,
-                                              programs=k.split_programs, w_uv_t=self.w_uv_t,
-                                              launches=mla_fixed.launches_of(k))
+                                              programs=k.split_programs, w_uv_t=self.w_uv_t, launches=launches)
         return mla_decode(q_full, cache.data[self.layer], cache.table, inp.slots, inp.ctx_lens, inp.length,
                           self.scale, self.rank, w_uv_t=self.w_uv_t,
                           split_len=auto_split(b, inp.length, k.split_programs),

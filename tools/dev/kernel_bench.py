@@ -111,9 +111,9 @@ def mla_rows(batches: list[int], length: int = 256, ctx: int = 150, fixed_split:
 
         def fixed():  # the step's work list (once a step) and one layer's launches
             launches = launches_of(DEFAULT)
-            return mla_decode_fixed(q, *cache, slots, lens, plan=split_plan(lens, length, rule, launches.merge_group),
-                                    scale=0.1, rank=rank, rule=rule, programs=DEFAULT.split_programs, w_uv_t=w_uv_t,
-                                    launches=launches)
+            step = split_plan(lens, length, rule, DEFAULT.decode_merge_group)
+            return mla_decode_fixed(q, *cache, slots, lens, plan=step, scale=0.1, rank=rank, rule=rule,
+                                    programs=DEFAULT.split_programs, w_uv_t=w_uv_t, launches=launches)
         row["fixed_us"] = round(graph_time_us(fixed), 1)
         got = fixed().float()
         row["fixed_max_abs_diff"] = float((got - ref).abs().max())

@@ -38,25 +38,28 @@ VARIANTS = {  # name: (rule, launches)
     "m1": (R1, Launches(merge_stages=1)),
     "m4": (R1, Launches(merge_stages=4, merge_warps=4)),
     "u2": (R1, Launches(merge_unroll=2)),
-    "g8": (R1, Launches(merge_group=8)),  # a first merge level of 8 splits (mla_group.py)
+    "g8": (R1, Launches()),  # a first merge level of 8 splits (GROUPS; mla_group.py)
     "b64": (SplitRule(64, 8, 256, 64), Launches(block_n=64)),
     "r128": (SplitRule(32, 8, 128, 128), Launches()),
     "r512": (SplitRule(32, 8, 512, 32), Launches()),
     # round 2 (after round 1: b64 best at batch 1, w4 at 64-256 rows); bw2 became the default
     "bw": (SplitRule(64, 8, 256, 64), Launches(block_n=64, split_warps=4)),
     "bwu": (SplitRule(64, 8, 256, 64), Launches(block_n=64, split_warps=4, merge_unroll=2)),
-    "bwg": (SplitRule(64, 8, 256, 64), Launches(block_n=64, split_warps=4, merge_group=8)),
+    "bwg": (SplitRule(64, 8, 256, 64), Launches(block_n=64, split_warps=4)),
     "bwm": (SplitRule(64, 8, 256, 128), Launches(block_n=64, split_warps=4)),
     "b128": (SplitRule(128, 8, 256, 64), Launches(block_n=64, split_warps=4)),
     "bw2": (SplitRule(64, 8, 256, 64), Launches(block_n=64, split_warps=4, split_stages=2)),
     # next: the defaults with the per-row first merge level (groups of 8 / 4 of a long row's splits)
-    "g8r": (BASE, launches_of(K)._replace(merge_group=8)),
-    "g4r": (BASE, launches_of(K)._replace(merge_group=4)),
+    "g8r": (BASE, launches_of(K)),
+    "g4r": (BASE, launches_of(K)),
 }
+# the variants with a first merge level: splits a long row's group takes (KernelConfig.decode_merge_group;
+# on 2026-12-06 g8 and bwg grouped every row, before groups were for long rows only)
+GROUPS = {"g8": 8, "bwg": 8, "g8r": 8, "g4r": 4}
 COPIES = 4  # caches walked in turn: more than the L2 at the long contexts
 
 
-def case_us(b: int, ctx: int, rule: SplitRule, launches: Launches, programs: int) -> float:
+def case_us(b: int, ctx: int, rule: SplitRule, launches: Launches, group: int, programs: int) -> float:
     dev, dt = torch.device("cuda"), torch.bfloat16
     h, rank, rope, v = 16, 512, 64, 128
     caches = [paged_cache(b, ctx, rank + rope, dev, dt) for _ in range(COPIES)]
@@ -66,7 +69,7 @@ def case_us(b: int, ctx: int, rule: SplitRule, launches: Launches, programs: int
     lens = torch.full((b,), ctx, device=dev)
 
     def step():  # one work list, then COPIES layers
-        plan = split_plan(lens, ctx, rule, launches.merge_group)
+        plan = split_plan(lens, ctx, rule, group)
         return [mla_decode_fixed(q, pages, table, slots, lens, plan=plan, scale=0.1, rank=rank, rule=rule,
                                  programs=programs, w_uv_t=w_uv, launches=launches) for pages, table in caches]
     return graph_time_us(step, inner=5, reps=10) / COPIES
@@ -85,7 +88,7 @@ def main() -> int:
         for c in a.cases.split(","):
             b, ctx = (int(x) for x in c.split("x"))
             try:
-                us = round(case_us(b, ctx, rule, launches, a.programs), 1)
+                us = round(case_us(b, ctx, rule, launches, GROUPS.get(name, 0), a.programs), 1)
             except Exception as e:  # noqa: BLE001 - a variant that fails is reported, the others still run
                 us = f"{type(e).__name__}: {str(e)[:200]}"
             rows.append({"variant": name, "batch": b, "ctx": ctx, "us_per_layer": us})

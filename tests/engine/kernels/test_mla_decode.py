@@ -6,8 +6,8 @@ path's output for the tiny preset's heads, the q LoRA path, non-power-of-two hea
 Every call reads the cache through a page table of scrambled pages (tests/engine/kernels/paging.py).
 The fixed plan (KernelConfig.batch_invariant): a row computed alone and inside batches of other
 rows at other lengths, at any row index, under any static bound, on any pages, gives the same bits, with and
-without W_UV. Triton's CPU interpreter; the GPU variants (lite's shapes, batches up to 256,
-contexts up to 8,192) at the end."""
+without W_UV (the rule and the work list: test_mla_rule.py). Triton's CPU interpreter; the GPU
+variants (lite's shapes, batches up to 256, contexts up to 8,192) at the end."""
 from __future__ import annotations
 
 import pytest
@@ -77,47 +77,6 @@ def test_decode_absorbed_matches_the_torch_path(triton_interpreter, request, ove
     assert rel(o_got, o_ref) < 1e-2, rel(o_got, o_ref)
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def test_own_split_follows_the_rows_length_alone():
-    from pegainfer.engine.kernels.mla_rule import SplitRule, fixed_splits, own_split
-    old, new = SplitRule(32, 8), SplitRule(32, 8, 256, 64)
-    # the rule before (no long splits): at most 8 splits, the split growing by 32 keys
-    assert [own_split(n, old) for n in (1, 32, 256, 257, 512, 513, 8192)] == [32, 32, 32, 64, 64, 96, 1024]
-    # with long splits: 8 up to 2,048 keys, then 256-key splits up to 64 of them (16,384), then growing
-    assert [own_split(n, new) for n in (1, 256, 257, 2048, 2049, 16384, 16385, 32768)] == [
-        32, 32, 64, 256, 256, 256, 288, 512]
-    for rule in (old, new, SplitRule(32, 2, 64, 4), SplitRule(64, 3, 128, 5)):
-        most = rule.most_splits if rule.long_split else rule.max_splits
-        bound = 0
-        for n in range(1, 40000, 13):
-            split = own_split(n, rule)
-            assert split % rule.split_len == 0 and _cdiv(n, split) <= most
-            bound = max(bound, _cdiv(n, split))
-            assert bound <= fixed_splits(n, rule) <= fixed_splits(n + 100, rule) <= most  # a bucket holds its rows
-    assert fixed_splits(256, old) == 8 and fixed_splits(33, old) == 2 and fixed_splits(8192, old) == 8
-    assert fixed_splits(16384, new) == 64 and fixed_splits(4096, new) == 16 and fixed_splits(100, new) == 4
-
-
-def test_group_lists_and_the_launch_shape_are_checked():
-    """list_bound: a row's units in a grouped work list (long rows' groups, short rows' splits);
-    KernelConfig refuses a split kernel step that does not divide the page and the split length."""
-    from pegainfer.engine.kernels.config import KernelConfig
-    from pegainfer.engine.kernels.mla_rule import SplitRule, list_bound
-    rule = SplitRule(64, 8, 256, 64)
-    assert [list_bound(most, rule, 8) for most in (1, 8, 9, 64, 65)] == [1, 8, 8, 8, 9]
-    assert [list_bound(most, rule, 4) for most in (8, 16, 64)] == [8, 8, 16]
-    assert list_bound(64, rule, 1) == list_bound(64, rule, 0) == 64
-    for bad in (dict(decode_block_n=128), dict(decode_block_n=48), dict(decode_block_n=64, decode_split_len=32),
-                dict(decode_block_n=8, decode_split_len=32), dict(decode_merge_group=-1),
-                dict(decode_merge_unroll=3)):
-        with pytest.raises(ValueError, match="decode_block_n"):
-            KernelConfig(**bad)
-    assert KernelConfig(decode_block_n=32, decode_split_len=32).decode_block_n == 32
-
-
 def test_the_plans_refuse_what_they_do_not_take():
     from pegainfer.engine.kernels.mla_decode import mla_decode
     from pegainfer.engine.kernels.mla_rule import SplitRule, check_rule
@@ -128,19 +87,6 @@ def test_the_plans_refuse_what_they_do_not_take():
         with pytest.raises(ValueError):
             check_rule(bad)
     check_rule(SplitRule(32, 8, 256, 64))
-
-
-def test_the_work_list_holds_each_rows_splits_in_order(triton_interpreter):
-    from pegainfer.engine.kernels.mla_fixed import split_plan
-    from pegainfer.engine.kernels.mla_rule import SplitRule, fixed_splits, own_split
-    rule = SplitRule(32, 2, 64, 4)
-    lens = [1, 300, 64, 65, 200, 33]
-    plan = split_plan(torch.tensor(lens), 320, rule)
-    counts = [_cdiv(n, own_split(n, rule)) for n in lens]
-    assert plan.bound == len(lens) * fixed_splits(320, rule) and int(plan.total) == sum(counts)
-    want = [(r << 16) | s for r, c in enumerate(counts) for s in range(c)]
-    assert plan.items[:sum(counts)].tolist() == want
-    assert plan.off.tolist() == [sum(counts[:r]) for r in range(len(lens))]
 
 
 # The fixed plan in the interpreter: 32-key splits, at most 2 a row up to 128 keys (65-128: 2 of 64),
@@ -169,7 +115,7 @@ def _run(cache, q, w_uv, slots: list[int], lens: list[int], length: int, w: bool
         from pegainfer.engine.kernels.mla_fixed import Launches, mla_decode_fixed, split_plan
         from pegainfer.engine.kernels.mla_rule import SplitRule
         rule, launches = SplitRule(*plan["rule"]), plan.get("launches", Launches())
-        step = split_plan(lens_t, length, rule, launches.merge_group)
+        step = split_plan(lens_t, length, rule, plan.get("group", 0))
         return mla_decode_fixed(q[s], *paged(cache), s, lens_t, plan=step, scale=SCALE, rank=w_uv.shape[1], rule=rule,
                                 programs=plan.get("programs", 264), w_uv_t=w_uv if w else None, launches=launches)
     from pegainfer.engine.kernels.mla_decode import mla_decode
@@ -249,7 +195,7 @@ def test_fixed_merge_lanes_and_split_programs_change_no_bits(triton_interpreter,
     from pegainfer.engine.kernels import mla_fixed as md
     cache, q, w_uv = _inputs_on("cpu", torch.float32, INV_SLOTS, INV_N, H, RANK, ROPE, INV_V, 9)
     slots, lens = list(range(1, 18)), list(range(5, 320, 19))
-    assert _cdiv(md.FIXED_PROGRAMS, 2 * H) >= 2  # two tiles: a program per value block
+    assert -(-md.FIXED_PROGRAMS // (2 * H)) >= 2  # two tiles: a program per value block
     spread = _run(cache, q, w_uv, slots, lens, 320, True, INV)
     for programs in (1, 50):  # 17 rows: at least 17 x 2 programs walk the work list, or 50
         assert torch.equal(_run(cache, q, w_uv, slots, lens, 320, True, {**INV, "programs": programs}), spread)
@@ -272,18 +218,17 @@ def test_grouped_merge_keeps_a_rows_bits_in_any_batch(triton_interpreter, monkey
     at most max_splits splits keeps the one-level bits beside long rows, and a step whose bound
     allows no long row launches no group level."""
     from pegainfer.engine.kernels import mla_fixed
-    from pegainfer.engine.kernels.mla_fixed import Launches
     cache, q, w_uv = _inputs_on("cpu", torch.float32, INV_SLOTS, INV_N, H, RANK, ROPE, INV_V, 11)
     slots, lens = [1, 4, 7, 2], [1, 129, 300, 65]
     one = _run(cache, q, w_uv, slots, lens, 320, True, INV)
-    assert torch.equal(_run(cache, q, w_uv, slots, lens, 320, True, {**INV, "launches": Launches(merge_group=1)}), one)
-    grouped = {**INV, "launches": Launches(merge_group=3)}
+    assert torch.equal(_run(cache, q, w_uv, slots, lens, 320, True, {**INV, "group": 1}), one)
+    grouped = {**INV, "group": 3}
     out = _run(cache, q, w_uv, slots, lens, 320, True, grouped)
     short = [0, 3]  # INV's rule: 1 key is one split, 65 keys two 64-key splits (at most max_splits 2)
     assert torch.equal(out[short], one[short])
     calls = []
     real = mla_fixed.group_partials
-    monkeypatch.setattr(mla_fixed, "group_partials", lambda *a: calls.append(a[-2]) or real(*a))
+    monkeypatch.setattr(mla_fixed, "group_partials", lambda *a: calls.append(a[3].groups[0]) or real(*a))
     _run(cache, q, w_uv, slots, lens, 320, True, grouped)
     assert calls == [3]
     calls.clear()  # a bound of 64 keys: 2 splits at most, no row can be long
@@ -337,7 +282,7 @@ def _lite_plan(**overrides) -> dict:
     from pegainfer.engine.kernels.mla_fixed import launches_of
     k = KernelConfig(**overrides)
     return dict(rule=(k.decode_split_len, k.decode_max_splits, k.decode_long_split, k.decode_most_splits),
-                programs=k.split_programs, launches=launches_of(k))
+                programs=k.split_programs, launches=launches_of(k), group=k.decode_merge_group)
 
 
 def test_gpu_fixed_plan_gives_a_row_the_same_bits_in_any_batch(triton_gpu):
@@ -376,7 +321,7 @@ def test_gpu_fixed_plan_is_as_accurate_as_the_auto_plan_and_replays_the_same_bit
         pages, table, q_rows = *paged(cache), q[s_t]
         graph, out = capture(lambda: mla_decode_fixed(q_rows, pages, table, s_t, lens_t,
                                                       plan=split_plan(lens_t, length, rule,
-                                                                      lite["launches"].merge_group), scale=SCALE,
+                                                                      lite["group"]), scale=SCALE,
                                                       rank=w_uv.shape[1], rule=rule, programs=programs, w_uv_t=w_uv,
                                                       launches=lite["launches"]),
                              None)
