@@ -42,6 +42,12 @@ engine's KernelConfig (engine/kernels/config.py), which the tool hands to the en
     --dense-k             dense.block_k                its K block
     --dense-warps         dense.num_warps              its warps per program
     --linear-ticket       linear.ticket                1: the split linear's last program sums (default); 0: a second launch
+    --linear-programs     linear.programs              the invariant linear's programs aimed at (no bits change)
+    --linear-n-min        linear.block_n_min           its narrowest column block (no bits change)
+    --linear-n-max        linear.block_n_max           its widest column block (no bits change)
+    --linear-warps        linear.num_warps             its warps per program below wide_rows (no bits change)
+    --linear-stages       linear.num_stages            its pipeline stages (no bits change)
+    --linear-k-chunk      linear.k_chunk               its K chunk (other bits, still batch invariant)
     --sample-chunks       sample.chunks                the device sampler's programs per row (64, default: the split
                                                        launches, 50 at lite; 0: one program per row)
     --sample-pivots       sample.pivots                the split sampler's count thresholds
@@ -99,6 +105,12 @@ KNOBS = {"batch_invariant": ("batch_invariant", lambda v, default: v == 1),
          "dense_k": ("dense.block_k", _as_is),
          "dense_warps": ("dense.num_warps", _as_is),
          "linear_ticket": ("linear.ticket", lambda v, default: v == 1),
+         "linear_programs": ("linear.programs", _as_is),
+         "linear_n_min": ("linear.block_n_min", _as_is),
+         "linear_n_max": ("linear.block_n_max", _as_is),
+         "linear_warps": ("linear.num_warps", _as_is),
+         "linear_stages": ("linear.num_stages", _as_is),
+         "linear_k_chunk": ("linear.k_chunk", _as_is),
          "sample_chunks": ("sample.chunks", _as_is),
          "sample_pivots": ("sample.pivots", _as_is)}
 CHOICES = {"batch_invariant": [0, 1], "argmax_launches": [1, 4], "head_argmax_rows": [0, 1], "norm_proj_rows": [0, 1],

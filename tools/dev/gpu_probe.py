@@ -168,10 +168,14 @@ def graph_timeline(engine, batch: int, reps: int = 3) -> dict:
         d["us"] += k["dur"]
         d["gap_before_us"] += gap
     top = sorted(by_name.items(), key=lambda kv: -kv[1]["us"])[:24]
+    t0 = run[0]["ts"]
     return {"timeline_batch": batch, "replays_seen": len(runs), "kernels": len(run), "span_us": round(span, 1),
             "busy_us": round(busy, 1), "idle_us": round(span - busy, 1),
             "top": [{"name": n, "n": d["n"], "us": round(d["us"], 1), "gap_before_us": round(d["gap_before_us"], 1)}
-                    for n, d in top]}
+                    for n, d in top],
+            # the replay kernel by kernel: [name, start µs from the first, duration µs, stream]
+            "sequence": [[k["name"][:40], round(k["ts"] - t0, 1), round(k["dur"], 1), k.get("args", {}).get("stream")]
+                         for k in run]}
 
 
 def diagnose(preset: str, prompt_len: int, kernels: KernelConfig, profile_batch: int = 1) -> None:

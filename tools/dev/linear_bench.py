@@ -43,6 +43,15 @@ WIDE = [LinearTiling(wide_block_m=128), LinearTiling(wide_block_m=128, wide_num_
         LinearTiling(wide_rows=64), LinearTiling(wide_rows=64, wide_block_m=128)]
 
 
+# --sweep one: what changes no bits at one row (programs aimed at, the narrowest column block, so
+# that the chunks stay in one program, stages, warps), and larger K chunks (other bits, still
+# invariant): where issue 26's batch-1 cost sits (the one-row fused kernels are off when invariant)
+ONE = [LinearTiling(programs=p) for p in (132, 528)] + [
+    LinearTiling(block_n_min=16, programs=p, num_stages=s) for p in (64, 128) for s in (3, 6)] + [
+    LinearTiling(num_stages=s) for s in (2, 4, 6)] + [LinearTiling(num_warps=w) for w in (2, 8)] + [
+    LinearTiling(k_chunk=c) for c in (512, 1024)] + [LinearTiling(block_n_min=16, num_stages=4)]
+
+
 def label(t: LinearTiling) -> str:
     d = LinearTiling()
     changed = [f.name for f in dataclasses.fields(t) if getattr(t, f.name) != getattr(d, f.name)]
@@ -83,8 +92,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", default="1,8,64,256,2048")
     p.add_argument("--shapes", default=",".join(SHAPES))
-    p.add_argument("--sweep", nargs="?", const="bits", choices=["bits", "wide"],
-                   help="bits: tilings incl. ones that change a row's bits; wide: only bit-neutral ones")
+    p.add_argument("--sweep", nargs="?", const="bits", choices=["bits", "wide", "one"],
+                   help="bits: tilings incl. ones that change a row's bits; wide: only bit-neutral ones; one: "
+                        "one-row candidates")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
     if not torch.cuda.is_available():
@@ -96,7 +106,7 @@ def main() -> int:
     rows = []
     for name in a.shapes.split(","):
         for m in (int(r) for r in a.rows.split(",")):
-            r = row(name, *SHAPES[name], m, {None: [], "bits": SWEEP, "wide": WIDE}[a.sweep])
+            r = row(name, *SHAPES[name], m, {None: [], "bits": SWEEP, "wide": WIDE, "one": ONE}[a.sweep])
             rows.append(r)
             print(f"{r['shape']:<15}{r['n']:>7}{r['k']:>7}{r['rows']:>6}  {r['plan']:<16}{r['cublas_us']:>10.2f}"
                   f"{r['triton_us']:>10.2f}{r['ratio']:>7.2f}{r['triton_tbps']:>6.2f}{r['rel_err']:>9.1e}", flush=True)
