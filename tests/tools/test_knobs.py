@@ -28,7 +28,7 @@ def _config(*flags: str) -> tuple[KernelConfig, dict]:
 def test_every_knob_names_an_existing_field():
     for field, _ in knobs.KNOBS.values():
         knobs.get(DEFAULT, field)  # raises AttributeError for a field that does not exist
-    assert len(knobs.KNOBS) == 47
+    assert len(knobs.KNOBS) == 53
 
 
 def test_no_flags_is_the_default_config():

@@ -36,6 +36,12 @@ engine's KernelConfig (engine/kernels/config.py), which the tool hands to the en
     --expert-stages       experts.one_token_stages     pipeline stages of both at one token's routes
     --one-token-up-n      experts.one_token_up_n       gate-up column block at one token's routes
     --expert-warps        experts.few_rows.num_warps   warps per program of both up to 512 routes
+    --expert-many-routes  experts.many_rows_min_routes routes above which the wide tiling runs (0: never)
+    --expert-many-m       experts.many_rows.block_m    its rows of one expert per block
+    --expert-many-n       experts.many_rows.up_n       its gate-up column block
+    --expert-many-down-n  experts.many_rows.down_n     its down column block
+    --expert-many-warps   experts.many_rows.num_warps  its warps per program
+    --expert-many-stages  experts.many_rows.num_stages its pipeline stages
     --dense-stages        dense.num_stages             the one-launch SwiGLU's pipeline stages
     --dense-rows          dense_rows                   rows of the one-launch SwiGLU (0: cuBLAS)
     --dense-n             dense.up_n                   its column block
@@ -99,6 +105,12 @@ KNOBS = {"batch_invariant": ("batch_invariant", lambda v, default: v == 1),
          "expert_stages": ("experts.one_token_stages", _as_is),
          "one_token_up_n": ("experts.one_token_up_n", _as_is),
          "expert_warps": ("experts.few_rows.num_warps", _as_is),
+         "expert_many_routes": ("experts.many_rows_min_routes", _as_is),
+         "expert_many_m": ("experts.many_rows.block_m", _as_is),
+         "expert_many_n": ("experts.many_rows.up_n", _as_is),
+         "expert_many_down_n": ("experts.many_rows.down_n", _as_is),
+         "expert_many_warps": ("experts.many_rows.num_warps", _as_is),
+         "expert_many_stages": ("experts.many_rows.num_stages", _as_is),
          "dense_stages": ("dense.num_stages", _as_is),
          "dense_rows": ("dense_rows", _as_is),
          "dense_n": ("dense.up_n", _as_is),

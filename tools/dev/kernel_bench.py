@@ -197,6 +197,10 @@ def tiling_rows(apart, fused, copies: list, tilings, apart_name: str, fused_name
 
 def sweep_tilings(kind: str) -> list:
     T = moe_experts.Tiling
+    if kind == "many":  # prompt-sized steps (ExpertTilings.many_rows): block_k 128 only (the K order)
+        return [T(bm, 128, un, dn, w, st) for bm in (64, 128) for un, dn in ((128, 128), (64, 128))
+                for w in (4, 8) for st in (3, 4)] + [T(32, 128, 64, 64, 4, 3), T(32, 128, 128, 128, 4, 3),
+                                                     T(32, 128, 128, 128, 8, 3)]
     if kind == "grid":
         return [T(bm, bk, n, n, 4, st) for bm in (16, 32, 64) for bk in (64, 128) for n in (32, 64) for st in (3, 4)]
     return [T(16, bk, un, dn, w, st) for bk in (128, 256) for un, dn in ((64, 64), (64, 32), (32, 32), (128, 64))
@@ -206,9 +210,10 @@ def sweep_tilings(kind: str) -> list:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--batches", default="1,8,64,256")
-    p.add_argument("--sweep", nargs="?", const="grid", choices=["grid", "small"],
+    p.add_argument("--sweep", nargs="?", const="grid", choices=["grid", "small", "many"],
                    help="time the expert kernels under several tilings: grid (block m, k, n, stages) or small "
-                        "(the few-rows-per-expert shapes: n per kernel, warps, k up to 256)")
+                        "(the few-rows-per-expert shapes: n per kernel, warps, k up to 256) or many (prompt-sized "
+                        "steps, block_k 128)")
     p.add_argument("--profile", action="store_true", help="per-kernel device times of both paths")
     p.add_argument("--mla", action="store_true", help="only MLA decode attention: split and the merge kernels")
     p.add_argument("--mla-length", type=int, default=256, help="--mla: the static bound (a graph bucket)")

@@ -86,7 +86,9 @@ def test_tiling_follows_the_steps_routes():
     few = TILINGS.few_rows
     assert TILINGS.tiling_for(6) == Tiling(block_m=16, num_stages=4, up_n=32)  # one token's routes
     assert TILINGS.tiling_for(9) == few == Tiling(block_m=16) and TILINGS.tiling_for(512) == few
-    assert TILINGS.tiling_for(513) == TILINGS.tiling == Tiling()
+    assert TILINGS.tiling_for(513) == TILINGS.tiling == Tiling() == TILINGS.tiling_for(4096)
+    assert TILINGS.tiling_for(4097) == TILINGS.many_rows == Tiling(64, 128, 128, 128, 8, 3)  # prompt-sized steps
+    assert ExpertTilings(many_rows_min_routes=0).tiling_for(10**6) == Tiling()  # 0: never the wide tiling
     assert TILINGS.tiling_for(6) is TILINGS.tiling_for(8)  # made once
 
 
@@ -164,21 +166,25 @@ def test_a_routes_output_is_batch_invariant(bf16_as_gpu, gen):
 
 def _every_tiling(tilings: ExpertTilings) -> list[Tiling]:
     """Each tiling tiling_for picks, at any step size."""
-    picks = [tilings.tiling_for(n) for n in range(1, 2 * tilings.max_routes)]
+    picks = [tilings.tiling_for(n) for n in range(1, 2 * max(tilings.max_routes, tilings.many_rows_min_routes))]
     return list(dict.fromkeys(picks))
 
 
+def _only(t: Tiling) -> ExpertTilings:
+    """Tilings that pick t at every step size."""
+    return ExpertTilings(t, t, 0, 0, t.num_stages, t.up_n, many_rows=t)
+
+
 def test_every_tiling_gives_a_route_the_same_bits(bf16_as_gpu, gen):
-    """block_m 16 or 32, 3 or 4 stages, 32 or 64 gate-up columns: block_k fixes every dot product's
-    order, so the same bits (the GPU variant below is the claim; here numpy's)."""
+    """block_m 16, 32 or 64, 3 or 4 stages, 32, 64 or 128 gate-up columns, 4 or 8 warps: block_k fixes
+    every dot product's order, so the same bits (the GPU variant below is the claim; here numpy's)."""
     h, i, n_exp = 256, 160, 8
     shard = _bf16_shard(gen, n_exp, h, i)
     rows = torch.randn(40, h, generator=gen).to(torch.bfloat16)
     experts, weights = routes_crowd(torch.tensor([0, 2, 5, 7]), 40, n_exp, 0, gen)
     tilings = _every_tiling(TILINGS)
-    assert len(tilings) == 3 and {t.block_k for t in tilings} == {128}
-    outs = [_probe_outputs(shard, rows, experts, weights, slice(None), ExpertTilings(t, t, 0, 0, t.num_stages,
-                                                                                     t.up_n)) for t in tilings]
+    assert len(tilings) == 4 and {t.block_k for t in tilings} == {128}
+    outs = [_probe_outputs(shard, rows, experts, weights, slice(None), _only(t)) for t in tilings]
     for t, out in zip(tilings[1:], outs[1:]):
         for form in out:
             assert torch.equal(out[form], outs[0][form]), (t, form)
@@ -216,18 +222,21 @@ def test_gpu_a_routes_output_is_batch_invariant(triton_gpu):
 
 def test_gpu_every_tiling_gives_a_route_the_same_bits(triton_gpu):
     """The claim the tiling choice rests on (ExpertTilings.tiling_for by the step's routes): on the
-    GPU, 16- and 32-row blocks (one mma instruction shape, m16n8k16, at both), 3 or 4 stages and 32
-    or 64 gate-up columns give every route the same bits, in both forms, at lite's shapes."""
+    GPU, 16- and 32-row blocks (one mma instruction shape, m16n8k16, at both), 64- and 128-row blocks
+    (wgmma on sm_90), 3 or 4 stages, 32 to 128 gate-up columns and 4 or 8 warps give every route the
+    same bits, in both forms, at lite's shapes (the wide tiling's candidates of kernel_bench --sweep
+    many included)."""
     g = torch.Generator().manual_seed(1)
     h, i, n_exp = 2048, 1408, 64
     shard = _bf16_shard(g, n_exp, h, i, "cuda")
     tilings = _every_tiling(TILINGS)
-    assert len(tilings) == 3
-    for size in (1, 7, 40, 300):
+    assert len(tilings) == 4
+    tilings += [Tiling(128, 128, 128, 128, 8, 3), Tiling(64, 128, 64, 128, 4, 4), Tiling(128, 128, 128, 128, 4, 3)]
+    for size in (1, 7, 40, 300, 1200):
         rows = torch.randn(size, h, generator=g).to(torch.bfloat16).cuda()
         experts, weights = routes_crowd(torch.tensor([0, 9, 18, 27, 36, 45]).cuda(), size, n_exp, 0, g)
         outs = [_probe_outputs(shard, rows, experts, weights, slice(None),
-                               ExpertTilings(t, t, 0, 0, t.num_stages, t.up_n)) for t in tilings]
+                               _only(t)) for t in tilings]
         for t, out in zip(tilings[1:], outs[1:]):
             for form in out:
                 assert torch.equal(out[form], outs[0][form]), (size, t, form)
