@@ -10,13 +10,14 @@
 # Usage: bash tools/dev/h200_experts.sh   (section limits: PREFILL_S, TEST_S, SWEEP_S)
 set -uo pipefail
 source tools/dev/h200_env.sh
-for side in "" "--expert-many-routes 0"; do
-  echo "== 1. prefill profile ${side:-(defaults)}"
+for name in many off; do
+  flags=""; [ $name = off ] && flags="--expert-many-routes 0"
+  echo "== 1. prefill profile, $name ${flags:-(the defaults)}"
   # shellcheck disable=SC2086
-  timeout ${PREFILL_S:-110} python3 tools/dev/gpu_probe.py --prefill-profile 1x4620,1x16384 $side \
-    > "$OUT/prefill-${side:+off}${side:-many}.txt" 2>&1
+  timeout ${PREFILL_S:-110} python3 tools/dev/gpu_probe.py --prefill-profile 1x4620,1x16384 $flags \
+    > "$OUT/prefill-$name.txt" 2>&1
   grep -E "prefill_rows|_gate_up_kernel|_down_kernel|_linear_kernel|_prompt_kernel|rror" \
-    "$OUT/prefill-${side:+off}${side:-many}.txt" | cut -c1-140 | sed 's/  */ /g'
+    "$OUT/prefill-$name.txt" | cut -c1-140 | sed 's/  */ /g'
 done
 echo "== 2. expert kernels' GPU tests"
 timeout ${TEST_S:-150} python3 -m pytest -q -p no:cacheprovider tests/engine/kernels/test_moe_experts.py -k gpu -rf \
