@@ -147,8 +147,8 @@ class ExpertTilings:
     # its 232 ms (one H100, eager, gpu_probe --prefill-profile) in the two expert kernels, about
     # 70 TFLOP/s. block_k stays 128, the K order of every tiling; 64-row blocks let Triton pick
     # Hopper's wgmma, whose bits the GPU test pins against the 16- and 32-row blocks' mma.sync.
-    many_rows: Tiling = Tiling(block_m=64, up_n=128, down_n=128, num_warps=8, num_stages=3)
-    many_rows_min_routes: int = 4096
+    many_rows: Tiling = Tiling(block_m=128, up_n=64, down_n=128, num_warps=8, num_stages=3)
+    many_rows_min_routes: int = 2048
 
     def tiling_for(self, total_routes: int) -> Tiling:
         if total_routes <= self.one_token_max_routes:

@@ -5,7 +5,10 @@ the wall time between consecutive decode steps against their device time (the ga
 device waited for), and how much of the window the trace holds (the exporter may lag behind a loaded
 server, the span processor may drop spans under load, and --step-trace-every samples them).
 
-    python -m tools.benchkit.steps TRACE.jsonl [--since-ns NS --until-ns NS]
+    python -m tools.benchkit.steps TRACE.jsonl [--since-ns NS --until-ns NS] [--slowest N]
+
+--slowest N also lists the window's N steps with the most device time that carry prompt rows
+(mixed and prefill): how many rows, prompts and prompt tokens each held, device and GPU-thread time.
 
 Timestamps are the server's wall clock: a window taken on the client compares only when client and
 server share a host (or a synchronised clock)."""
@@ -70,6 +73,21 @@ def summarise(steps: list[StepView], since_ns: int, until_ns: int) -> dict:
     }
 
 
+def slowest(steps: list[StepView], since_ns: int, until_ns: int, n: int) -> list[dict]:
+    """The n steps with prompt rows (mixed, prefill) inside [since_ns, until_ns] with the most device
+    time, slowest first: index, phase, rows, decode rows, prompt rows, prompt tokens, device and
+    GPU-thread milliseconds."""
+    window = [s for s in steps if since_ns <= s.start_ns <= until_ns and s.phase in ("mixed", "prefill")]
+    window.sort(key=lambda s: (-_num(s, "gpu_s"), s.index))
+    out = []
+    for s in window[:n]:
+        rows, decode = int(_num(s, "rows")), int(_num(s, "decode_rows"))
+        out.append({"index": s.index, "phase": s.phase, "rows": rows, "decode_rows": decode,
+                    "prompt_rows": rows - decode, "prefill_tokens": int(_num(s, "prefill_tokens")),
+                    "gpu_ms": round(_num(s, "gpu_s") * 1e3, 2), "cpu_ms": round(_num(s, "cpu_s") * 1e3, 2)})
+    return out
+
+
 def read_steps(path: Path) -> list[StepView]:
     return build(load(str(path)))[1]
 
@@ -97,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("trace", type=Path, help="the server's JSONL trace file")
     p.add_argument("--since-ns", type=int, help="window start, Unix ns (default: the first step)")
     p.add_argument("--until-ns", type=int, help="window end, Unix ns (default: the last step)")
+    p.add_argument("--slowest", type=int, default=0, metavar="N",
+                   help="also list the N steps with prompt rows that took the most device time")
     a = p.parse_args(argv)
     if not a.trace.is_file():
         print(f"steps: error: no trace file at {a.trace}", file=sys.stderr)
@@ -108,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     since = a.since_ns if a.since_ns is not None else min(s.start_ns for s in steps)
     until = a.until_ns if a.until_ns is not None else max(s.start_ns for s in steps)
     print(line(summarise(steps, since, until)))
+    for r in slowest(steps, since, until, a.slowest):
+        print(f"  step {r['index']} {r['phase']}: {r['rows']} rows ({r['decode_rows']} decode, {r['prompt_rows']} "
+              f"prompts, {r['prefill_tokens']:,} prompt tokens), device {r['gpu_ms']:,.2f} ms, "
+              f"GPU thread {r['cpu_ms']:,.2f} ms")
     return 0
 
 

@@ -23,5 +23,5 @@ echo "== 2. expert kernels' GPU tests"
 timeout ${TEST_S:-150} python3 -m pytest -q -p no:cacheprovider tests/engine/kernels/test_moe_experts.py -k gpu -rf \
   --tb=short 2>&1 | grep -v "^  " | tail -12 | tee "$OUT/experts-gpu-tests.txt"
 echo "== 3. kernel_bench --sweep many"
-timeout ${SWEEP_S:-150} python3 tools/dev/kernel_bench.py --batches 512,4096 --sweep many --out "$OUT/experts-many.json" \
+timeout ${SWEEP_S:-150} python3 tools/dev/kernel_bench.py --batches 1024,512 --sweep many --out "$OUT/experts-many.json" \
   2>&1 | cut -c1-1500

@@ -3,7 +3,8 @@
 # The short profile (90 words ≈ 205 prompt tokens, 200 output tokens) at c=64 and c=256, over HTTP
 # (bench_serving against `pegainfer serve --random-preset lite --device cuda`, with the server's trace
 # for the device-busy share) and in process (tools/bench_replay.py: the same workload, the same
-# runtime, no HTTP), then the HTTP tax as bench_serving over replay (--compare). Then 10 bursts of
+# runtime, no HTTP), then the HTTP tax as bench_serving over replay (--compare), and each server's
+# slowest steps with prompt rows (tools/benchkit/steps.py --slowest). Then 10 bursts of
 # 1024 new streaming connections (reliability scenario connection_burst) against a fresh server.
 # Everything it writes goes to $OUT.
 set -uo pipefail
@@ -19,9 +20,12 @@ timeout 200 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 "${W
   --trace-file /tmp/trace-http.jsonl --trace-wait 20 --claim "one H200, random Lite weights (bf16), greedy; HTTP" \
   --out "$OUT/tax-http.json" 2>&1 | tail -4
 kill -TERM $pid; wait $pid
+echo "-- the HTTP server's slowest steps with prompt rows (warm-up included)"
+python3 -m tools.benchkit.steps /tmp/trace-http.jsonl --slowest 12 2>&1 | tee "$OUT/steps-http.txt" | tail -12
 echo "== in process (bench_replay), same workload"
 timeout 200 python3 tools/bench_replay.py "${WORKLOAD[@]}" --warmup 256 --warmup-concurrency 256 --compare "$OUT/tax-http.json" \
   --out "$OUT/tax-replay.json" -- "${SERVE[@]}" --trace-file /tmp/trace-replay.jsonl 2>&1 | tail -6
+python3 -m tools.benchkit.steps /tmp/trace-replay.jsonl --slowest 12 2>&1 | tee "$OUT/steps-replay.txt" | tail -12
 timeout 200 python3 tools/bench_replay.py "${WORKLOAD[@]}" --warmup 256 --warmup-concurrency 256 --detokenize --compare "$OUT/tax-http.json" \
   --out "$OUT/tax-replay-detok.json" -- "${SERVE[@]}" 2>&1 | tail -3
 echo "== 10 bursts of 1024 new streaming connections"

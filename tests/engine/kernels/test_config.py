@@ -30,7 +30,7 @@ def test_defaults_are_the_measured_values():
     assert k.norm_proj == RowTiling(16, 2048, 4) and k.mla_output == RowTiling(8, 512, 4)
     assert k.dense == Tiling(block_m=16, block_k=128, up_n=32, down_n=64, num_warps=4, num_stages=4)
     assert k.experts == ExpertTilings(Tiling(), Tiling(block_m=16), 512, 8, 4, 32, 2048,
-                                     Tiling(64, 128, 128, 128, 8, 3), 4096)
+                                     Tiling(128, 128, 64, 128, 8, 3), 2048)
     assert k.linear == LinearTiling(16, 256, 64, 8, 64, 256, 32, 128, 264, 4, 3)  # wide rows: linear_blockm.py on the H200
     # the split sampler by default (chunks 64: perf-notes row 47, measured on an H100)
     assert k.sample == SampleTiling(chunks=64, block_v=2048, pivots=8, one_pivots=4, cap=512, num_warps=8)

@@ -86,8 +86,8 @@ def test_tiling_follows_the_steps_routes():
     few = TILINGS.few_rows
     assert TILINGS.tiling_for(6) == Tiling(block_m=16, num_stages=4, up_n=32)  # one token's routes
     assert TILINGS.tiling_for(9) == few == Tiling(block_m=16) and TILINGS.tiling_for(512) == few
-    assert TILINGS.tiling_for(513) == TILINGS.tiling == Tiling() == TILINGS.tiling_for(4096)
-    assert TILINGS.tiling_for(4097) == TILINGS.many_rows == Tiling(64, 128, 128, 128, 8, 3)  # prompt-sized steps
+    assert TILINGS.tiling_for(513) == TILINGS.tiling == Tiling() == TILINGS.tiling_for(2048)
+    assert TILINGS.tiling_for(2049) == TILINGS.many_rows == Tiling(128, 128, 64, 128, 8, 3)  # prompt-sized steps
     assert ExpertTilings(many_rows_min_routes=0).tiling_for(10**6) == Tiling()  # 0: never the wide tiling
     assert TILINGS.tiling_for(6) is TILINGS.tiling_for(8)  # made once
 
@@ -231,7 +231,7 @@ def test_gpu_every_tiling_gives_a_route_the_same_bits(triton_gpu):
     shard = _bf16_shard(g, n_exp, h, i, "cuda")
     tilings = _every_tiling(TILINGS)
     assert len(tilings) == 4
-    tilings += [Tiling(128, 128, 128, 128, 8, 3), Tiling(64, 128, 64, 128, 4, 4), Tiling(128, 128, 128, 128, 4, 3)]
+    tilings += [Tiling(64, 128, 64, 128, 8, 4), Tiling(64, 128, 64, 128, 4, 3), Tiling(128, 128, 64, 128, 4, 3)]
     for size in (1, 7, 40, 300, 1200):
         rows = torch.randn(size, h, generator=g).to(torch.bfloat16).cuda()
         experts, weights = routes_crowd(torch.tensor([0, 9, 18, 27, 36, 45]).cuda(), size, n_exp, 0, g)

@@ -1,0 +1,37 @@
+"""tools/benchkit/steps.py --slowest: the steps with prompt rows that took the most device time, with
+what they held (issue 29: where a loaded server's mixed steps go)."""
+from __future__ import annotations
+
+import json
+
+from tools.benchkit import steps
+
+
+def _span(index: int, phase: str, start_ns: int, gpu_s: float, rows: int, decode: int, prefill: int) -> dict:
+    attrs = {"pegainfer.step.index": {"intValue": str(index)}, "pegainfer.step.phase": {"stringValue": phase},
+             "pegainfer.step.gpu_s": {"doubleValue": gpu_s}, "pegainfer.step.cpu_s": {"doubleValue": gpu_s + 0.001},
+             "pegainfer.step.rows": {"intValue": str(rows)}, "pegainfer.step.decode_rows": {"intValue": str(decode)},
+             "pegainfer.step.prefill_tokens": {"intValue": str(prefill)}}
+    return {"traceId": "3" * 32, "spanId": f"{index:016x}", "name": f"engine_step {phase}", "kind": 1,
+            "startTimeUnixNano": str(start_ns), "endTimeUnixNano": str(start_ns + 1),
+            "attributes": [{"key": k, "value": v} for k, v in attrs.items()]}
+
+
+def test_the_slowest_steps_with_prompt_rows_come_first(tmp_path, capsys):
+    ms = 1_000_000
+    spans = [_span(1, "prefill", 0, 0.050, 100, 0, 900),
+             _span(2, "mixed", 10 * ms, 0.380, 300, 250, 1300),
+             _span(3, "decode", 20 * ms, 0.900, 250, 250, 0),  # the slowest step, but no prompt rows
+             _span(4, "mixed", 30 * ms, 0.020, 260, 250, 130),
+             _span(5, "mixed", 900 * ms, 0.500, 80, 10, 4000)]  # outside the window below
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [s]}]}]}) + "\n" for s in spans))
+    got = steps.slowest(steps.read_steps(path), 0, 100 * ms, 2)
+    assert [r["index"] for r in got] == [2, 1]
+    assert got[0] == {"index": 2, "phase": "mixed", "rows": 300, "decode_rows": 250, "prompt_rows": 50,
+                      "prefill_tokens": 1300, "gpu_ms": 380.0, "cpu_ms": 381.0}
+    assert steps.slowest(steps.read_steps(path), 0, 100 * ms, 0) == []
+    assert steps.main([str(path), "--slowest", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "step 5 mixed: 80 rows (10 decode, 70 prompts, 4,000 prompt tokens), device 500.00 ms" in out
+    assert out.index("step 5 ") < out.index("step 2 ") < out.index("step 1 ") and "step 3 " not in out
