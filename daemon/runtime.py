@@ -172,7 +172,7 @@ class Runtime:
         self.bridge = EngineBridge(loop, self)
         self.gpu = GpuThread(engine, self.bridge.emit, max_prefill_tokens=s.max_prefill_tokens,
                              mixed_step_tokens=s.mixed_step_tokens, overlap=s.async_scheduling,
-                             overlap_admission=s.async_admission)
+                             overlap_admission=s.async_admission, max_step_prompts=s.max_step_prompts)
         self.scheduler = Scheduler(self.bridge, max_active=engine.cache.num_slots, max_pending=s.max_pending,
                                    observer=self.telemetry)
         self.bridge.connect(self.gpu, self.scheduler)
@@ -190,7 +190,7 @@ class Runtime:
                   maturity=engine.maturity, batch_invariant=engine.batch_invariant,
                   max_active=engine.cache.num_slots, max_pending=s.max_pending,
                   max_model_len=engine.max_model_len, async_scheduling=s.async_scheduling,
-                  async_admission=s.async_admission)
+                  async_admission=s.async_admission, max_step_prompts=s.max_step_prompts)
         self._notify(ready=True)
 
     # ---- StepObserver (from the bridge) -----------------------------------------------------------

@@ -61,6 +61,10 @@ class Settings:
                                       "prompt chunks beside them (vLLM's max_num_batched_tokens), so that a long "
                                       "prompt adds a bounded time to the streams' steps; a prompt gets at least 64 "
                                       "tokens a step, and --max-prefill-tokens while nobody decodes")
+    max_step_prompts: int = _f(0, "prompts (and prompt chunks) an engine step takes at most, the rest waiting "
+                                  "for the next step in arrival order; 0: no bound. On CUDA a step with more "
+                                  "prompts than its prefill graphs hold (64) runs them eagerly; off by default "
+                                  "until measured on the GPU")
     async_scheduling: bool = _f(True, "launch decode step N+1 before reading step N's tokens (vLLM's "
                                       "--async-scheduling, SGLang's overlap scheduler); --no-async-scheduling "
                                       "reads each step first")
@@ -213,6 +217,8 @@ def _validate(s: Settings) -> None:
         raise SettingsError(f"max_active must be at least 1, got {s.max_active}")
     if s.kv_cache_tokens is not None and s.kv_cache_tokens < 64:
         raise SettingsError(f"kv_cache_tokens must be at least one page (64), got {s.kv_cache_tokens}")
+    if s.max_step_prompts < 0:
+        raise SettingsError(f"max_step_prompts must be 0 (no bound) or more, got {s.max_step_prompts}")
     for name in ("ep_size", "max_prefill_tokens", "mixed_step_tokens", "max_tokens_default", "max_body_bytes", "sink_max_buffered",
                  "tokenizer_workers"):
         if getattr(s, name) < 1:

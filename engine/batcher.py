@@ -70,11 +70,16 @@ MIXED_STEP_TOKENS = 8192  # the default step budget while sequences decode (docs
 class Batcher:
     def __init__(self, capacity: PagedCapacity, eos_id: int | None, *, max_prefill_tokens: int = 8192,
                  overlap: bool = True, sampled_overlap: bool = False,
-                 mixed_step_tokens: int = MIXED_STEP_TOKENS, overlap_admission: bool = False):
+                 mixed_step_tokens: int = MIXED_STEP_TOKENS, overlap_admission: bool = False,
+                 max_step_prompts: int = 0):
         self.capacity = capacity
         self.eos_id = eos_id
         self.max_prefill_tokens = max_prefill_tokens
         self.mixed_step_tokens = mixed_step_tokens  # decode rows + prompt tokens of a step while any decode
+        # prompt rows (prompts and prompt chunks, recomputed ones included) a step takes at most; 0: no
+        # bound. On CUDA a step with more prompt rows than the prefill graphs hold runs them eagerly
+        # (engine/prefill_graphs.py MAX_ROWS), host-bound; a bound keeps such a wave in graphed steps
+        self.max_step_prompts = max_step_prompts
         self.overlap = overlap  # let plain greedy decode steps run overlapped
         # sampled decode steps too: the runner chooses their tokens on the device (a launched step's
         # successor learns its penalties' history there), ModelRunner.samples_on_device
@@ -152,14 +157,14 @@ class Batcher:
     def plan(self, launch: bool = False) -> StepPlan:
         """The next step over the running sequences. Only the step's first prompt is cut to the step's
         prompt budget (prompt_budget; a pure decode step never works it out); one that would not fit whole
-        waits for the next step, with those behind it (FCFS). Scheduling a row advances its
+        waits for the next step, with those behind it (FCFS), as do the prompts past max_step_prompts. Scheduling a row advances its
         sequence's cached count. launch: the step may run overlapped if it is plain greedy decode."""
         full = budget = -1  # the step's prompt budget (prompt_budget), worked out at its first prompt row
         rows, seqs, owners, draw_rows, forks = [], [], [], [], []
         wants: dict[int, PromptWant] = {}
         held = False  # a prompt was held back: the later ones wait behind it
         plain = one_per_row = decoding = True  # all plain greedy / each row draws its own / all decode
-        n_decode = prefill = ends = 0
+        n_decode = prefill = ends = prompts = 0
         caching = self.capacity.caching
         for s in list(self.running.values()):  # a copy: growing may preempt the newest
             if s.slot < 0:
@@ -175,8 +180,8 @@ class Batcher:
             else:
                 if full < 0:  # the step's first prompt: its budget is known now, and it may be cut to it
                     full = budget = self.prompt_budget()
-                elif held or budget <= 0:
-                    continue  # its next prompt chunk waits for a later step
+                elif held or budget <= 0 or prompts == self.max_step_prompts:
+                    continue  # its next prompt chunk waits for a later step (with those behind it)
                 elif plen - start > budget and budget < full:
                     held = True  # it would be cut beside other prompts
                     continue
@@ -184,6 +189,7 @@ class Batcher:
                 cut = s.echoed if start < s.echoed else plen
                 ids = s.prompt_ids[start:min(start + budget, cut)]
                 budget -= len(ids)
+                prompts += 1
                 decoding = False
                 prefill += len(ids)
             end = start + len(ids)  # a prompt's pages were taken at admission

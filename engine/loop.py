@@ -56,12 +56,14 @@ class InFlight:
 
 class GpuThread:
     def __init__(self, engine: Engine, emit: Callable[[Event], None], *, max_prefill_tokens: int = 8192,
-                 mixed_step_tokens: int = MIXED_STEP_TOKENS, overlap: bool = True, overlap_admission: bool = False):
+                 mixed_step_tokens: int = MIXED_STEP_TOKENS, overlap: bool = True, overlap_admission: bool = False,
+                 max_step_prompts: int = 0):
         self.engine = engine
         self._send = emit  # every event goes out through _emit, which attaches the snapshot
         self.batcher = Batcher(PagedCapacity(engine.cache), engine.eos_id, max_prefill_tokens=max_prefill_tokens,
                                mixed_step_tokens=mixed_step_tokens, overlap=overlap,
-                               sampled_overlap=engine.runner.samples_on_device, overlap_admission=overlap_admission)
+                               sampled_overlap=engine.runner.samples_on_device, overlap_admission=overlap_admission,
+                               max_step_prompts=max_step_prompts)
         self.meter = StepMeter(engine.counters, engine.spec.device)
         self.in_flight: InFlight | None = None
         self.overlapped_steps = 0  # steps launched while the one before was still in flight

@@ -82,11 +82,12 @@ def successor(b, prev: StepPlan) -> tuple[StepPlan | None, list[tuple[str, int]]
     prompts: list[tuple[Sequence, int, int]] = []  # (sequence, start, end) of its prompt row
     if joining:
         budget = b.prompt_budget()
+        room = b.max_step_prompts or len(chunks) + len(b.waiting)  # prompt rows the step may take
         for seq in chunks:
-            if budget <= 0:
+            if budget <= 0 or len(prompts) == room:
                 break
             budget -= _prompt_row(b, seq, budget, prompts)
-        while budget > 0 and b.can_admit() and _plain_head(b):
+        while budget > 0 and len(prompts) < room and b.can_admit() and _plain_head(b):
             seq = b.waiting.popleft()
             b.capacity.take(seq)
             running[seq.key] = seq
