@@ -6,14 +6,17 @@
 # runtime, no HTTP), then the HTTP tax as bench_serving over replay (--compare), and each server's
 # slowest steps with prompt rows (tools/benchkit/steps.py --slowest). Then 10 bursts of
 # 1024 new streaming connections (reliability scenario connection_burst) against a fresh server.
+# Usage: [LEVELS=64,256] [NUM=1024] [EXTRA="daemon flags"] bash tools/dev/h200_tax.sh
 # Everything it writes goes to $OUT.
 set -uo pipefail
 source tools/dev/h200_env.sh
 LEVELS=${LEVELS:-64,256}
 WORKLOAD=(--profile short --prompt-words 90 --max-tokens 200 --concurrency "$LEVELS" --num-requests ${NUM:-1024})
-SERVE=(--random-preset lite --device cuda)  # for bench_replay; serve() (h200_env.sh) uses the same
+# EXTRA: more daemon flags for both sides, e.g. EXTRA="--max-step-prompts 64" (word-split)
+read -ra extra <<< "${EXTRA:-}"
+SERVE=(--random-preset lite --device cuda "${extra[@]}")  # for bench_replay; serve() (h200_env.sh) adds the first two
 echo "== HTTP (bench_serving)"
-serve http --trace-file /tmp/trace-http.jsonl
+serve http --trace-file /tmp/trace-http.jsonl "${extra[@]}"
 timeout 100 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 --profile short --prompt-words 90 \
   --max-tokens 200 --concurrency 256 --num-requests 256 --no-progress --out /tmp/warm.json >/dev/null 2>&1
 timeout 200 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 "${WORKLOAD[@]}" --no-progress \
