@@ -78,7 +78,10 @@ class Batcher:
         self.mixed_step_tokens = mixed_step_tokens  # decode rows + prompt tokens of a step while any decode
         # prompt rows (prompts and prompt chunks, recomputed ones included) a step takes at most; 0: no
         # bound. On CUDA a step with more prompt rows than the prefill graphs hold runs them eagerly
-        # (engine/prefill_graphs.py MAX_ROWS), host-bound; a bound keeps such a wave in graphed steps
+        # (engine/prefill_graphs.py MAX_ROWS), host-bound; a bound keeps such a wave in graphed steps.
+        # admit() leaves the requests past it waiting (not yet prefilling) while the bound is reached
+        if max_step_prompts < 0:
+            raise ValueError(f"max_step_prompts must be 0 (no bound) or more, got {max_step_prompts}")
         self.max_step_prompts = max_step_prompts
         self.overlap = overlap  # let plain greedy decode steps run overlapped
         # sampled decode steps too: the runner chooses their tokens on the device (a launched step's
@@ -110,7 +113,11 @@ class Batcher:
         sequences first: they wait at the front). Long prompts are not held back here: the step's
         prefill budget splits them into chunks. Returns the ids of the requests new to the engine."""
         admitted = []
-        while self.waiting and self.capacity.fits(self.waiting[0]):
+        bound = self.max_step_prompts
+        # running sequences with prompt rows still to run: each takes a prompt row of the next step
+        pending = sum(s.slot >= 0 and s.cached < len(s.prompt_ids) for s in self.running.values()) if bound else 0
+        while self.waiting and self.capacity.fits(self.waiting[0]) and not (bound and pending >= bound):
+            pending += 1
             seq = self.waiting.popleft()
             self.capacity.take(seq)
             self.running[seq.key] = seq
@@ -157,8 +164,9 @@ class Batcher:
     def plan(self, launch: bool = False) -> StepPlan:
         """The next step over the running sequences. Only the step's first prompt is cut to the step's
         prompt budget (prompt_budget; a pure decode step never works it out); one that would not fit whole
-        waits for the next step, with those behind it (FCFS), as do the prompts past max_step_prompts. Scheduling a row advances its
-        sequence's cached count. launch: the step may run overlapped if it is plain greedy decode."""
+        waits for the next step, with those behind it (FCFS), as do prompts past max_step_prompts.
+        Scheduling a row advances its sequence's cached count. launch: the step may run overlapped if
+        it is plain greedy decode."""
         full = budget = -1  # the step's prompt budget (prompt_budget), worked out at its first prompt row
         rows, seqs, owners, draw_rows, forks = [], [], [], [], []
         wants: dict[int, PromptWant] = {}
@@ -180,7 +188,7 @@ class Batcher:
             else:
                 if full < 0:  # the step's first prompt: its budget is known now, and it may be cut to it
                     full = budget = self.prompt_budget()
-                elif held or budget <= 0 or prompts == self.max_step_prompts:
+                elif held or budget <= 0 or (self.max_step_prompts and prompts >= self.max_step_prompts):
                     continue  # its next prompt chunk waits for a later step (with those behind it)
                 elif plen - start > budget and budget < full:
                     held = True  # it would be cut beside other prompts

@@ -99,7 +99,9 @@ def test_expert_kernel_follows_the_steps_routes_not_the_calls(monkeypatch) -> No
         shard.run_routes(0, hidden, idx, w, [2, 3], kernel, total_routes=big)  # 5 of a larger step's
         shard.run_routes(0, hidden, idx, w, [2, 3], kernel, total_routes=tilings.max_routes)
         shard.run_routes(0, hidden, idx, w, [2, 3], kernel, total_routes=600)
-        above = ("triton", tilings.tiling) if invariant else ("grouped_mm", None)
+        # above max_routes: grouped GEMMs, or in invariant mode the Triton kernels' wide tiling
+        # (many_rows, above many_rows_min_routes: the same bits as the others)
+        above = ("triton", tilings.tiling_for(big)) if invariant else ("grouped_mm", None)
         assert chosen == [("triton", tilings.tiling_for(5)), above, ("triton", tilings.tiling),
                           ("triton", tilings.tiling)], invariant
         chosen.clear()

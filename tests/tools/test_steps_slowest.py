@@ -31,6 +31,7 @@ def test_the_slowest_steps_with_prompt_rows_come_first(tmp_path, capsys):
     assert got[0] == {"index": 2, "phase": "mixed", "rows": 300, "decode_rows": 250, "prompt_rows": 50,
                       "prefill_tokens": 1300, "gpu_ms": 380.0, "cpu_ms": 381.0}
     assert steps.slowest(steps.read_steps(path), 0, 100 * ms, 0) == []
+    assert steps.main([str(path), "--slowest", "-1"]) == 2
     assert steps.main([str(path), "--slowest", "3"]) == 0
     out = capsys.readouterr().out
     assert "step 5 mixed: 80 rows (10 decode, 70 prompts, 4,000 prompt tokens), device 500.00 ms" in out

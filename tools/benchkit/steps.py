@@ -118,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slowest", type=int, default=0, metavar="N",
                    help="also list the N steps with prompt rows that took the most device time")
     a = p.parse_args(argv)
+    if a.slowest < 0:
+        print(f"steps: error: --slowest takes 0 or more, got {a.slowest}", file=sys.stderr)
+        return 2
     if not a.trace.is_file():
         print(f"steps: error: no trace file at {a.trace}", file=sys.stderr)
         return 2

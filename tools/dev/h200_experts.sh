@@ -6,7 +6,8 @@
 #      eager device time, the top kernels, the graphed runner step);
 #   2. the expert kernels' GPU tests (a route's bits alone and in crowds to 1,024 tokens, every tiling
 #      and the wide candidates the same bits);
-#   3. kernel_bench --sweep many at 512 and 4,096 tokens (grouped GEMMs' time beside it).
+#   3. kernel_bench --sweep many at 1,024 and 512 tokens (grouped GEMMs' time beside it; fused_route
+#      lists the routes of at most 1,024 tokens).
 # Usage: bash tools/dev/h200_experts.sh   (section limits: PREFILL_S, TEST_S, SWEEP_S)
 set -uo pipefail
 source tools/dev/h200_env.sh
@@ -23,5 +24,5 @@ echo "== 2. expert kernels' GPU tests"
 timeout ${TEST_S:-150} python3 -m pytest -q -p no:cacheprovider tests/engine/kernels/test_moe_experts.py -k gpu -rf \
   --tb=short 2>&1 | grep -v "^  " | tail -12 | tee "$OUT/experts-gpu-tests.txt"
 echo "== 3. kernel_bench --sweep many"
-timeout ${SWEEP_S:-150} python3 tools/dev/kernel_bench.py --batches 1024,512 --sweep many --out "$OUT/experts-many.json" \
-  2>&1 | cut -c1-1500
+timeout ${SWEEP_S:-150} python3 tools/dev/kernel_bench.py --batches 1024,512 --sweep many \
+  --out "$OUT/experts-many.json" 2>&1 | cut -c1-1500
