@@ -1,20 +1,28 @@
 #!/usr/bin/env bash
-# The next GPU call (after 2026-12-06's H100 calls: docs/benchmarks/2026-12-06b-device.md), on the
-# H200 (the `device` tool's `run`, carrying .whl/), about 9 minutes:
-#   1. the split attention's GPU tests with the tuned defaults and the per-row grouped merge
-#      (tests/engine/kernels/test_mla_decode.py -k gpu);
-#   2. decode TPOT at batch 1 by context, one process a side (tools/dev/h200_splitkv.sh, no tests):
-#      the defaults, --decode-merge-group 8, and the launch shape before the tune;
-#   3. mla_tune: the defaults, round 1's rule, the per-row groups of 8 and 4.
-# Then, as its own call, issue 33's targets on the H200: `bash tools/dev/h200_sampling.sh serving`.
-# Usage: bash tools/dev/h200_next.sh   (section limits: TEST_S, PROBE_S, TUNE_S)
+# The next GPU calls (after 2026-12-06c's H100 calls: docs/benchmarks/2026-12-06c-device.md), each
+# about 9 minutes, carrying .whl/:
+#   bash tools/dev/h200_next.sh tax        issue 29 at c=256, one call, two sides (h200_tax.sh, no
+#                                          detokenising replay, no burst; --max-active 256): the plain
+#                                          daemon, then --max-step-prompts 64 --async-admission (both off
+#                                          by default until this A/B)
+#   bash tools/dev/h200_next.sh invariance issue 26's cost with the experts' wide tiling: bench_direct
+#                                          batch 1 and 256 and the c=256 short profile, invariant
+#                                          against --no-batch-invariant (h200_invariance.sh's parts)
+#   bash tools/dev/h200_long.sh            issue 28's TTFT / TPOT / cold-start / mixed-load targets
 set -uo pipefail
+what=${1:-tax}
+if [ "$what" = tax ]; then
+  common="--max-active 256 --max-model-len 4096"
+  LEVELS=256 NUM=512 SKIP_DETOK=1 SKIP_BURST=1 EXTRA="$common" TAG=base bash tools/dev/h200_tax.sh
+  LEVELS=256 NUM=512 SKIP_DETOK=1 SKIP_BURST=1 EXTRA="$common --max-step-prompts 64 --async-admission" \
+    TAG=cap64-admission bash tools/dev/h200_tax.sh
+  exit 0
+fi
 source tools/dev/h200_env.sh
-echo "== 1. split attention GPU tests"
-timeout ${TEST_S:-200} python3 -m pytest -q -p no:cacheprovider tests/engine/kernels/test_mla_decode.py -k gpu -rf \
-  --tb=short 2>&1 | grep -v "^  " | tail -15 | tee "$OUT/mla-gpu-tests.txt"
-echo "== 2. TPOT by context"
-SKIP_TESTS=1 SIDES="base group before" PROBE_S=${PROBE_S:-80} bash tools/dev/h200_splitkv.sh 2>&1 | grep -v "^NVIDIA"
-echo "== 3. mla_tune"
-timeout ${TUNE_S:-80} python3 tools/dev/mla_tune.py --variants base,r1,g8r,g4r --out "$OUT/mla-tune.json" 2>&1 \
-  | tail -24 | cut -c1-200
+for mode in batch-invariant no-batch-invariant; do
+  echo "== bench_direct --$mode"
+  timeout 150 python3 tools/bench_direct.py --preset lite --batches 1,256 --prompt-len 86 --new-tokens 64 --$mode \
+    --out "$OUT/direct-$mode.json" 2>&1 | grep -E "TPOT|rror" | tail -4
+done
+SKIP_GATE=1 SERVING_ORDER="batch-invariant no-batch-invariant" bash tools/dev/h200_invariance.sh serving 2>&1 \
+  | grep -v "^NVIDIA"

@@ -6,7 +6,8 @@
 # runtime, no HTTP), then the HTTP tax as bench_serving over replay (--compare), and each server's
 # slowest steps with prompt rows (tools/benchkit/steps.py --slowest). Then 10 bursts of
 # 1024 new streaming connections (reliability scenario connection_burst) against a fresh server.
-# Usage: [LEVELS=64,256] [NUM=1024] [EXTRA="daemon flags"] [TAG=name] bash tools/dev/h200_tax.sh
+# Usage: [LEVELS=64,256] [NUM=1024] [EXTRA="daemon flags"] [TAG=name] [SKIP_DETOK=1] [SKIP_BURST=1] \
+#        bash tools/dev/h200_tax.sh
 #   e.g. the --max-step-prompts A/B in one call: bash tools/dev/h200_tax.sh; \
 #        EXTRA="--max-step-prompts 64" TAG=cap64 bash tools/dev/h200_tax.sh
 # Everything it writes goes to $OUT.
@@ -21,7 +22,7 @@ rm -f /tmp/trace-http.jsonl /tmp/trace-replay.jsonl /tmp/trace-burst.jsonl  # th
 # bench_replay's daemon flags; serve() (h200_env.sh) adds the first two itself
 SERVE=(--random-preset lite --device cuda ${extra[@]+"${extra[@]}"})
 echo "== HTTP (bench_serving)"
-serve http --trace-file /tmp/trace-http.jsonl ${extra[@]+"${extra[@]}"}
+serve "http-$TAG" --trace-file /tmp/trace-http.jsonl ${extra[@]+"${extra[@]}"}
 timeout 100 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 --profile short --prompt-words 90 \
   --max-tokens 200 --concurrency 256 --num-requests 256 --no-progress --out /tmp/warm.json >/dev/null 2>&1
 timeout 200 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 "${WORKLOAD[@]}" --no-progress \
@@ -35,11 +36,15 @@ timeout 200 python3 tools/bench_replay.py "${WORKLOAD[@]}" --warmup 256 --warmup
   --compare "$OUT/tax-http-$TAG.json" --out "$OUT/tax-replay-$TAG.json" \
   -- "${SERVE[@]}" --trace-file /tmp/trace-replay.jsonl 2>&1 | tail -6
 python3 -m tools.benchkit.steps /tmp/trace-replay.jsonl --slowest 12 2>&1 | tee "$OUT/steps-replay-$TAG.txt" | tail -12
-timeout 200 python3 tools/bench_replay.py "${WORKLOAD[@]}" --warmup 256 --warmup-concurrency 256 --detokenize \
-  --compare "$OUT/tax-http-$TAG.json" --out "$OUT/tax-replay-detok-$TAG.json" -- "${SERVE[@]}" 2>&1 | tail -3
-echo "== 10 bursts of 1024 new streaming connections"
-serve burst --trace-file /tmp/trace-burst.jsonl
-timeout 200 python3 tools/reliability.py --url http://127.0.0.1:8000 --trace-file /tmp/trace-burst.jsonl \
-  --scenarios connection_burst --burst 1024x10 --out "$OUT/reliability-burst-$TAG.json" 2>&1 | tail -8
-kill -TERM $pid; wait $pid
+if [ "${SKIP_DETOK:-0}" != 1 ]; then
+  timeout 200 python3 tools/bench_replay.py "${WORKLOAD[@]}" --warmup 256 --warmup-concurrency 256 --detokenize \
+    --compare "$OUT/tax-http-$TAG.json" --out "$OUT/tax-replay-detok-$TAG.json" -- "${SERVE[@]}" 2>&1 | tail -3
+fi
+if [ "${SKIP_BURST:-0}" != 1 ]; then
+  echo "== 10 bursts of 1024 new streaming connections"
+  serve "burst-$TAG" --trace-file /tmp/trace-burst.jsonl
+  timeout 200 python3 tools/reliability.py --url http://127.0.0.1:8000 --trace-file /tmp/trace-burst.jsonl \
+    --scenarios connection_burst --burst 1024x10 --out "$OUT/reliability-burst-$TAG.json" 2>&1 | tail -8
+  kill -TERM $pid; wait $pid
+fi
 echo "== tracebacks in daemon logs:"; grep -l Traceback "$OUT"/serve-*.log 2>/dev/null || echo none
