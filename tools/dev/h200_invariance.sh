@@ -43,7 +43,8 @@ fi
 i=0
 for mode in ${SERVING_ORDER-batch-invariant no-batch-invariant batch-invariant no-batch-invariant}; do
   i=$((i + 1)); echo "== serving $i --$mode"
-  serve "$i-$mode" --trace-file "/tmp/trace-$i-$mode.jsonl" --$mode
+  # shellcheck disable=SC2086
+  serve "$i-$mode" --trace-file "/tmp/trace-$i-$mode.jsonl" --$mode ${SERVE_FLAGS:-}
   timeout 100 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 --profile short --prompt-words 90 \
     --max-tokens 200 --concurrency 256 --num-requests 256 --out "/tmp/warm-$i.json" >/dev/null 2>&1
   timeout 120 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 --trace-file "/tmp/trace-$i-$mode.jsonl" \

@@ -24,5 +24,5 @@ for mode in batch-invariant no-batch-invariant; do
   timeout 150 python3 tools/bench_direct.py --preset lite --batches 1,256 --prompt-len 86 --new-tokens 64 --$mode \
     --out "$OUT/direct-$mode.json" 2>&1 | grep -E "TPOT|rror" | tail -4
 done
-SKIP_GATE=1 SERVING_ORDER="batch-invariant no-batch-invariant" bash tools/dev/h200_invariance.sh serving 2>&1 \
-  | grep -v "^NVIDIA"
+SKIP_GATE=1 SERVE_FLAGS="--max-active 256 --max-model-len 4096" SERVING_ORDER="batch-invariant no-batch-invariant" \
+  bash tools/dev/h200_invariance.sh serving 2>&1 | grep -v "^NVIDIA"
