@@ -186,6 +186,13 @@ class KernelConfig:
     head_argmax_rows: int = 1  # rows of the LM head + argmax launch (0: F.linear, then the argmax)
     head: HeadTiling = HeadTiling()
     norm_proj_rows: int = 1  # rows whose input norm runs inside the q/kv_a launch (0: apart)
+    # Batch-invariant mode only (opt-in until an A/B on the GPU): rows whose input norm runs inside
+    # the q/kv_a launch with the invariant linear's order (engine/kernels/norm_linear.py; 0: apart,
+    # 1: one row); when on, every decode layer input's sum of squares is a dot product, at any row
+    # count, so a lone row and a crowd's rows get the same bits. norm_linear_n columns a program.
+    norm_linear_rows: int = 0
+    norm_linear_n: int = 16
+    norm_linear_warps: int = 4
     embed_in_norm: bool = True  # that launch reads layer 0's row from the embedding table itself
     # 228 programs for lite's 3,648 rows; the whole row in one tile, loaded before the norm (row 36:
     # 8.3 -> 7.0 µs a layer at K = 2048)
@@ -243,6 +250,10 @@ class KernelConfig:
     sample: SampleTiling = SampleTiling()
 
     def __post_init__(self) -> None:
+        nl = self.norm_linear_n
+        if self.norm_linear_rows not in (0, 1) or nl < 16 or nl & (nl - 1):
+            raise ValueError(f"KernelConfig: norm_linear_rows 0 or 1 ({self.norm_linear_rows}), norm_linear_n a power "
+                             f"of two from 16 ({self.norm_linear_n})")
         b = self.decode_block_n
         if (b < 16 or b & (b - 1) or 64 % b or self.decode_split_len % b or self.decode_merge_group < 0
                 or self.decode_merge_unroll not in (1, 2)):

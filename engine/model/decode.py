@@ -56,21 +56,24 @@ def decode_hidden(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torc
     """[B, H]: every row's final norm, ready for the LM head."""
     k = model.kernels
     eps = model.cfg.rms_norm_eps
-    # the layer input's norm inside the q/kv_a projection's launch (engine/kernels/norm_proj.py)
-    one_row = k.triton and inp.token_ids.shape[0] <= k.norm_proj_rows
+    # the layer input's norm inside the q/kv_a projection's launch (engine/kernels/norm_proj.py; in
+    # batch-invariant mode, with norm_linear_rows, engine/kernels/norm_linear.py and its dot-product
+    # norm at every row count)
+    rows = inp.token_ids.shape[0]
+    dot = k.triton and k.batch_invariant and k.norm_linear_rows > 0
+    one_row = k.triton and rows <= (k.norm_linear_rows if dot else k.norm_proj_rows)
     embed_in_norm = one_row and k.embed_in_norm and model.layers[0].attn.fused_decode
     x = None if embed_in_norm else F.embedding(inp.token_ids, model.embed)  # [B, H]
     delta = None  # what the next norm adds to the residual stream
     for layer in model.layers:
         with phase("attention"):
             qkv, h = None, None
-            if x is None:  # the first layer's launch reads the token's embedding row itself
-                from pegainfer.engine.kernels.norm_proj import norm_proj
-                qkv, x = norm_proj(None, model.embed, layer.input_norm, eps, layer.attn.q_kv_a, k.norm_proj,
-                                   token=inp.token_ids)
-            elif one_row and layer.attn.fused_decode:
-                from pegainfer.engine.kernels.norm_proj import norm_proj
-                qkv, x = norm_proj(delta, x, layer.input_norm, eps, layer.attn.q_kv_a, k.norm_proj)
+            if one_row and (x is None or layer.attn.fused_decode):
+                # x None: the first layer's launch reads the token's embedding row itself
+                qkv, x = _norm_q_kv_a(model, layer, delta, x, inp.token_ids, dot)
+            elif dot:
+                from pegainfer.engine.kernels.norm_linear import dot_norm
+                h, x = dot_norm(delta, x, layer.input_norm, eps, k.linear)
             else:
                 h, x = add_norm(delta, layer.input_norm, x, eps, k.triton, k)
             h, x = layer.attn.decode_norm(h, x, layer.post_attn_norm, eps, inp, cache, qkv=qkv)
@@ -78,3 +81,17 @@ def decode_hidden(model: DeepseekV2, inp: DecodeInputs, cache: MLACache) -> torc
     with phase("lm_head"):
         h, _ = add_norm(delta, model.norm, x, eps, k.triton, k)
     return h
+
+
+def _norm_q_kv_a(model: DeepseekV2, layer, delta, x: torch.Tensor | None, token_ids: torch.Tensor,
+                 dot: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row's layer input (x plus delta; x None: the token's embedding row), its norm and the q/kv_a
+    projection in one launch: (q_kv_a [1, N], the residual row [1, H])."""
+    k, eps = model.kernels, model.cfg.rms_norm_eps
+    table, token = (model.embed, token_ids) if x is None else (x, None)
+    if dot:
+        from pegainfer.engine.kernels.norm_linear import norm_linear
+        return norm_linear(delta, table, layer.input_norm, eps, layer.attn.q_kv_a, k.linear, block_n=k.norm_linear_n,
+                           num_warps=k.norm_linear_warps, token=token)
+    from pegainfer.engine.kernels.norm_proj import norm_proj
+    return norm_proj(delta, table, layer.input_norm, eps, layer.attn.q_kv_a, k.norm_proj, token=token)

@@ -15,6 +15,9 @@ engine's KernelConfig (engine/kernels/config.py), which the tool hands to the en
     --norm-proj-k         norm_proj.block_k            its K block (K or more: one tile, loaded first)
     --embed-in-norm       embed_in_norm                1: layer 0's launch reads the embedding; 0: apart
     --norm-proj-j         norm_proj.block_j            its projection rows per program
+    --norm-linear-rows    norm_linear_rows             1: invariant mode's norm + q/kv_a, one launch at one row
+    --norm-linear-n       norm_linear_n                its columns per program (no bits change)
+    --norm-linear-warps   norm_linear_warps            its warps per program
     --norm-proj-warps     norm_proj.num_warps          its warps per program
     --router-launches     router_one_launch            1: logits and selection in one launch; 2: two
     --mla-output-rows     mla_output_rows              rows of the o_proj + add + norm kernel (0: apart)
@@ -85,6 +88,9 @@ KNOBS = {"batch_invariant": ("batch_invariant", lambda v, default: v == 1),
          "norm_proj_k": ("norm_proj.block_k", _as_is),
          "norm_proj_j": ("norm_proj.block_j", _as_is),
          "norm_proj_warps": ("norm_proj.num_warps", _as_is),
+         "norm_linear_rows": ("norm_linear_rows", _as_is),
+         "norm_linear_n": ("norm_linear_n", _as_is),
+         "norm_linear_warps": ("norm_linear_warps", _as_is),
          "router_launches": ("router_one_launch", lambda v, default: v == 1),
          "mla_output_rows": ("mla_output_rows", _as_is),
          "mla_output_k": ("mla_output.block_k", _as_is),
@@ -126,8 +132,8 @@ KNOBS = {"batch_invariant": ("batch_invariant", lambda v, default: v == 1),
          "sample_chunks": ("sample.chunks", _as_is),
          "sample_pivots": ("sample.pivots", _as_is)}
 CHOICES = {"batch_invariant": [0, 1], "argmax_launches": [1, 4], "head_argmax_rows": [0, 1], "norm_proj_rows": [0, 1],
-           "router_launches": [1, 2], "embed_in_norm": [0, 1], "linear_ticket": [0, 1], "decode_block_n": [16, 32, 64],
-           "decode_merge_unroll": [1, 2]}
+           "router_launches": [1, 2], "embed_in_norm": [0, 1], "norm_linear_rows": [0, 1], "linear_ticket": [0, 1],
+           "decode_block_n": [16, 32, 64], "decode_merge_unroll": [1, 2]}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,0 +1,101 @@
+"""engine/kernels/norm_linear.py: batch-invariant mode's layer input in one launch at one row. Its
+output is bit for bit the multi-row path's, the dot-product norm (dot_norm) followed by the invariant
+linear (triton_linear) with the same LinearTiling, for every residual add (none, a delta, a MoE
+layer's routes plus its shared experts) and the first layer's embedding row; dot_norm's rows do not
+depend on the rows beside them and stay within rounding of the norm kernel (Triton's interpreter,
+float32 and bfloat16 as the GPU rounds). On the GPU the same at lite's q/kv_a shape, replayed in a
+CUDA graph, and an engine with the launch on gives a request the same tokens alone and in crowds."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton", reason="triton is a GPU-side dependency; CI installs it for the interpreter")
+
+from pegainfer.engine.kernels.config import LinearTiling  # noqa: E402
+
+TILINGS = [LinearTiling(), LinearTiling(block_k=32, k_chunk=64)]  # 200 = 6 blocks of 32 + 8: a ragged K
+
+
+def _inputs(gen, dt, hid: int = 200, n: int = 37, rows: int = 1, device: str = "cpu"):
+    w = (torch.randn(n, hid, generator=gen) / 8).to(dt).to(device)
+    nw = (1 + 0.1 * torch.randn(hid, generator=gen)).to(dt).to(device)
+    res = torch.randn(rows, hid, generator=gen).to(dt).to(device)
+    dense = torch.randn(rows, hid, generator=gen).to(dt).to(device)
+    moe = (torch.randn(rows, 3, hid, generator=gen).to(device), torch.randn(rows, hid, generator=gen).to(dt).to(device))
+    return w, nw, res, (None, dense, moe)
+
+
+def _check_one_row(w, nw, res, deltas, tiling, block_n=16):
+    from pegainfer.engine.kernels.linear import triton_linear
+    from pegainfer.engine.kernels.norm_linear import dot_norm, norm_linear
+    from pegainfer.engine.kernels.rmsnorm import moe_rmsnorm, rmsnorm
+    for delta in deltas:
+        h, x = dot_norm(delta, res, nw, 1e-6, tiling)
+        got, x_got = norm_linear(delta, res, nw, 1e-6, w, tiling, block_n=block_n)
+        assert torch.equal(x_got, x) and torch.equal(got, triton_linear(h, w, tiling)), (type(delta), tiling)
+        # the norm kernel's residual bits, its normalised row within rounding (another order of sums)
+        ref_h, ref_x = (rmsnorm(res, nw, 1e-6) if delta is None else moe_rmsnorm(*delta, nw, 1e-6, residual=res)
+                        if isinstance(delta, tuple) else rmsnorm(delta, nw, 1e-6, residual=res))
+        assert torch.equal(x, ref_x)
+        tol = 1e-5 if res.dtype == torch.float32 else 2e-2
+        assert torch.allclose(h.float(), ref_h.float(), rtol=tol, atol=tol)
+        assert torch.allclose(got.float(), F.linear(ref_h.float(), w.float()), rtol=tol, atol=tol)
+
+
+def test_one_launch_is_the_dot_norm_then_the_invariant_linear_float32(triton_interpreter, gen):
+    w, nw, res, deltas = _inputs(gen, torch.float32)
+    for tiling in TILINGS:
+        for block_n in (16, 32):  # columns a program: no bits change
+            _check_one_row(w, nw, res, deltas, tiling, block_n)
+
+
+def test_one_launch_is_the_dot_norm_then_the_invariant_linear_bfloat16(bf16_as_gpu, gen):
+    w, nw, res, deltas = _inputs(gen, torch.bfloat16)
+    for tiling in TILINGS:
+        _check_one_row(w, nw, res, deltas, tiling)
+
+
+def test_the_first_layers_form_reads_the_embedding_row(triton_interpreter, gen):
+    from pegainfer.engine.kernels.norm_linear import norm_linear
+    w, nw, _, deltas = _inputs(gen, torch.float32)
+    table, tok = torch.randn(50, 200, generator=gen), torch.tensor([41])
+    got, x_got = norm_linear(None, table, nw, 1e-6, w, TILINGS[0], token=tok)
+    want, x_want = norm_linear(None, F.embedding(tok, table), nw, 1e-6, w, TILINGS[0])
+    assert torch.equal(got, want) and torch.equal(x_got, x_want) and torch.equal(x_got[0], table[41])
+    with pytest.raises(ValueError, match="embedding row"):
+        norm_linear(deltas[1][:1], table, nw, 1e-6, w, TILINGS[0], token=tok)
+    with pytest.raises(ValueError, match="one row"):
+        norm_linear(None, torch.randn(2, 200), nw, 1e-6, w, TILINGS[0])
+
+
+def test_a_rows_dot_norm_does_not_depend_on_the_rows_beside_it(triton_interpreter, gen):
+    from pegainfer.engine.kernels.norm_linear import dot_norm
+    _, nw, res, deltas = _inputs(gen, torch.float32, rows=5)
+    for delta in deltas:
+        h, x = dot_norm(delta, res, nw, 1e-6, TILINGS[0])
+        for r in (0, 3):
+            one = None if delta is None else (delta[0][r:r + 1], delta[1][r:r + 1]) if isinstance(delta, tuple) \
+                else delta[r:r + 1]
+            h1, x1 = dot_norm(one, res[r:r + 1], nw, 1e-6, TILINGS[0])
+            assert torch.equal(h1[0], h[r]) and torch.equal(x1[0], x[r]), (type(delta), r)
+
+
+def test_gpu_one_launch_is_the_dot_norm_then_the_invariant_linear(triton_gpu):
+    from pegainfer.engine.cuda_graphs import capture
+    from pegainfer.engine.kernels.config import KernelConfig
+    from pegainfer.engine.kernels.linear import triton_linear
+    from pegainfer.engine.kernels.norm_linear import dot_norm, norm_linear
+    g = torch.Generator().manual_seed(3)
+    tiling = KernelConfig().linear
+    w, nw, res, deltas = _inputs(g, torch.bfloat16, hid=2048, n=3648, device="cuda")
+    for delta in deltas:
+        h, x = dot_norm(delta, res, nw, 1e-6, tiling)
+        want = triton_linear(h, w, tiling)
+        got, x_got = norm_linear(delta, res, nw, 1e-6, w, tiling)
+        assert torch.equal(got, want) and torch.equal(x_got, x), type(delta)
+        graph, out = capture(lambda: norm_linear(delta, res, nw, 1e-6, w, tiling)[0], None)
+        for _ in range(50):
+            graph.replay()
+            assert torch.equal(out, want), type(delta)
