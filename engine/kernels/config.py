@@ -187,9 +187,10 @@ class KernelConfig:
     head: HeadTiling = HeadTiling()
     norm_proj_rows: int = 1  # rows whose input norm runs inside the q/kv_a launch (0: apart)
     # Batch-invariant mode only (opt-in until an A/B on the GPU): rows whose input norm runs inside
-    # the q/kv_a launch with the invariant linear's order (engine/kernels/norm_linear.py; 0: apart,
-    # 1: one row); when on, every decode layer input's sum of squares is a dot product, at any row
-    # count, so a lone row and a crowd's rows get the same bits. norm_linear_n columns a program.
+    # the q/kv_a launch, and whose o_proj, residual add and post-attention norm run in one launch,
+    # both in the invariant linear's order (engine/kernels/norm_linear.py; 0: apart, 1: one row);
+    # when on, those two norms of every decode layer take their sum of squares as a dot product at
+    # any row count, so a lone row and a crowd's rows get the same bits. norm_linear_n columns a program.
     norm_linear_rows: int = 0
     norm_linear_n: int = 16
     norm_linear_warps: int = 4

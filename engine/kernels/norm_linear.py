@@ -17,6 +17,9 @@ Two kernels share one order of sums:
   block_k steps summed in float32 per k_chunk, the chunks' sums added in order to a total, rounded
   once (LinearTiling's block_k and k_chunk: the same tiling gives the same bits). So norm_linear's
   output is dot_norm's followed by triton_linear's, bit for bit.
+- `linear_norm` (one row, the end of the MLA layer): o_proj's columns block by block in the
+  invariant linear's order, then the program taking the last ticket (engine/kernels/ticket.py) adds
+  the residual and normalises the row as dot_norm does: triton_linear then dot_norm, bit for bit.
 
 Rounding as rmsnorm.py's: normalised in float32, rounded, times the weight, rounded."""
 from __future__ import annotations
@@ -28,20 +31,32 @@ import triton.language as tl
 from pegainfer.engine.kernels.config import LinearTiling
 from pegainfer.engine.kernels.norm_proj import _normed
 from pegainfer.engine.kernels.rmsnorm import residual_sum
+from pegainfer.engine.kernels.ticket import last_to_finish
 
 LANES = 16  # rows of the dot tiles: the row itself and zeros (the invariant linear's block_m)
 
 
 @triton.jit
+def _row_block(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K: tl.constexpr, MODE: tl.constexpr,
+               dtype: tl.constexpr, CG: tl.constexpr):
+    """Columns ks of the residual stream's new row: residual_sum's, or with CG (MODE 1) the same sum
+    with the delta read past L1 (other programs of the launch wrote it)."""
+    if CG:
+        d = tl.load(delta_ptr + ks, mask=k_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+        return (d + tl.load(res_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)).to(dtype)
+    return residual_sum(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K, MODE, dtype)
+
+
+@triton.jit
 def _sum_squares(routed_ptr, delta_ptr, res_ptr, K, TOP_K: tl.constexpr, MODE: tl.constexpr, dtype: tl.constexpr,
-                 BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+                 BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, CG: tl.constexpr = False):
     """The row's sum of squares: tl.dot of the row with itself, BLOCK_K columns a step, in order."""
     lanes = tl.arange(0, 16)
     sq = tl.zeros([16, 16], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < K
-        x = residual_sum(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K, MODE, dtype)  # [BK]
+        x = _row_block(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K, MODE, dtype, CG)  # [BK]
         a = tl.where(lanes[:, None] == 0, x[None, :], 0.0).to(dtype)  # [16, BK]: the row, then zeros
         sq = tl.dot(a, tl.trans(a), sq, input_precision=PRECISION)
     # element (0, 0); every other element is 0 (squares are never -0.0), so the sum adds only zeros
@@ -102,6 +117,43 @@ def _norm_linear_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, w_ptr, out_p
              mask=(lanes[:, None] == 0) & n_ok[None, :])
 
 
+@triton.jit
+def _linear_norm_kernel(v_ptr, w_ptr, res_ptr, norm_w_ptr, o_ptr, h_out_ptr, x_out_ptr, count_ptr, N, K, eps,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK_BLOCKS: tl.constexpr,
+                        PRECISION: tl.constexpr):
+    # program j: o_proj's columns [j * BLOCK_N, (j + 1) * BLOCK_N) over the whole value row, as
+    # _linear_kernel sums them; the program taking the last ticket adds the residual and normalises
+    j = tl.program_id(0)
+    dtype = o_ptr.dtype.element_ty
+    lanes = tl.arange(0, 16)
+    rn = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < N
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    total = tl.zeros([16, BLOCK_N], tl.float32)
+    acc = tl.zeros([16, BLOCK_N], tl.float32)
+    for kb in range(0, k_blocks):
+        ks = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        a = tl.load(v_ptr + lanes[:, None] * 0 + ks[None, :], mask=(lanes[:, None] == 0) & k_ok[None, :],
+                    other=0.0)  # [16, BK]: the row, then zeros
+        b = tl.load(w_ptr + rn[None, :].to(tl.int64) * K + ks[:, None], mask=k_ok[:, None] & n_ok[None, :],
+                    other=0.0)  # [BK, BN]
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        end = ((kb + 1) % CHUNK_BLOCKS == 0) | (kb == k_blocks - 1)
+        total = tl.where(end, total + acc, total)
+        acc = tl.where(end, 0.0, acc)
+    tl.store(o_ptr + lanes[:, None] * 0 + rn[None, :], total.to(dtype), mask=(lanes[:, None] == 0) & n_ok[None, :])
+    if last_to_finish(count_ptr, tl.num_programs(0)):
+        scale = tl.rsqrt(_sum_squares(o_ptr, o_ptr, res_ptr, N, 1, 1, dtype, BLOCK_K, PRECISION, True) / N + eps)
+        for k0 in range(0, N, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < N
+            x = _row_block(o_ptr, o_ptr, res_ptr, ks, k_ok, N, 1, 1, dtype, True)
+            tl.store(x_out_ptr + ks, x, mask=k_ok)
+            tl.store(h_out_ptr + ks, _normed(x, scale, norm_w_ptr, ks, k_ok, dtype), mask=k_ok)
+        tl.store(count_ptr, 0)  # every program has taken its ticket: ready for the next launch
+
+
 def _delta_args(delta, residual: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor, int]:
     """(MODE, routed, delta, TOP_K) of residual_sum for delta: None, a [T, K] tensor, or a MoE
     layer's (routed [T, k, K] float32, shared [T, K])."""
@@ -155,3 +207,21 @@ def norm_linear(delta, residual: torch.Tensor, norm_weight: torch.Tensor, eps: f
         TOP_K=top_k, MODE=mode, EMBED=token is not None, BLOCK_N=block_n, BLOCK_K=tiling.block_k,
         CHUNK_BLOCKS=tiling.k_chunk // tiling.block_k, PRECISION=_precision(weight.dtype), num_warps=num_warps)
     return out, x_out
+
+
+def linear_norm(v: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                count: torch.Tensor, tiling: LinearTiling, *, block_n: int = 16, num_warps: int = 4
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row: v [1, K] (the merged value heads), weight [N, K] (o_proj), residual [1, N]; count: one
+    ticket (engine/kernels/ticket.py). Returns dot_norm(triton_linear(v, weight, tiling), residual,
+    norm_weight, eps, tiling), the same bits, in one launch: (norm(residual + o) * norm_weight,
+    residual + o)."""
+    n, k = weight.shape
+    if v.shape != (1, k) or residual.shape != (1, n) or not weight.is_contiguous() or count.numel() < 1:
+        raise ValueError(f"linear_norm takes one row: v [1, {k}], residual [1, {n}], a contiguous weight, a ticket")
+    residual, v = residual.contiguous(), v.contiguous()
+    o, h_out, x_out = torch.empty_like(residual), torch.empty_like(residual), torch.empty_like(residual)
+    _linear_norm_kernel[(triton.cdiv(n, block_n),)](
+        v, weight, residual, norm_weight, o, h_out, x_out, count, n, k, eps, BLOCK_N=block_n, BLOCK_K=tiling.block_k,
+        CHUNK_BLOCKS=tiling.k_chunk // tiling.block_k, PRECISION=_precision(weight.dtype), num_warps=num_warps)
+    return h_out, x_out

@@ -77,7 +77,7 @@ class MLAttention:
         self.w_uv_t = kv_b[:, self.nope:].transpose(1, 2).contiguous()  # [nh, 512, 128]
         if self.fused_decode:
             from pegainfer.engine.kernels import ticket
-            self.out_count = ticket.tickets(kernels.mla_output_rows, self.o_proj.device)
+            self.out_count = ticket.tickets(max(kernels.mla_output_rows, kernels.norm_linear_rows), self.o_proj.device)
 
     def _project(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                  cache: MLACache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -199,9 +199,18 @@ class MLAttention:
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """decode_absorbed, then its residual add and the post-attention RMSNorm: x [B, H] (normed),
         residual [B, H] -> (norm(residual + attention) * norm_weight, residual + attention). Fused at up
-        to KernelConfig.mla_output_rows rows: o_proj, the add and the norm in one launch. qkv: x's
-        q_kv_a projection, already made (engine/kernels/norm_proj.py; x is then not read)."""
+        to KernelConfig.mla_output_rows rows: o_proj, the add and the norm in one launch. Batch-invariant
+        with norm_linear_rows: at one row that launch in the invariant linear's order with the
+        dot-product norm (engine/kernels/norm_linear.py linear_norm), at more rows the same norm apart.
+        qkv: x's q_kv_a projection, already made (norm_proj.py, norm_linear.py; x is then not read)."""
         k = self.kernels
+        if self.fused_decode and k.batch_invariant and k.norm_linear_rows:  # engine/kernels/norm_linear.py
+            from pegainfer.engine.kernels import norm_linear
+            if residual.shape[0] <= k.norm_linear_rows:
+                return norm_linear.linear_norm(self._fused_values(x, inp, cache, qkv), self.o_proj, residual,
+                                               norm_weight, eps, self.out_count, k.linear, block_n=k.norm_linear_n,
+                                               num_warps=k.norm_linear_warps)
+            return norm_linear.dot_norm(self.decode_absorbed(x, inp, cache, qkv), residual, norm_weight, eps, k.linear)
         if not (self.fused_decode and residual.shape[0] <= k.mla_output_rows):
             return add_norm(self.decode_absorbed(x, inp, cache, qkv), norm_weight, residual, eps, k.triton, k)
         from pegainfer.engine.kernels import mla_output

@@ -1,8 +1,8 @@
-"""Batch-invariant mode with the one-row layer input launch on (KernelConfig.norm_linear_rows 1,
+"""Batch-invariant mode with the one-row launches on (KernelConfig.norm_linear_rows 1,
 engine/kernels/norm_linear.py; opt-in) on the GPU: random weights of the exact Lite shape in bfloat16
-with CUDA graphs. A probe request decodes its lone steps through the one-row launch and its crowded
-steps through the dot-product norm and the invariant linear: its tokens and log-probs are bitwise the
-same alone and in crowds, greedy and seeded, async scheduling on and off."""
+with CUDA graphs. A probe request decodes its lone steps through the one-row launches (layer input,
+MLA output) and its crowded steps through the dot-product norms and the invariant linear: its tokens
+and log-probs are bitwise the same alone and in crowds, greedy and seeded, async scheduling on and off."""
 from __future__ import annotations
 
 import pytest

@@ -1,10 +1,11 @@
-"""engine/kernels/norm_linear.py: batch-invariant mode's layer input in one launch at one row. Its
-output is bit for bit the multi-row path's, the dot-product norm (dot_norm) followed by the invariant
-linear (triton_linear) with the same LinearTiling, for every residual add (none, a delta, a MoE
-layer's routes plus its shared experts) and the first layer's embedding row; dot_norm's rows do not
-depend on the rows beside them and stay within rounding of the norm kernel (Triton's interpreter,
-float32 and bfloat16 as the GPU rounds). On the GPU the same at lite's q/kv_a shape, replayed in a
-CUDA graph, and an engine with the launch on gives a request the same tokens alone and in crowds."""
+"""engine/kernels/norm_linear.py: batch-invariant mode's layer input and MLA output at one row, one
+launch each. norm_linear's output is bit for bit the multi-row path's, the dot-product norm
+(dot_norm) followed by the invariant linear (triton_linear) with the same LinearTiling, for every
+residual add (none, a delta, a MoE layer's routes plus its shared experts) and the first layer's
+embedding row; linear_norm's is triton_linear's followed by dot_norm's, its ticket back at zero;
+dot_norm's rows do not depend on the rows beside them and stay within rounding of the norm kernel
+(Triton's interpreter, float32 and bfloat16 as the GPU rounds). On the GPU the same at lite's
+shapes, replayed in a CUDA graph (tests/engine/test_gpu_norm_linear.py: an engine with them on)."""
 from __future__ import annotations
 
 import pytest
@@ -82,6 +83,30 @@ def test_a_rows_dot_norm_does_not_depend_on_the_rows_beside_it(triton_interprete
             assert torch.equal(h1[0], h[r]) and torch.equal(x1[0], x[r]), (type(delta), r)
 
 
+def _check_output(v, w, res, nw, tiling):
+    from pegainfer.engine.kernels.linear import triton_linear
+    from pegainfer.engine.kernels.norm_linear import dot_norm, linear_norm
+    from pegainfer.engine.kernels.ticket import tickets
+    count = tickets(1, v.device)
+    h, x = linear_norm(v, w, res, nw, 1e-6, count, tiling)
+    want_h, want_x = dot_norm(triton_linear(v, w, tiling), res, nw, 1e-6, tiling)
+    assert torch.equal(h, want_h) and torch.equal(x, want_x) and int(count[0]) == 0, tiling
+    return count, want_h
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
+def test_the_output_launch_is_the_invariant_linear_then_the_dot_norm(request, triton_interpreter, gen, dt):
+    from pegainfer.engine.kernels.norm_linear import linear_norm
+    if dt == torch.bfloat16:
+        request.getfixturevalue("bf16_as_gpu")
+    v, w = torch.randn(1, 300, generator=gen).to(dt), (torch.randn(200, 300, generator=gen) / 8).to(dt)
+    res, nw = torch.randn(1, 200, generator=gen).to(dt), (1 + 0.1 * torch.randn(200, generator=gen)).to(dt)
+    for tiling in TILINGS:
+        count, _ = _check_output(v, w, res, nw, tiling)
+    with pytest.raises(ValueError, match="one row"):
+        linear_norm(torch.randn(2, 300).to(dt), w, res, nw, 1e-6, count, TILINGS[0])
+
+
 def test_gpu_one_launch_is_the_dot_norm_then_the_invariant_linear(triton_gpu):
     from pegainfer.engine.cuda_graphs import capture
     from pegainfer.engine.kernels.config import KernelConfig
@@ -99,3 +124,20 @@ def test_gpu_one_launch_is_the_dot_norm_then_the_invariant_linear(triton_gpu):
         for _ in range(50):
             graph.replay()
             assert torch.equal(out, want), type(delta)
+
+
+def test_gpu_the_output_launch_is_the_invariant_linear_then_the_dot_norm(triton_gpu):
+    from pegainfer.engine.cuda_graphs import capture
+    from pegainfer.engine.kernels.config import KernelConfig
+    from pegainfer.engine.kernels.norm_linear import linear_norm
+    g = torch.Generator().manual_seed(4)
+    tiling = KernelConfig().linear
+    v = torch.randn(1, 2048, generator=g).to(torch.bfloat16).cuda()  # 16 heads x 128 values
+    w = (torch.randn(2048, 2048, generator=g) / 32).to(torch.bfloat16).cuda()
+    res = torch.randn(1, 2048, generator=g).to(torch.bfloat16).cuda()
+    nw = (1 + 0.1 * torch.randn(2048, generator=g)).to(torch.bfloat16).cuda()
+    count, want = _check_output(v, w, res, nw, tiling)
+    graph, out = capture(lambda: linear_norm(v, w, res, nw, 1e-6, count, tiling)[0], None)
+    for _ in range(50):
+        graph.replay()
+        assert torch.equal(out, want)
