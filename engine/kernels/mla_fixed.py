@@ -150,13 +150,15 @@ class Launches(NamedTuple):
     merge_warps: int = 8
     merge_stages: int = 3
     merge_unroll: int = 1  # 1 or 2 splits' partials asked for at once (the same bits)
+    merge_block_v: int = 0  # value columns per tl.dot of the merge (no bits change); 0: FIXED_BLOCK_V
 
 
 def launches_of(kernels) -> Launches:
     """The launch shape a KernelConfig sets (decode_block_n, decode_split_warps, decode_split_stages,
-    decode_merge_unroll; the merge's warps and stages Launches' defaults)."""
+    decode_merge_unroll, decode_merge_warps, decode_merge_block_v; the merge's stages Launches')."""
     return Launches(block_n=kernels.decode_block_n, split_warps=kernels.decode_split_warps,
-                    split_stages=kernels.decode_split_stages, merge_unroll=kernels.decode_merge_unroll)
+                    split_stages=kernels.decode_split_stages, merge_warps=kernels.decode_merge_warps,
+                    merge_unroll=kernels.decode_merge_unroll, merge_block_v=kernels.decode_merge_block_v)
 
 
 def split_plan(lens: torch.Tensor, length: int, rule: SplitRule, group: int = 0) -> SplitPlan:
@@ -195,7 +197,8 @@ def mla_decode_fixed(q: torch.Tensor, cache_layer: torch.Tensor, table: torch.Te
     # value columns per tl.dot: set by V alone (never by the batch). Lanes per (head, tile): every
     # value block its own program while the tiles are few (W_UV's bytes over many SMs), fewer as they
     # grow (each program merges its rows' partials once for more blocks); the bits are the same
-    block_v = max(16, min(FIXED_BLOCK_V, triton.next_power_of_2(v))) if w_uv_t is not None else 1
+    block_v = max(16, min(launches.merge_block_v or FIXED_BLOCK_V, triton.next_power_of_2(v))) if w_uv_t is not None \
+        else 1
     tiles = triton.cdiv(b, 16)
     lanes = min(triton.cdiv(v, block_v), triton.cdiv(FIXED_PROGRAMS, tiles * h)) if w_uv_t is not None else 1
     first, group = plan.off, plan.groups[0] if plan.groups else 0

@@ -206,8 +206,8 @@ def test_fixed_merge_lanes_and_split_programs_change_no_bits(triton_interpreter,
         assert torch.equal(_run(cache, q, w_uv, few, few_lens, 320, True, {**INV, "programs": programs}), one_each)
     from pegainfer.engine.kernels.mla_fixed import Launches
     # two splits' partials loaded at once, added in the same order; other warps and stages
-    assert torch.equal(_run(cache, q, w_uv, slots, lens, 320, True, {**INV, "launches": Launches(merge_unroll=2)}),
-                       spread)
+    for launches in (Launches(merge_unroll=2), Launches(merge_block_v=16, merge_warps=4), Launches(merge_block_v=64)):
+        assert torch.equal(_run(cache, q, w_uv, slots, lens, 320, True, {**INV, "launches": launches}), spread)
     monkeypatch.setattr(md, "FIXED_PROGRAMS", 1)  # one program takes both value blocks
     assert torch.equal(_run(cache, q, w_uv, slots, lens, 320, True, INV), spread)
 
@@ -263,9 +263,9 @@ def test_decode_values_follow_the_batch_invariant_switch(triton_interpreter, mon
     assert len(calls["fixed"]) == 2 and calls["plans"] == 1 and calls["fixed"][0]["plan"] is calls["fixed"][1]["plan"]
     assert calls["fixed"][0]["rule"] == mf.SplitRule(k.decode_split_len, k.decode_max_splits, k.decode_long_split,
                                                 k.decode_most_splits)
-    assert calls["fixed"][0]["launches"] == mf.Launches(block_n=k.decode_block_n, split_warps=k.decode_split_warps,
-                                                        split_stages=k.decode_split_stages,
-                                                        merge_unroll=k.decode_merge_unroll)
+    assert calls["fixed"][0]["launches"] == mf.launches_of(k) == mf.Launches(
+        k.decode_block_n, k.decode_split_warps, k.decode_split_stages, k.decode_merge_warps, 3, k.decode_merge_unroll,
+        k.decode_merge_block_v)
     assert calls["auto"][0]["merge"] == md.merge_form(b, k.row_merge_max_batch)
     assert calls["auto"][0]["split_len"] == md.auto_split(b, c.inp.length, k.split_programs)
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)  # two orders of one sum
