@@ -172,6 +172,8 @@ def one_launch_sizes(kernels: KernelConfig, fused_router: bool) -> dict:
     from pegainfer.engine.kernels.moe_route import SMALL
     return dict(norm_proj_rows=kernels.norm_proj_rows,
                 embedding_in_norm_proj=bool(kernels.embed_in_norm and kernels.norm_proj_rows),
+                # batch-invariant mode's layer input and MLA output launches (engine/kernels/norm_linear.py)
+                norm_linear_rows=kernels.norm_linear_rows if kernels.batch_invariant else 0,
                 mla_output_rows=kernels.mla_output_rows,
                 router_one_launch_rows=SMALL if kernels.router_one_launch and fused_router else 0,
                 dense_swiglu_rows=kernels.dense_rows, head_argmax_rows=kernels.head_argmax_rows,

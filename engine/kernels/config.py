@@ -255,10 +255,10 @@ class KernelConfig:
     sample: SampleTiling = SampleTiling()
 
     def __post_init__(self) -> None:
-        nl = self.norm_linear_n
-        if self.norm_linear_rows not in (0, 1) or nl < 16 or nl & (nl - 1):
+        nl, nw = self.norm_linear_n, self.norm_linear_warps
+        if self.norm_linear_rows not in (0, 1) or nl < 16 or nl & (nl - 1) or nw < 1 or nw & (nw - 1):
             raise ValueError(f"KernelConfig: norm_linear_rows 0 or 1 ({self.norm_linear_rows}), norm_linear_n a power "
-                             f"of two from 16 ({self.norm_linear_n})")
+                             f"of two from 16 ({nl}), norm_linear_warps a power of two ({nw})")
         b = self.decode_block_n
         if (b < 16 or b & (b - 1) or 64 % b or self.decode_split_len % b or self.decode_merge_group < 0
                 or self.decode_merge_unroll not in (1, 2) or self.decode_merge_block_v not in (16, 32, 64, 128)):
@@ -269,7 +269,8 @@ class KernelConfig:
     def on_device(self, cuda: bool, bf16: bool, triton_imports: bool) -> KernelConfig:
         """This configuration as it runs on the device: `triton` cleared where the Triton kernels
         cannot run and, where batch_invariant, the one-row kernels off (norm_proj_rows,
-        mla_output_rows, dense_rows and head_argmax_rows 0). Each of those sums a row's products in
+        mla_output_rows, dense_rows and head_argmax_rows 0; norm_linear_rows keeps the first two's
+        place with the multi-row path's order, engine/kernels/norm_linear.py). Each of those sums a row's products in
         another order than the multi-row ops do (norm_proj and mla_output: whole-row tiles of their
         own; dense_swiglu: the expert kernel's blocks; head_argmax: float32 sums over BLOCK_K
         steps), so a request's row alone in a step would get other bits than the same row in a

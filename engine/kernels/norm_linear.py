@@ -29,12 +29,9 @@ import triton
 import triton.language as tl
 
 from pegainfer.engine.kernels.config import LinearTiling
-from pegainfer.engine.kernels.norm_proj import _normed
+from pegainfer.engine.kernels.norm_proj import normed
 from pegainfer.engine.kernels.rmsnorm import residual_sum
 from pegainfer.engine.kernels.ticket import last_to_finish
-
-LANES = 16  # rows of the dot tiles: the row itself and zeros (the invariant linear's block_m)
-
 
 @triton.jit
 def _row_block(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K: tl.constexpr, MODE: tl.constexpr,
@@ -78,7 +75,7 @@ def _dot_norm_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, out_ptr, x_out_
         x = residual_sum(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K, MODE, dtype)
         if MODE != 0:
             tl.store(x_out_ptr + row * K + ks, x, mask=k_ok)
-        tl.store(out_ptr + row * K + ks, _normed(x, scale, norm_w_ptr, ks, k_ok, dtype), mask=k_ok)
+        tl.store(out_ptr + row * K + ks, normed(x, scale, norm_w_ptr, ks, k_ok, dtype), mask=k_ok)
 
 
 @triton.jit
@@ -104,7 +101,7 @@ def _norm_linear_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, w_ptr, out_p
         x = residual_sum(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K, MODE, dtype)
         if (MODE != 0 or EMBED) and j == 0:
             tl.store(x_out_ptr + ks, x, mask=k_ok)
-        h = _normed(x, scale, norm_w_ptr, ks, k_ok, dtype)
+        h = normed(x, scale, norm_w_ptr, ks, k_ok, dtype)
         a = tl.where(lanes[:, None] == 0, h[None, :], 0.0).to(dtype)  # [16, BK]: the row, then zeros
         b = tl.load(w_ptr + rn[None, :].to(tl.int64) * K + ks[:, None], mask=k_ok[:, None] & n_ok[None, :],
                     other=0.0)  # [BK, BN]
@@ -150,7 +147,7 @@ def _linear_norm_kernel(v_ptr, w_ptr, res_ptr, norm_w_ptr, o_ptr, h_out_ptr, x_o
             k_ok = ks < N
             x = _row_block(o_ptr, o_ptr, res_ptr, ks, k_ok, N, 1, 1, dtype, True)
             tl.store(x_out_ptr + ks, x, mask=k_ok)
-            tl.store(h_out_ptr + ks, _normed(x, scale, norm_w_ptr, ks, k_ok, dtype), mask=k_ok)
+            tl.store(h_out_ptr + ks, normed(x, scale, norm_w_ptr, ks, k_ok, dtype), mask=k_ok)
         tl.store(count_ptr, 0)  # every program has taken its ticket: ready for the next launch
 
 
@@ -219,6 +216,9 @@ def linear_norm(v: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, n
     n, k = weight.shape
     if v.shape != (1, k) or residual.shape != (1, n) or not weight.is_contiguous() or count.numel() < 1:
         raise ValueError(f"linear_norm takes one row: v [1, {k}], residual [1, {n}], a contiguous weight, a ticket")
+    if not v.dtype == weight.dtype == residual.dtype:
+        raise ValueError(f"linear_norm takes v, weight and residual of one dtype: {v.dtype}, {weight.dtype}, "
+                         f"{residual.dtype}")
     residual, v = residual.contiguous(), v.contiguous()
     o, h_out, x_out = torch.empty_like(residual), torch.empty_like(residual), torch.empty_like(residual)
     _linear_norm_kernel[(triton.cdiv(n, block_n),)](

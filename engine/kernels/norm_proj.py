@@ -22,7 +22,7 @@ from pegainfer.engine.kernels.rmsnorm import residual_sum
 
 
 @triton.jit
-def _normed(x, scale, norm_w_ptr, ks, k_ok, dtype: tl.constexpr):
+def normed(x, scale, norm_w_ptr, ks, k_ok, dtype: tl.constexpr):
     """Columns ks of the normalised row: x times the row's scale, rounded, times the norm weight,
     rounded (rmsnorm.py's order)."""
     h = (x.to(tl.float32) * scale).to(dtype)
@@ -51,7 +51,7 @@ def _norm_proj_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr
         if (MODE != 0 or EMBED) and j == 0:
             tl.store(x_out_ptr + ks, x, mask=k_ok)
         xf = x.to(tl.float32)
-        h = _normed(x, tl.rsqrt(tl.sum(xf * xf, axis=0) / K + eps), norm_w_ptr, ks, k_ok, dtype)
+        h = normed(x, tl.rsqrt(tl.sum(xf * xf, axis=0) / K + eps), norm_w_ptr, ks, k_ok, dtype)
         out = tl.sum(w.to(tl.float32) * h.to(tl.float32)[None, :], axis=1)
         tl.store(out_ptr + r, out.to(out_ptr.dtype.element_ty), mask=r_ok)
     else:
@@ -73,7 +73,7 @@ def _norm_proj_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, w_ptr, out_ptr
             k_ok = ks < K
             w = tl.load(w_ptr + r[:, None] * K + ks[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
             x = residual_sum(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K, MODE, dtype)
-            h = _normed(x, scale, norm_w_ptr, ks, k_ok, dtype)
+            h = normed(x, scale, norm_w_ptr, ks, k_ok, dtype)
             acc += w.to(tl.float32) * h.to(tl.float32)[None, :]
         tl.store(out_ptr + r, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=r_ok)
 

@@ -54,7 +54,8 @@ class MLAttention:
         self.fused_decode = kernels.triton and self.nh <= FUSED_MAX_HEADS  # the Triton MLA decode kernels
         self.fused_prefill = kernels.triton  # the Triton packed-prompt attention kernel
         self.invariant = kernels.batch_invariant
-        self.out_count = None  # the output kernel's tickets (engine/kernels/mla_output.py), with fused_decode
+        # the output kernel's tickets (engine/kernels/mla_output.py, norm_linear.py), with fused_decode
+        self.out_count = None
         if cfg.q_lora_rank is None:
             q_in = w.pop(f"{a}.q_proj.weight")  # [nh*192, H]
             self.q_a_norm = self.q_b = None

@@ -8,7 +8,10 @@ order, then the shared experts) folds in with it, attention's output kernel adds
 up to `mla_output_rows` rows (MLAttention.decode_norm), the layer input's norm runs inside the q/kv_a
 projection's launch at up to `norm_proj_rows` rows (layer 0's reading its embedding row itself with
 `embed_in_norm`), and the LM head with the argmax is one launch at up to `head_argmax_rows` rows, the
-argmax alone one launch at up to `argmax_rows`. Without them every step is the reference's torch op."""
+argmax alone one launch at up to `argmax_rows`. In batch-invariant mode those one-row launches are
+off, unless `norm_linear_rows` puts the layer input and attention's output in one launch each at one
+row with the multi-row path's bits (engine/kernels/norm_linear.py; the two norms then take their sum
+of squares as a dot product at every row count). Without them every step is the reference's torch op."""
 from __future__ import annotations
 
 import torch

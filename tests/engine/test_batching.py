@@ -113,8 +113,11 @@ def test_one_launch_sizes_name_each_kernel_and_the_router_follows_the_backend(en
     assert not engine.model.kernels.triton and not engine.backend.caps.fused_alignment  # CPU: no Triton
     sizes = one_launch_sizes(k, engine.backend.caps.fused_alignment)
     assert sizes == dict(norm_proj_rows=k.norm_proj_rows, embedding_in_norm_proj=k.embed_in_norm,
-                         mla_output_rows=k.mla_output_rows, router_one_launch_rows=0, dense_swiglu_rows=k.dense_rows,
-                         head_argmax_rows=k.head_argmax_rows, argmax_rows=k.argmax_rows)
+                         norm_linear_rows=0, mla_output_rows=k.mla_output_rows, router_one_launch_rows=0,
+                         dense_swiglu_rows=k.dense_rows, head_argmax_rows=k.head_argmax_rows, argmax_rows=k.argmax_rows)
+    assert one_launch_sizes(dataclasses.replace(k, norm_linear_rows=1), False)["norm_linear_rows"] == 1
+    assert one_launch_sizes(dataclasses.replace(k, norm_linear_rows=1, batch_invariant=False), False)[
+        "norm_linear_rows"] == 0  # only batch-invariant mode runs it
     assert sizes["norm_proj_rows"] == sizes["head_argmax_rows"] == 1 and sizes["argmax_rows"] == 1024
     assert one_launch_sizes(k, True)["router_one_launch_rows"] == 16  # the fused expert kernels, as on CUDA
     assert one_launch_sizes(dataclasses.replace(k, router_one_launch=False), True)["router_one_launch_rows"] == 0

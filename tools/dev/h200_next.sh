@@ -8,11 +8,12 @@
 #   bash tools/dev/h200_next.sh invariance issue 26's cost with the experts' wide tiling: bench_direct
 #                                          batch 1 and 256 and the c=256 short profile, invariant
 #                                          against --no-batch-invariant (h200_invariance.sh's parts)
-#   bash tools/dev/h200_next.sh norm-linear issue 26's one-row invariant launches (opt-in,
-#                                          KernelConfig.norm_linear_rows): their GPU tests, then decode
-#                                          TPOT at batch 1 and 64 with and without them, the merge's
-#                                          16-column blocks and 4 warps, and without invariance, one
-#                                          process each (gpu_probe --timeline)
+#   bash tools/dev/h200_next.sh norm-linear-tests  the GPU tests of issue 26's one-row invariant
+#                                          launches (opt-in, KernelConfig.norm_linear_rows) and of the
+#                                          split attention (the merge's launch shapes)
+#   bash tools/dev/h200_next.sh norm-linear decode TPOT at batch 1 and 64 with and without them, the
+#                                          merge's 16-column blocks and 4 warps, and without invariance,
+#                                          one process each (gpu_probe --timeline)
 #   bash tools/dev/h200_long.sh            issue 28's TTFT / TPOT / cold-start / mixed-load targets
 set -uo pipefail
 what=${1:-tax}
@@ -24,9 +25,14 @@ if [ "$what" = tax ]; then
   exit 0
 fi
 source tools/dev/h200_env.sh
+if [ "$what" = norm-linear-tests ]; then
+  timeout 500 python3 -m pytest -q -p no:cacheprovider tests/engine/kernels/test_norm_linear.py \
+    tests/engine/test_gpu_norm_linear.py -k "gpu or crowd" -rf --tb=short 2>&1 | grep -v "^  " | tail -12
+  timeout 80 python3 -m pytest -q -p no:cacheprovider tests/engine/kernels/test_mla_decode.py -k gpu -rf \
+    --tb=short 2>&1 | grep -v "^  " | tail -4
+  exit 0
+fi
 if [ "$what" = norm-linear ]; then
-  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/engine/kernels/test_norm_linear.py \
-    tests/engine/test_gpu_norm_linear.py -rf --tb=short 2>&1 | grep -v "^  " | tail -12
   for flags in "--norm-linear-rows 1" "--norm-linear-rows 1 --decode-merge-block-v 16" \
       "--decode-merge-block-v 16 --decode-merge-warps 4" "" "--batch-invariant 0"; do
     echo "== gpu_probe ${flags:-(defaults)}"

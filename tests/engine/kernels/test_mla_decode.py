@@ -292,6 +292,17 @@ def test_gpu_fixed_plan_gives_a_row_the_same_bits_in_any_batch(triton_gpu):
     _same_bits_in_any_batch(cache, q, w_uv, probes, (1, 2, 7, 33, 64, 128, 255, 256), _lite_plan(), 0)
 
 
+def test_gpu_the_merges_launch_shape_keeps_the_bits(triton_gpu):
+    """decode_merge_block_v and decode_merge_warps (knobs for the batch-1 merge) change no bits."""
+    cache, q, w_uv = _inputs_on(triton_gpu, torch.bfloat16, GPU_SLOTS, GPU_N, **LITE, seed=2)
+    slots, lens = [0, 3, 5], [90, 700, 5000]
+    want = _run(cache, q, w_uv, slots, lens, 8192, True, _lite_plan())
+    for block_v, warps in ((16, 4), (16, 8), (64, 8), (128, 4)):
+        got = _run(cache, q, w_uv, slots, lens, 8192, True, _lite_plan(decode_merge_block_v=block_v,
+                                                                        decode_merge_warps=warps))
+        assert torch.equal(got, want), (block_v, warps)
+
+
 def test_gpu_fixed_plan_is_as_accurate_as_the_auto_plan_and_replays_the_same_bits(triton_gpu):
     from pegainfer.engine.cuda_graphs import capture
     from pegainfer.engine.kernels.config import KernelConfig

@@ -103,8 +103,13 @@ def test_the_output_launch_is_the_invariant_linear_then_the_dot_norm(request, tr
     res, nw = torch.randn(1, 200, generator=gen).to(dt), (1 + 0.1 * torch.randn(200, generator=gen)).to(dt)
     for tiling in TILINGS:
         count, _ = _check_output(v, w, res, nw, tiling)
-    with pytest.raises(ValueError, match="one row"):
-        linear_norm(torch.randn(2, 300).to(dt), w, res, nw, 1e-6, count, TILINGS[0])
+    for bad in ({"v": torch.randn(2, 300).to(dt)}, {"res": torch.randn(1, 199).to(dt)},
+                {"count": count[:0]}, {"w": w.t().contiguous().t()}):
+        args = {"v": v, "w": w, "res": res, "count": count, **bad}
+        with pytest.raises(ValueError, match="one row"):
+            linear_norm(args["v"], args["w"], args["res"], nw, 1e-6, args["count"], TILINGS[0])
+    with pytest.raises(ValueError, match="one dtype"):
+        linear_norm(v.to(torch.float64), w, res, nw, 1e-6, count, TILINGS[0])
 
 
 def test_gpu_one_launch_is_the_dot_norm_then_the_invariant_linear(triton_gpu):
@@ -115,13 +120,25 @@ def test_gpu_one_launch_is_the_dot_norm_then_the_invariant_linear(triton_gpu):
     g = torch.Generator().manual_seed(3)
     tiling = KernelConfig().linear
     w, nw, res, deltas = _inputs(g, torch.bfloat16, hid=2048, n=3648, device="cuda")
-    for delta in deltas:
+    for i, delta in enumerate(deltas):
         h, x = dot_norm(delta, res, nw, 1e-6, tiling)
         want = triton_linear(h, w, tiling)
         got, x_got = norm_linear(delta, res, nw, 1e-6, w, tiling)
         assert torch.equal(got, want) and torch.equal(x_got, x), type(delta)
-        graph, out = capture(lambda: norm_linear(delta, res, nw, 1e-6, w, tiling)[0], None)
-        for _ in range(50):
+        # the claim itself: the lone row's launch gives its row of a crowd's dot_norm + triton_linear,
+        # 16-row blocks at 64 rows, 64-row blocks (wgmma) from wide_rows (256) on
+        for rows in (64, 300):
+            _, _, crowd_res, crowd_deltas = _inputs(g, torch.bfloat16, hid=2048, n=3648, rows=rows, device="cuda")
+            crowd_res[7] = res[0]
+            d = crowd_deltas[i]  # the same form of residual add, the probe's at row 7
+            if isinstance(delta, tuple):
+                d[0][7], d[1][7] = delta[0][0], delta[1][0]
+            elif delta is not None:
+                d[7] = delta[0]
+            assert torch.equal(triton_linear(dot_norm(d, crowd_res, nw, 1e-6, tiling)[0], w, tiling)[7], got[0]), rows
+        graph, out = capture(lambda d=delta: norm_linear(d, res, nw, 1e-6, w, tiling)[0], None)
+        for _ in range(20):
+            out.fill_(float("nan"))
             graph.replay()
             assert torch.equal(out, want), type(delta)
 
@@ -137,7 +154,18 @@ def test_gpu_the_output_launch_is_the_invariant_linear_then_the_dot_norm(triton_
     res = torch.randn(1, 2048, generator=g).to(torch.bfloat16).cuda()
     nw = (1 + 0.1 * torch.randn(2048, generator=g)).to(torch.bfloat16).cuda()
     count, want = _check_output(v, w, res, nw, tiling)
+    from pegainfer.engine.kernels.linear import triton_linear
+    from pegainfer.engine.kernels.norm_linear import dot_norm
+    for rows in (64, 300):  # the row in crowds: 16-row blocks, then 64-row blocks (wgmma) from 256 rows
+        vs = torch.randn(rows, 2048, generator=g).to(torch.bfloat16).cuda()
+        rs = torch.randn(rows, 2048, generator=g).to(torch.bfloat16).cuda()
+        vs[5], rs[5] = v[0], res[0]
+        assert torch.equal(dot_norm(triton_linear(vs, w, tiling), rs, nw, 1e-6, tiling)[0][5], want[0]), rows
     graph, out = capture(lambda: linear_norm(v, w, res, nw, 1e-6, count, tiling)[0], None)
-    for _ in range(50):
+    for i in range(20):  # other inputs each replay: a stale output or a ticket left behind would show
+        v.copy_(torch.randn(1, 2048, generator=g).to(torch.bfloat16))
+        out.fill_(float("nan"))
         graph.replay()
-        assert torch.equal(out, want)
+        torch.cuda.synchronize()
+        fresh = dot_norm(triton_linear(v, w, tiling), res, nw, 1e-6, tiling)[0]
+        assert int(count[0]) == 0 and torch.equal(out, fresh), i
