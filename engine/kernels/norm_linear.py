@@ -61,6 +61,19 @@ def _sum_squares(routed_ptr, delta_ptr, res_ptr, K, TOP_K: tl.constexpr, MODE: t
 
 
 @triton.jit
+def _dot_step(a, w_ptr, rn, n_ok, ks, k_ok, K, acc, total, kb, k_blocks, CHUNK_BLOCKS: tl.constexpr,
+              PRECISION: tl.constexpr):
+    """One block_k step of the invariant linear's order (linear.py's _linear_kernel): a [16, BK] (the
+    row, then zeros) times the weight's columns rn over ks, into the chunk's sum; at a chunk's end the
+    chunk's sum joins the total. Returns (acc, total)."""
+    b = tl.load(w_ptr + rn[None, :].to(tl.int64) * K + ks[:, None], mask=k_ok[:, None] & n_ok[None, :],
+                other=0.0)  # [BK, BN]
+    acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    end = ((kb + 1) % CHUNK_BLOCKS == 0) | (kb == k_blocks - 1)  # a chunk ends (a select, not a branch)
+    return tl.where(end, 0.0, acc), tl.where(end, total + acc, total)
+
+
+@triton.jit
 def _dot_norm_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, out_ptr, x_out_ptr, K, eps,
                      TOP_K: tl.constexpr, MODE: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -103,12 +116,7 @@ def _norm_linear_kernel(routed_ptr, delta_ptr, res_ptr, norm_w_ptr, w_ptr, out_p
             tl.store(x_out_ptr + ks, x, mask=k_ok)
         h = normed(x, scale, norm_w_ptr, ks, k_ok, dtype)
         a = tl.where(lanes[:, None] == 0, h[None, :], 0.0).to(dtype)  # [16, BK]: the row, then zeros
-        b = tl.load(w_ptr + rn[None, :].to(tl.int64) * K + ks[:, None], mask=k_ok[:, None] & n_ok[None, :],
-                    other=0.0)  # [BK, BN]
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        end = ((kb + 1) % CHUNK_BLOCKS == 0) | (kb == k_blocks - 1)  # a chunk ends (linear.py's order)
-        total = tl.where(end, total + acc, total)
-        acc = tl.where(end, 0.0, acc)
+        acc, total = _dot_step(a, w_ptr, rn, n_ok, ks, k_ok, K, acc, total, kb, k_blocks, CHUNK_BLOCKS, PRECISION)
     # row 0 of the tile, stored as the linear stores its rows (the total rounded once)
     tl.store(out_ptr + lanes[:, None] * 0 + rn[None, :], total.to(out_ptr.dtype.element_ty),
              mask=(lanes[:, None] == 0) & n_ok[None, :])
@@ -133,12 +141,7 @@ def _linear_norm_kernel(v_ptr, w_ptr, res_ptr, norm_w_ptr, o_ptr, h_out_ptr, x_o
         k_ok = ks < K
         a = tl.load(v_ptr + lanes[:, None] * 0 + ks[None, :], mask=(lanes[:, None] == 0) & k_ok[None, :],
                     other=0.0)  # [16, BK]: the row, then zeros
-        b = tl.load(w_ptr + rn[None, :].to(tl.int64) * K + ks[:, None], mask=k_ok[:, None] & n_ok[None, :],
-                    other=0.0)  # [BK, BN]
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        end = ((kb + 1) % CHUNK_BLOCKS == 0) | (kb == k_blocks - 1)
-        total = tl.where(end, total + acc, total)
-        acc = tl.where(end, 0.0, acc)
+        acc, total = _dot_step(a, w_ptr, rn, n_ok, ks, k_ok, K, acc, total, kb, k_blocks, CHUNK_BLOCKS, PRECISION)
     tl.store(o_ptr + lanes[:, None] * 0 + rn[None, :], total.to(dtype), mask=(lanes[:, None] == 0) & n_ok[None, :])
     if last_to_finish(count_ptr, tl.num_programs(0)):
         scale = tl.rsqrt(_sum_squares(o_ptr, o_ptr, res_ptr, N, 1, 1, dtype, BLOCK_K, PRECISION, True) / N + eps)
