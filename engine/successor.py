@@ -20,6 +20,8 @@ freed while a step is in flight may be handed to a newcomer: its writes are queu
 on the one device stream."""
 from __future__ import annotations
 
+import math
+
 from pegainfer.engine.batch import RowInput
 from pegainfer.engine.sampler import Draw
 from pegainfer.engine.sequence import Sequence
@@ -82,7 +84,7 @@ def successor(b, prev: StepPlan) -> tuple[StepPlan | None, list[tuple[str, int]]
     prompts: list[tuple[Sequence, int, int]] = []  # (sequence, start, end) of its prompt row
     if joining:
         budget = b.prompt_budget()
-        room = b.max_step_prompts or len(chunks) + len(b.waiting)  # prompt rows the step may take
+        room = b.max_step_prompts or math.inf  # prompt rows the step may take
         for seq in chunks:
             if budget <= 0 or len(prompts) == room:
                 break

@@ -150,7 +150,7 @@ class Launches(NamedTuple):
     merge_warps: int = 8
     merge_stages: int = 3
     merge_unroll: int = 1  # 1 or 2 splits' partials asked for at once (the same bits)
-    merge_block_v: int = 0  # value columns per tl.dot of the merge (no bits change); 0: FIXED_BLOCK_V
+    merge_block_v: int = FIXED_BLOCK_V  # value columns per tl.dot of the merge (no bits change)
 
 
 def launches_of(kernels) -> Launches:
@@ -197,8 +197,7 @@ def mla_decode_fixed(q: torch.Tensor, cache_layer: torch.Tensor, table: torch.Te
     # value columns per tl.dot: set by V alone (never by the batch). Lanes per (head, tile): every
     # value block its own program while the tiles are few (W_UV's bytes over many SMs), fewer as they
     # grow (each program merges its rows' partials once for more blocks); the bits are the same
-    block_v = max(16, min(launches.merge_block_v or FIXED_BLOCK_V, triton.next_power_of_2(v))) if w_uv_t is not None \
-        else 1
+    block_v = max(16, min(launches.merge_block_v, triton.next_power_of_2(v))) if w_uv_t is not None else 1
     tiles = triton.cdiv(b, 16)
     lanes = min(triton.cdiv(v, block_v), triton.cdiv(FIXED_PROGRAMS, tiles * h)) if w_uv_t is not None else 1
     first, group = plan.off, plan.groups[0] if plan.groups else 0

@@ -33,16 +33,6 @@ from pegainfer.engine.kernels.norm_proj import normed
 from pegainfer.engine.kernels.rmsnorm import residual_sum
 from pegainfer.engine.kernels.ticket import last_to_finish
 
-@triton.jit
-def _row_block(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K: tl.constexpr, MODE: tl.constexpr,
-               dtype: tl.constexpr, CG: tl.constexpr):
-    """Columns ks of the residual stream's new row: residual_sum's, or with CG (MODE 1) the same sum
-    with the delta read past L1 (other programs of the launch wrote it)."""
-    if CG:
-        d = tl.load(delta_ptr + ks, mask=k_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-        return (d + tl.load(res_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)).to(dtype)
-    return residual_sum(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K, MODE, dtype)
-
 
 @triton.jit
 def _sum_squares(routed_ptr, delta_ptr, res_ptr, K, TOP_K: tl.constexpr, MODE: tl.constexpr, dtype: tl.constexpr,
@@ -53,7 +43,7 @@ def _sum_squares(routed_ptr, delta_ptr, res_ptr, K, TOP_K: tl.constexpr, MODE: t
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < K
-        x = _row_block(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K, MODE, dtype, CG)  # [BK]
+        x = residual_sum(routed_ptr, delta_ptr, res_ptr, ks, k_ok, K, TOP_K, MODE, dtype, CG)  # [BK]
         a = tl.where(lanes[:, None] == 0, x[None, :], 0.0).to(dtype)  # [16, BK]: the row, then zeros
         sq = tl.dot(a, tl.trans(a), sq, input_precision=PRECISION)
     # element (0, 0); every other element is 0 (squares are never -0.0), so the sum adds only zeros
@@ -148,7 +138,7 @@ def _linear_norm_kernel(v_ptr, w_ptr, res_ptr, norm_w_ptr, o_ptr, h_out_ptr, x_o
         for k0 in range(0, N, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < N
-            x = _row_block(o_ptr, o_ptr, res_ptr, ks, k_ok, N, 1, 1, dtype, True)
+            x = residual_sum(o_ptr, o_ptr, res_ptr, ks, k_ok, N, 1, 1, dtype, True)
             tl.store(x_out_ptr + ks, x, mask=k_ok)
             tl.store(h_out_ptr + ks, normed(x, scale, norm_w_ptr, ks, k_ok, dtype), mask=k_ok)
         tl.store(count_ptr, 0)  # every program has taken its ticket: ready for the next launch

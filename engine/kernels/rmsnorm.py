@@ -21,14 +21,18 @@ def norm_store(x, w_ptr, out_ptr, cols, mask, n_cols, eps):
 
 @triton.jit
 def residual_sum(routed_ptr, delta_ptr, res_ptr, cols, mask, n_cols, TOP_K: tl.constexpr, MODE: tl.constexpr,
-                 dtype: tl.constexpr):
+                 dtype: tl.constexpr, CG: tl.constexpr = False):
     """The residual stream's new values at cols, rounded to dtype as the torch ops are. MODE 0: the
     residual itself; 1: + delta; 2: + a MoE layer's output: its TOP_K routes ([TOP_K, n_cols] float32
-    at routed_ptr) summed in route order and rounded, plus the shared experts (delta), rounded."""
+    at routed_ptr) summed in route order and rounded, plus the shared experts (delta), rounded. CG:
+    the delta read past L1 (other programs of the same launch wrote it: norm_linear's ticketed tail)."""
     res = tl.load(res_ptr + cols, mask=mask, other=0.0)
     if MODE == 0:
         return res
-    d = tl.load(delta_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if CG:
+        d = tl.load(delta_ptr + cols, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    else:
+        d = tl.load(delta_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     if MODE == 2:
         acc = tl.load(routed_ptr + cols, mask=mask, other=0.0)
         for j in tl.static_range(1, TOP_K):  # the fixed-order combine: route 0, then 1, ...

@@ -17,8 +17,7 @@ pytest.importorskip("triton", reason="triton is a GPU-side dependency; CI instal
 from pegainfer.engine.engine import EngineSpec, build_engine  # noqa: E402
 from pegainfer.engine.kernels.config import KernelConfig  # noqa: E402
 from pegainfer.engine.model.decode import decode_step  # noqa: E402
-from pegainfer.engine.model.inputs import DecodeInputs  # noqa: E402
-from tests.engine.model_builds import rebuild  # noqa: E402
+from tests.engine.model_builds import count_launches, decode_inputs, rebuild  # noqa: E402
 
 DEFAULT = KernelConfig()
 
@@ -48,18 +47,9 @@ def launches(engine, kernels: KernelConfig, rows: int, monkeypatch, expert_kerne
     from triton.runtime import interpreter
     model = rebuild(engine, kernels, expert_kernel)
     seen: collections.Counter = collections.Counter()
-    run = interpreter.InterpretedFunction.run
-
-    def counted(self, *args, **kwargs):
-        seen[self.fn.__name__] += 1
-        return run(self, *args, **kwargs)
-
-    monkeypatch.setattr(interpreter.InterpretedFunction, "run", counted)
-    t = torch.tensor
-    pos = t([3, 7, 5][:rows])
-    inp = DecodeInputs(t([11, 12, 13][:rows]), pos, t([0, 1, 2][:rows]), pos + 1, length=16)
+    run = count_launches(monkeypatch, seen)
     with _Gathers(seen):
-        decode_step(model, inp, engine.cache)
+        decode_step(model, decode_inputs(list(range(rows))), engine.cache)
     monkeypatch.setattr(interpreter.InterpretedFunction, "run", run)
     return seen
 

@@ -18,8 +18,7 @@ from pegainfer.engine.engine import EngineSpec, build_engine  # noqa: E402
 from pegainfer.engine.kernels.config import KernelConfig  # noqa: E402
 from pegainfer.engine.model import attention as attention_module  # noqa: E402
 from pegainfer.engine.model.decode import decode_hidden  # noqa: E402
-from pegainfer.engine.model.inputs import DecodeInputs  # noqa: E402
-from tests.engine.model_builds import rebuild  # noqa: E402
+from tests.engine.model_builds import count_launches, decode_inputs, rebuild  # noqa: E402
 
 # the invariant configuration as on_device resolves it on CUDA (the other one-row kernels off)
 ON = dataclasses.replace(KernelConfig(norm_linear_rows=1), norm_proj_rows=0, mla_output_rows=0, dense_rows=0,
@@ -37,27 +36,17 @@ def engine(tiny_variant_dir):
 def launches(triton_interpreter, monkeypatch) -> collections.Counter:
     """Triton launches by kernel name; attention's projections through the invariant Triton linear
     (on the CPU `linear` takes its torch form, whose order the fused launches do not follow)."""
-    from triton.runtime import interpreter
-
     from pegainfer.engine.kernels.linear import triton_linear
     real = attention_module.linear
     monkeypatch.setattr(attention_module, "linear", lambda x, w, k, out_dtype=None: triton_linear(x, w, k.linear)
                         if x.dim() == 2 and out_dtype is None else real(x, w, k, out_dtype))
     seen: collections.Counter = collections.Counter()
-    run = interpreter.InterpretedFunction.run
-
-    def counted(self, *a, **kw):
-        seen[self.fn.__name__] += 1
-        return run(self, *a, **kw)
-    monkeypatch.setattr(interpreter.InterpretedFunction, "run", counted)
+    count_launches(monkeypatch, seen)
     return seen
 
 
 def _hidden(model, engine, rows: list[int]) -> torch.Tensor:
-    t = torch.tensor
-    pos = t([3, 7, 5])[rows]
-    inp = DecodeInputs(t([11, 12, 13])[rows], pos, t([0, 1, 2])[rows], pos + 1, length=16)
-    return decode_hidden(model, inp, engine.cache).clone()
+    return decode_hidden(model, decode_inputs(rows), engine.cache).clone()
 
 
 @pytest.mark.parametrize("kernels", [ON, dataclasses.replace(ON, embed_in_norm=False, norm_linear_n=32)],
