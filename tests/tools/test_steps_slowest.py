@@ -1,5 +1,5 @@
 """tools/benchkit/steps.py --slowest: the steps with prompt rows that took the most device time, with
-what they held (issue 29: where a loaded server's mixed steps go)."""
+what they held (issue 29: where a loaded server's mixed steps go); --gaps: where the device sat idle."""
 from __future__ import annotations
 
 import json
@@ -36,3 +36,25 @@ def test_the_slowest_steps_with_prompt_rows_come_first(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "step 5 mixed: 80 rows (10 decode, 70 prompts, 4,000 prompt tokens), device 500.00 ms" in out
     assert out.index("step 5 ") < out.index("step 2 ") < out.index("step 1 ") and "step 3 " not in out
+
+
+def test_the_idle_gaps_are_the_lead_the_tail_and_the_widest_between_steps(tmp_path, capsys):
+    ms = 1_000_000
+    spans = [_span(1, "prefill", 5 * ms, 0.004, 10, 0, 900),  # busy 5-9 ms: 5 ms of lead
+             _span(2, "decode", 9 * ms, 0.003, 10, 10, 0),  # busy 9-12 ms: no gap
+             _span(3, "decode", 20 * ms, 0.010, 10, 10, 0),  # 8 ms idle before it; busy 20-30 ms
+             _span(4, "mixed", 31 * ms, 0.004, 12, 10, 40),  # 1 ms before it; busy 31-35 ms
+             _span(5, "decode", 30 * ms, 0.001, 10, 10, 0)]  # launched before step 4 was read: no gap
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [s]}]}]}) + "\n" for s in spans))
+    got = steps.gaps(steps.read_steps(path), 0, 40 * ms, 2)
+    assert got["lead_ms"] == 5.0 and got["tail_ms"] == 5.0  # the last device end is step 4's, at 35 ms
+    widest = [(w["after"], w["before"], w["ms"]) for w in got["widest"]]
+    assert len(widest) == 2 and widest[0] == (2, 3, 8.0) and widest[1][2] == 0.0
+    assert got["idle_ms"] == 5.0 + 5.0 + 8.0  # 30 -> 31 is step 5 (start 30, 1 ms) then step 4
+    assert steps.gaps(steps.read_steps(path), 100 * ms, 200 * ms, 3)["widest"] == []
+    assert steps.main([str(path), "--gaps", "-1"]) == 2
+    assert steps.main([str(path), "--gaps", "2", "--since-ns", "0", "--until-ns", str(40 * ms)]) == 0
+    out = capsys.readouterr().out
+    assert "idle: lead 5.00 ms, tail 5.00 ms, all 18.00 ms" in out
+    assert "8.000 ms after step 2 (decode), before step 3 (decode)" in out

@@ -9,6 +9,10 @@ server, the span processor may drop spans under load, and --step-trace-every sam
 
 --slowest N also lists the window's N steps with the most device time that carry prompt rows
 (mixed and prefill): how many rows, prompts and prompt tokens each held, device and GPU-thread time.
+--gaps N lists where the device sat idle: the window's lead (its start to the first step's start),
+its tail (the last step's device end to the window's end) and the N widest gaps between consecutive
+steps (the next step's start less the earlier step's start and device time: steps run one after the
+other on the device), each with the two steps around it.
 
 Timestamps are the server's wall clock: a window taken on the client compares only when client and
 server share a host (or a synchronised clock)."""
@@ -88,6 +92,24 @@ def slowest(steps: list[StepView], since_ns: int, until_ns: int, n: int) -> list
     return out
 
 
+def gaps(steps: list[StepView], since_ns: int, until_ns: int, n: int) -> dict:
+    """The device's idle stretches in [since_ns, until_ns] (module doc): lead and tail in ms, and the n
+    widest gaps between consecutive steps, widest first."""
+    window = sorted((s for s in steps if since_ns <= s.start_ns <= until_ns), key=lambda s: (s.start_ns, s.index))
+    if not window:
+        return {"lead_ms": None, "tail_ms": None, "idle_ms": None, "widest": []}
+    busy_end = [s.start_ns + _num(s, "gpu_s") * 1e9 for s in window]
+    between = []
+    for a, b, end in zip(window, window[1:], busy_end):
+        between.append({"after": a.index, "after_phase": a.phase, "before": b.index, "before_phase": b.phase,
+                        "ms": max(0.0, (b.start_ns - end) / 1e6)})
+    lead, tail = (window[0].start_ns - since_ns) / 1e6, max(0.0, (until_ns - max(busy_end)) / 1e6)
+    widest = sorted(between, key=lambda g: -g["ms"])[:n]
+    return {"lead_ms": round(lead, 3), "tail_ms": round(tail, 3),
+            "idle_ms": round(lead + tail + sum(g["ms"] for g in between), 3),
+            "widest": [{**g, "ms": round(g["ms"], 3)} for g in widest]}
+
+
 def read_steps(path: Path) -> list[StepView]:
     return build(load(str(path)))[1]
 
@@ -117,10 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--until-ns", type=int, help="window end, Unix ns (default: the last step)")
     p.add_argument("--slowest", type=int, default=0, metavar="N",
                    help="also list the N steps with prompt rows that took the most device time")
+    p.add_argument("--gaps", type=int, default=0, metavar="N",
+                   help="also list the window's lead, tail and the N widest idle gaps between steps")
     a = p.parse_args(argv)
-    if a.slowest < 0:
-        print(f"steps: error: --slowest takes 0 or more, got {a.slowest}", file=sys.stderr)
-        return 2
+    for flag in ("slowest", "gaps"):
+        if getattr(a, flag) < 0:
+            print(f"steps: error: --{flag} takes 0 or more, got {getattr(a, flag)}", file=sys.stderr)
+            return 2
     if not a.trace.is_file():
         print(f"steps: error: no trace file at {a.trace}", file=sys.stderr)
         return 2
@@ -135,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  step {r['index']} {r['phase']}: {r['rows']} rows ({r['decode_rows']} decode, {r['prompt_rows']} "
               f"prompts, {r['prefill_tokens']:,} prompt tokens), device {r['gpu_ms']:,.2f} ms, "
               f"GPU thread {r['cpu_ms']:,.2f} ms")
+    if a.gaps:
+        g = gaps(steps, since, until, a.gaps)
+        print(f"  idle: lead {g['lead_ms']:,.2f} ms, tail {g['tail_ms']:,.2f} ms, all {g['idle_ms']:,.2f} ms; widest gaps:")
+        for w in g["widest"]:
+            print(f"    {w['ms']:,.3f} ms after step {w['after']} ({w['after_phase']}), "
+                  f"before step {w['before']} ({w['before_phase']})")
     return 0
 
 

@@ -6,7 +6,7 @@
 # runtime, no HTTP), then the HTTP tax as bench_serving over replay (--compare), and each server's
 # slowest steps with prompt rows (tools/benchkit/steps.py --slowest). Then 10 bursts of
 # 1024 new streaming connections (reliability scenario connection_burst) against a fresh server.
-# Usage: [LEVELS=64,256] [NUM=1024] [EXTRA="daemon flags"] [TAG=name] [SKIP_DETOK=1] [SKIP_BURST=1] \
+# Usage: [LEVELS=64,256] [NUM=1024] [EXTRA="daemon flags"] [TAG=name] [SKIP_DETOK=1] [SKIP_BURST=1] [SLOWEST=12] \
 #        bash tools/dev/h200_tax.sh
 #   e.g. the --max-step-prompts A/B in one call: bash tools/dev/h200_tax.sh; \
 #        EXTRA="--max-step-prompts 64" TAG=cap64 bash tools/dev/h200_tax.sh
@@ -21,6 +21,14 @@ TAG=${TAG:-base}  # names this side's files in $OUT (run the A/B's sides with di
 rm -f /tmp/trace-http.jsonl /tmp/trace-replay.jsonl /tmp/trace-burst.jsonl  # the exporter appends
 # bench_replay's daemon flags; serve() (h200_env.sh) adds the first two itself
 SERVE=(--random-preset lite --device cuda ${extra[@]+"${extra[@]}"})
+window_gaps() {  # REPORT TRACE: each run's idle lead, tail and widest gaps inside its own window (steps --gaps)
+  python3 -c 'import json,sys
+for lv in json.load(open(sys.argv[1]))["levels"]:
+    for r in lv["runs"]: print(lv["concurrency"], *r["window_ns"])' "$1" | while read -r c since until; do
+    echo "-- c=$c: the device's idle time inside the run's window"
+    python3 -m tools.benchkit.steps "$2" --since-ns "$since" --until-ns "$until" --gaps 8 | sed -n '2,$p'
+  done
+}
 echo "== HTTP (bench_serving)"
 serve "http-$TAG" --trace-file /tmp/trace-http.jsonl ${extra[@]+"${extra[@]}"}
 timeout 100 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 --profile short --prompt-words 90 \
@@ -30,12 +38,14 @@ timeout 200 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 "${W
   --out "$OUT/tax-http-$TAG.json" 2>&1 | tail -4
 kill -TERM $pid; wait $pid
 echo "-- the HTTP server's slowest steps with prompt rows (warm-up included)"
-python3 -m tools.benchkit.steps /tmp/trace-http.jsonl --slowest 12 2>&1 | tee "$OUT/steps-http-$TAG.txt" | tail -12
+python3 -m tools.benchkit.steps /tmp/trace-http.jsonl --slowest ${SLOWEST:-12} 2>&1 | tee "$OUT/steps-http-$TAG.txt" | tail -${SLOWEST:-12}
+window_gaps "$OUT/tax-http-$TAG.json" /tmp/trace-http.jsonl
 echo "== in process (bench_replay), same workload"
 timeout 200 python3 tools/bench_replay.py "${WORKLOAD[@]}" --warmup 256 --warmup-concurrency 256 \
   --compare "$OUT/tax-http-$TAG.json" --out "$OUT/tax-replay-$TAG.json" \
   -- "${SERVE[@]}" --trace-file /tmp/trace-replay.jsonl 2>&1 | tail -6
-python3 -m tools.benchkit.steps /tmp/trace-replay.jsonl --slowest 12 2>&1 | tee "$OUT/steps-replay-$TAG.txt" | tail -12
+python3 -m tools.benchkit.steps /tmp/trace-replay.jsonl --slowest ${SLOWEST:-12} 2>&1 | tee "$OUT/steps-replay-$TAG.txt" | tail -${SLOWEST:-12}
+window_gaps "$OUT/tax-replay-$TAG.json" /tmp/trace-replay.jsonl
 if [ "${SKIP_DETOK:-0}" != 1 ]; then
   timeout 200 python3 tools/bench_replay.py "${WORKLOAD[@]}" --warmup 256 --warmup-concurrency 256 --detokenize \
     --compare "$OUT/tax-http-$TAG.json" --out "$OUT/tax-replay-detok-$TAG.json" -- "${SERVE[@]}" 2>&1 | tail -3

@@ -206,7 +206,7 @@ def test_fixed_merge_lanes_and_split_programs_change_no_bits(triton_interpreter,
         assert torch.equal(_run(cache, q, w_uv, few, few_lens, 320, True, {**INV, "programs": programs}), one_each)
     from pegainfer.engine.kernels.mla_fixed import Launches
     # two splits' partials loaded at once, added in the same order; other warps and stages
-    for launches in (Launches(merge_unroll=2), Launches(merge_block_v=16, merge_warps=4), Launches(merge_block_v=64)):
+    for launches in (Launches(merge_unroll=2), Launches(merge_block_v=16, merge_warps=8), Launches(merge_warps=4), Launches(merge_block_v=64)):
         assert torch.equal(_run(cache, q, w_uv, slots, lens, 320, True, {**INV, "launches": launches}), spread)
     monkeypatch.setattr(md, "FIXED_PROGRAMS", 1)  # one program takes both value blocks
     assert torch.equal(_run(cache, q, w_uv, slots, lens, 320, True, INV), spread)
@@ -297,7 +297,7 @@ def test_gpu_the_merges_launch_shape_keeps_the_bits(triton_gpu):
     cache, q, w_uv = _inputs_on(triton_gpu, torch.bfloat16, GPU_SLOTS, GPU_N, **LITE, seed=2)
     slots, lens = [0, 3, 5], [90, 700, 5000]
     want = _run(cache, q, w_uv, slots, lens, 8192, True, _lite_plan())
-    for block_v, warps in ((16, 4), (16, 8), (64, 8), (128, 4)):
+    for block_v, warps in ((16, 8), (64, 8), (32, 4), (32, 16)):  # 16 columns at 4 warps: refused (KernelConfig)
         got = _run(cache, q, w_uv, slots, lens, 8192, True, _lite_plan(decode_merge_block_v=block_v,
                                                                         decode_merge_warps=warps))
         assert torch.equal(got, want), (block_v, warps)
