@@ -5,6 +5,8 @@
 #                                          detokenising replay, no burst; --max-active 256): the plain
 #                                          daemon, then --max-step-prompts 64 --async-admission (both off
 #                                          by default until this A/B)
+#   bash tools/dev/h200_next.sh tax2       issue 29 at c=64 and c=256 in one call: the defaults against
+#                                          --async-admission, each run's idle gaps; results in one archive
 #   bash tools/dev/h200_next.sh invariance issue 26's cost with the experts' wide tiling: bench_direct
 #                                          batch 1 and 256 and the c=256 short profile, invariant
 #                                          against --no-batch-invariant (h200_invariance.sh's parts)
@@ -17,11 +19,23 @@
 #   bash tools/dev/h200_long.sh            issue 28's TTFT / TPOT / cold-start / mixed-load targets
 set -uo pipefail
 what=${1:-tax}
+pack() {  # the device tool brings back 8 files at most: everything in $OUT as one archive
+  (cd "$OUT" && tar czf "results-$1.tgz" --exclude='*.tgz' . && find . -type f ! -name '*.tgz' -delete)
+}
 if [ "$what" = tax ]; then
   common="--max-active 256 --max-model-len 4096"
   LEVELS=256 NUM=512 SKIP_DETOK=1 SKIP_BURST=1 EXTRA="$common" TAG=base bash tools/dev/h200_tax.sh
   LEVELS=256 NUM=512 SKIP_DETOK=1 SKIP_BURST=1 EXTRA="$common --max-step-prompts 64 --async-admission" \
     TAG=cap64-admission bash tools/dev/h200_tax.sh
+  exit 0
+fi
+if [ "$what" = tax2 ]; then  # issue 29's two levels in one call: the defaults (64 prompts a step at most)
+  # against --async-admission, with each run's idle gaps (steps --gaps)
+  common="--max-active 256 --max-model-len 4096"
+  LEVELS=64,256 NUM=512 SKIP_DETOK=1 SKIP_BURST=1 SLOWEST=4 EXTRA="$common" TAG=base bash tools/dev/h200_tax.sh
+  LEVELS=64,256 NUM=512 SKIP_DETOK=1 SKIP_BURST=1 SLOWEST=4 EXTRA="$common --async-admission" TAG=admission \
+    bash tools/dev/h200_tax.sh
+  pack tax2
   exit 0
 fi
 source tools/dev/h200_env.sh
