@@ -58,3 +58,21 @@ def test_the_idle_gaps_are_the_lead_the_tail_and_the_widest_between_steps(tmp_pa
     out = capsys.readouterr().out
     assert "idle: lead 5.00 ms, tail 5.00 ms, all 18.00 ms" in out
     assert "8.000 ms after step 2 (decode), before step 3 (decode)" in out
+    got = steps.first(steps.read_steps(path), 0, 40 * ms, 2)
+    assert got == [{"at_ms": 5.0, "index": 1, "phase": "prefill", "rows": 10, "prompt_rows": 10, "prefill_tokens": 900,
+                    "gpu_ms": 4.0},
+                   {"at_ms": 9.0, "index": 2, "phase": "decode", "rows": 10, "prompt_rows": 0, "prefill_tokens": 0,
+                    "gpu_ms": 3.0}]
+    assert steps.main([str(path), "--first", "1", "--since-ns", "0"]) == 0
+    assert "+5.0 ms step 1 prefill: 10 rows" in capsys.readouterr().out
+
+
+def test_a_step_launched_while_its_predecessor_runs_starts_on_the_device_when_that_one_ends(tmp_path):
+    ms = 1_000_000
+    spans = [_span(1, "decode", 0, 0.010, 10, 10, 0),  # device 0-10 ms
+             _span(2, "decode", 2 * ms, 0.010, 10, 10, 0),  # launched at 2 ms: device 10-20 ms
+             _span(3, "decode", 25 * ms, 0.010, 10, 10, 0)]  # 5 ms idle before it; device 25-35 ms
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [s]}]}]}) + "\n" for s in spans))
+    got = steps.gaps(steps.read_steps(path), 0, 35 * ms, 1)
+    assert got["widest"][0]["ms"] == 5.0 and got["idle_ms"] == 5.0 and got["tail_ms"] == 0.0

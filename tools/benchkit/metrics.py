@@ -27,6 +27,7 @@ class RequestRecord:
     error: str | None = None
     timed_out: bool = False
     start: float = 0.0  # perf_counter seconds when the request was sent
+    sent_s: float | None = None  # seconds from its level's start to its send (benchkit.workload.closed_loop)
     chunk_times: list[float] = dataclasses.field(default_factory=list)  # s after start, per content chunk
     output_tokens: int = 0  # usage.completion_tokens, else the number of content chunks
     prompt_tokens: int | None = None  # usage.prompt_tokens (the real count, not the words sent)
@@ -65,7 +66,7 @@ class RequestRecord:
                 "timed_out": self.timed_out, "ttft_ms": ms(self.ttft), "tpot_ms": ms(self.tpot),
                 "e2el_ms": ms(self.e2el), "itl_ms": itl, "output_tokens": self.output_tokens,
                 "prompt_tokens": self.prompt_tokens, "chunks": len(self.chunk_times),
-                "usage_reported": self.usage_reported}
+                "usage_reported": self.usage_reported, "sent_ms": ms(self.sent_s)}
 
 
 def percentile(values: list[float], q: float) -> float:

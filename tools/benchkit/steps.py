@@ -12,7 +12,8 @@ server, the span processor may drop spans under load, and --step-trace-every sam
 --gaps N lists where the device sat idle: the window's lead (its start to the first step's start),
 its tail (the last step's device end to the window's end) and the N widest gaps between consecutive
 steps (the next step's start less the earlier step's start and device time: steps run one after the
-other on the device), each with the two steps around it.
+other on the device), each with the two steps around it. --first N lists the window's first N steps
+(start from the window's start, phase, rows, prompts, device ms): how a burst of arrivals got going.
 
 Timestamps are the server's wall clock: a window taken on the client compares only when client and
 server share a host (or a synchronised clock)."""
@@ -98,7 +99,10 @@ def gaps(steps: list[StepView], since_ns: int, until_ns: int, n: int) -> dict:
     window = sorted((s for s in steps if since_ns <= s.start_ns <= until_ns), key=lambda s: (s.start_ns, s.index))
     if not window:
         return {"lead_ms": None, "tail_ms": None, "idle_ms": None, "widest": []}
-    busy_end = [s.start_ns + _num(s, "gpu_s") * 1e9 for s in window]
+    busy_end, end = [], float("-inf")  # one step after another on the device: a step launched while
+    for s in window:  # its predecessor ran starts when that one ends
+        end = max(float(s.start_ns), end) + _num(s, "gpu_s") * 1e9
+        busy_end.append(end)
     between = []
     for a, b, end in zip(window, window[1:], busy_end):
         between.append({"after": a.index, "after_phase": a.phase, "before": b.index, "before_phase": b.phase,
@@ -108,6 +112,16 @@ def gaps(steps: list[StepView], since_ns: int, until_ns: int, n: int) -> dict:
     return {"lead_ms": round(lead, 3), "tail_ms": round(tail, 3),
             "idle_ms": round(lead + tail + sum(g["ms"] for g in between), 3),
             "widest": [{**g, "ms": round(g["ms"], 3)} for g in widest]}
+
+
+def first(steps: list[StepView], since_ns: int, until_ns: int, n: int) -> list[dict]:
+    """The window's first n steps: start (ms from since_ns), index, phase, rows, prompt rows, prompt
+    tokens and device ms."""
+    window = sorted((s for s in steps if since_ns <= s.start_ns <= until_ns), key=lambda s: (s.start_ns, s.index))
+    return [{"at_ms": round((s.start_ns - since_ns) / 1e6, 3), "index": s.index, "phase": s.phase,
+             "rows": int(_num(s, "rows")), "prompt_rows": int(_num(s, "rows") - _num(s, "decode_rows")),
+             "prefill_tokens": int(_num(s, "prefill_tokens")), "gpu_ms": round(_num(s, "gpu_s") * 1e3, 3)}
+            for s in window[:n]]
 
 
 def read_steps(path: Path) -> list[StepView]:
@@ -141,8 +155,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="also list the N steps with prompt rows that took the most device time")
     p.add_argument("--gaps", type=int, default=0, metavar="N",
                    help="also list the window's lead, tail and the N widest idle gaps between steps")
+    p.add_argument("--first", type=int, default=0, metavar="N", help="also list the window's first N steps")
     a = p.parse_args(argv)
-    for flag in ("slowest", "gaps"):
+    for flag in ("slowest", "gaps", "first"):
         if getattr(a, flag) < 0:
             print(f"steps: error: --{flag} takes 0 or more, got {getattr(a, flag)}", file=sys.stderr)
             return 2
@@ -166,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         for w in g["widest"]:
             print(f"    {w['ms']:,.3f} ms after step {w['after']} ({w['after_phase']}), "
                   f"before step {w['before']} ({w['before_phase']})")
+    for r in first(steps, since, until, a.first):
+        print(f"  +{r['at_ms']:,.1f} ms step {r['index']} {r['phase']}: {r['rows']} rows ({r['prompt_rows']} prompts, "
+              f"{r['prefill_tokens']:,} prompt tokens), device {r['gpu_ms']:,.2f} ms")
     return 0
 
 

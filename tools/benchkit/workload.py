@@ -109,4 +109,7 @@ async def closed_loop(prompts: list[PromptSpec], concurrency: int, one: Callable
     await asyncio.gather(*(worker() for _ in range(min(concurrency, len(prompts)))))
     duration = time.perf_counter() - t0
     records.sort(key=lambda r: r.index)
+    for rec in records:  # when each was sent, from the level's start (a burst's spread on the client)
+        if hasattr(rec, "sent_s") and getattr(rec, "start", 0.0):
+            rec.sent_s = rec.start - t0
     return records, duration

@@ -7,6 +7,8 @@
 #                                          by default until this A/B)
 #   bash tools/dev/h200_next.sh tax2       issue 29 at c=64 and c=256 in one call: the defaults against
 #                                          --async-admission, each run's idle gaps; results in one archive
+#   bash tools/dev/h200_next.sh start      issue 29: the c=256 HTTP level's first steps and first wave;
+#                                          issue 26's cost at 256 rows; the merge's launch-shape GPU test
 #   bash tools/dev/h200_next.sh invariance issue 26's cost with the experts' wide tiling: bench_direct
 #                                          batch 1 and 256 and the c=256 short profile, invariant
 #                                          against --no-batch-invariant (h200_invariance.sh's parts)
@@ -27,6 +29,38 @@ if [ "$what" = tax ]; then
   LEVELS=256 NUM=512 SKIP_DETOK=1 SKIP_BURST=1 EXTRA="$common" TAG=base bash tools/dev/h200_tax.sh
   LEVELS=256 NUM=512 SKIP_DETOK=1 SKIP_BURST=1 EXTRA="$common --max-step-prompts 64 --async-admission" \
     TAG=cap64-admission bash tools/dev/h200_tax.sh
+  exit 0
+fi
+if [ "$what" = start ]; then  # issue 29: how the c=256 HTTP level gets going (its first steps, the
+  # first wave's send spread and first tokens), then issue 26's cost at 256 rows and the merge's GPU test
+  source tools/dev/h200_env.sh
+  rm -f /tmp/trace-s.jsonl
+  serve start --trace-file /tmp/trace-s.jsonl --max-active 256 --max-model-len 4096
+  timeout 100 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 --profile short --prompt-words 90 \
+    --max-tokens 200 --concurrency 256 --num-requests 256 --no-progress --out /tmp/warm.json >/dev/null 2>&1
+  timeout 150 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 --profile short --prompt-words 90 \
+    --max-tokens 200 --concurrency 256 --num-requests 512 --no-progress --trace-file /tmp/trace-s.jsonl \
+    --trace-wait 20 --out "$OUT/start-http.json" 2>&1 | grep concurrency
+  kill -TERM $pid; wait $pid
+  python3 - "$OUT/start-http.json" <<'PY'
+import json, sys
+run = json.load(open(sys.argv[1]))["levels"][0]["runs"][0]
+wave = [r for r in run["requests"] if r.get("sent_ms") is not None]
+wave = sorted((r["sent_ms"], r["sent_ms"] + (r["ttft_ms"] or 0)) for r in wave)[:256]
+print("first wave: sent over %.1f ms; first tokens at p0 %.1f p10 %.1f p50 %.1f p100 %.1f ms" % (
+    wave[-1][0], *[sorted(t for _, t in wave)[int(q * 255)] for q in (0, .1, .5, 1)]))
+print("window_ns", *run["window_ns"])
+PY
+  read -r since until < <(python3 -c 'import json,sys; print(*json.load(open(sys.argv[1]))["levels"][0]["runs"][0]["window_ns"])' "$OUT/start-http.json")
+  python3 -m tools.benchkit.steps /tmp/trace-s.jsonl --since-ns "$since" --until-ns "$until" --gaps 6 --first 24
+  for inv in 1 0; do
+    echo "== gpu_probe batch 256 --batch-invariant $inv"
+    timeout 100 python3 tools/dev/gpu_probe.py --batches 256 --variants triton --new-tokens 16 --batch-invariant $inv \
+      --out "$OUT/probe256-inv$inv.json" 2>&1 | grep -E '"tpot_p50_ms"|rror' | cut -c1-120
+  done
+  timeout 100 python3 -m pytest -q -p no:cacheprovider tests/engine/kernels/test_mla_decode.py \
+    -k test_gpu_the_merges_launch_shape_keeps_the_bits --tb=line 2>&1 | tail -2
+  pack start
   exit 0
 fi
 if [ "$what" = tax2 ]; then  # issue 29's two levels in one call: the defaults (64 prompts a step at most)
