@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,10 +94,10 @@ async def run(a: argparse.Namespace, settings) -> tuple[dict, dict, list[dict]]:
             prompts = make_prompts(profile, count, a.seed, a.prompt_words)
             runs = []
             for rep in range(a.repeats):
-                started_ns = time.time_ns()
-                records, duration = await replay_level(rt, prompts, n, max_tokens, detokenize=a.detokenize)
-                runs.append({"repeat": rep, "metrics": summarise(records, duration),
-                             "window_ns": [started_ns, time.time_ns()],
+                window: list[int] = []  # first send to last completion, the duration's own interval
+                records, duration = await replay_level(rt, prompts, n, max_tokens, detokenize=a.detokenize,
+                                                       window=window)
+                runs.append({"repeat": rep, "metrics": summarise(records, duration), "window_ns": window,
                              "errors": [f"request {r.index}: {r.error}" for r in records if r.error][:5]})
             summary = across_repeats([r["metrics"] for r in runs])
             levels.append({"concurrency": n, "requests": count, "runs": runs, "summary": summary,

@@ -142,7 +142,7 @@ def _error_message(text: str) -> str:
 async def run_level(base_url: str, model: str, prompts: list[PromptSpec], concurrency: int, max_tokens: int,
                     timeout: float, api_key: str | None = None, *,
                     on_done: Callable[[RequestRecord], None] | None = None,
-                    sampling: str = "greedy") -> tuple[list[RequestRecord], float]:
+                    sampling: str = "greedy", window: list[int] | None = None) -> tuple[list[RequestRecord], float]:
     """Closed loop: `concurrency` workers drain the prompt list. Returns the records (in workload
     order) and the benchmark duration (first send to last completion). sampling: the profile whose
     fields each request takes by its index (tools/benchkit/sampling.py)."""
@@ -152,4 +152,4 @@ async def run_level(base_url: str, model: str, prompts: list[PromptSpec], concur
         async def one(p: PromptSpec) -> RequestRecord:
             body = request_body(model, p.text, max_tokens, sampling_fields(sampling, p.index))
             return await send(client, url, body, p.index, timeout, auth_headers(api_key))
-        return await closed_loop(prompts, concurrency, one, on_done)
+        return await closed_loop(prompts, concurrency, one, on_done, window)

@@ -73,12 +73,13 @@ async def replay_one(rt: Runtime, prompt: PromptSpec, max_tokens: int, *, detoke
 
 async def replay_level(rt: Runtime, prompts: list[PromptSpec], concurrency: int, max_tokens: int, *,
                        detokenize: bool = False,
-                       on_done: Callable[[RequestRecord], None] | None = None) -> tuple[list[RequestRecord], float]:
+                       on_done: Callable[[RequestRecord], None] | None = None,
+                       window: list[int] | None = None) -> tuple[list[RequestRecord], float]:
     """Closed loop, as tools/benchkit/client.run_level: `concurrency` workers drain the prompt list.
     Returns the records (in workload order) and the duration (first send to last completion)."""
     async def one(p: PromptSpec) -> RequestRecord:
         return await replay_one(rt, p, max_tokens, detokenize=detokenize)
-    return await closed_loop(prompts, concurrency, one, on_done)
+    return await closed_loop(prompts, concurrency, one, on_done, window)
 
 
 def http_tax(replay_levels: list[dict], http_report: dict) -> list[dict]:

@@ -91,10 +91,11 @@ def parse_levels(text: str | None) -> list[int]:
 
 
 async def closed_loop(prompts: list[PromptSpec], concurrency: int, one: Callable[[PromptSpec], Awaitable],
-                      on_done: Callable | None = None) -> tuple[list, float]:
+                      on_done: Callable | None = None, window: list[int] | None = None) -> tuple[list, float]:
     """`concurrency` workers drain the prompt list, each sending its next request (one(prompt), which
     returns its record, with an `index`) as soon as its last one ends. Returns the records in workload
-    order and the duration, first send to last completion."""
+    order and the duration, first send to last completion; `window`, where given, gets the same
+    interval on the wall clock, [start ns, end ns] (what a server's trace is compared with)."""
     pending = iter(prompts)
     records: list = []
 
@@ -105,9 +106,11 @@ async def closed_loop(prompts: list[PromptSpec], concurrency: int, one: Callable
             if on_done is not None:
                 on_done(rec)
 
-    t0 = time.perf_counter()
+    t0, t0_ns = time.perf_counter(), time.time_ns()
     await asyncio.gather(*(worker() for _ in range(min(concurrency, len(prompts)))))
     duration = time.perf_counter() - t0
+    if window is not None:
+        window[:] = [t0_ns, t0_ns + round(duration * 1e9)]
     records.sort(key=lambda r: r.index)
     for rec in records:  # when each was sent, from the level's start (a burst's spread on the client)
         if hasattr(rec, "sent_s") and getattr(rec, "start", 0.0):

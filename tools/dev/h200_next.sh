@@ -9,6 +9,8 @@
 #                                          --async-admission, each run's idle gaps; results in one archive
 #   bash tools/dev/h200_next.sh start      issue 29: the c=256 HTTP level's first steps and first wave;
 #                                          issue 26's cost at 256 rows; the merge's launch-shape GPU test
+#   bash tools/dev/h200_next.sh tax3       issue 29's two levels at the defaults, one side (windows: first send
+#                                          to last completion)
 #   bash tools/dev/h200_next.sh invariance issue 26's cost with the experts' wide tiling: bench_direct
 #                                          batch 1 and 256 and the c=256 short profile, invariant
 #                                          against --no-batch-invariant (h200_invariance.sh's parts)
@@ -61,6 +63,13 @@ PY
   timeout 100 python3 -m pytest -q -p no:cacheprovider tests/engine/kernels/test_mla_decode.py \
     -k test_gpu_the_merges_launch_shape_keeps_the_bits --tb=line 2>&1 | tail -2
   pack start
+  exit 0
+fi
+if [ "$what" = tax3 ]; then  # issue 29's two levels in one call at the defaults, windows first send to last
+  # completion (2026-12-06d), each window's idle and first steps
+  LEVELS=64,256 NUM=512 SKIP_DETOK=1 SKIP_BURST=1 SLOWEST=3 FIRST=10 EXTRA="--max-active 256 --max-model-len 4096" \
+    TAG=base bash tools/dev/h200_tax.sh
+  pack tax3
   exit 0
 fi
 if [ "$what" = tax2 ]; then  # issue 29's two levels in one call: the defaults (64 prompts a step at most)

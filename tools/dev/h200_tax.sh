@@ -26,7 +26,7 @@ window_gaps() {  # REPORT TRACE: each run's idle lead, tail and widest gaps insi
 for lv in json.load(open(sys.argv[1]))["levels"]:
     for r in lv["runs"]: print(lv["concurrency"], *r["window_ns"])' "$1" | while read -r c since until; do
     echo "-- c=$c: the device's idle time inside the run's window"
-    python3 -m tools.benchkit.steps "$2" --since-ns "$since" --until-ns "$until" --gaps 8 | sed -n '2,$p'
+    python3 -m tools.benchkit.steps "$2" --since-ns "$since" --until-ns "$until" --gaps 8 --first ${FIRST:-0} | sed -n '2,$p'
   done
 }
 echo "== HTTP (bench_serving)"
