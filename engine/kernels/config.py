@@ -233,12 +233,6 @@ class KernelConfig:
     # (the same bits): mla_tune on an H100, same call, 2 against 1 (64-key splits and steps, 4 warps,
     # 3 stages): 48.9 / 67.9 µs a layer at 16k / 32k keys against 51.3 / 70.4, within 0.6 µs elsewhere
     decode_merge_unroll: int = 2
-    # the merge's warps and value columns per tl.dot (no bits change: each value's sum over the latent
-    # is the same in any column block), for tuning (mla_tune's m4 had 4 warps): as before the knobs.
-    # 16-column blocks at 4 warps are refused: Triton 3.6 fails to compile them for sm_90 (an assertion in
-    # its OptimizeThreadLocality pass, seen on the H100 on 2026-12-06)
-    decode_merge_warps: int = 8
-    decode_merge_block_v: int = 32
     # > 0: a first merge level over groups of this many splits of each row with more than
     # decode_max_splits splits (engine/kernels/mla_group.py; other bits for those rows, still batch
     # invariant; 0: one level). Opt-in until measured end to end: mla_tune's bwg on an H100 (every
@@ -263,13 +257,10 @@ class KernelConfig:
                              f"of two from 16 ({nl}), norm_linear_warps a power of two ({nw})")
         b = self.decode_block_n
         if (b < 16 or b & (b - 1) or 64 % b or self.decode_split_len % b or self.decode_merge_group < 0
-                or self.decode_merge_unroll not in (1, 2) or self.decode_merge_block_v not in (16, 32, 64, 128)
-                or self.decode_merge_warps not in (4, 8, 16)
-                or (self.decode_merge_warps == 4 and self.decode_merge_block_v == 16)):
+                or self.decode_merge_unroll not in (1, 2)):
             raise ValueError(f"KernelConfig: decode_block_n ({b}) a power of two from 16 that divides the 64-token "
                              f"page and decode_split_len ({self.decode_split_len}); decode_merge_group >= 0; "
-                             f"decode_merge_unroll 1 or 2; decode_merge_block_v 16, 32, 64 or 128; "
-                             f"decode_merge_warps 4, 8 or 16, not 4 with 16-column blocks")
+                             f"decode_merge_unroll 1 or 2")
 
     def on_device(self, cuda: bool, bf16: bool, triton_imports: bool) -> KernelConfig:
         """This configuration as it runs on the device: `triton` cleared where the Triton kernels

@@ -28,7 +28,7 @@ def _config(*flags: str) -> tuple[KernelConfig, dict]:
 def test_every_knob_names_an_existing_field():
     for field, _ in knobs.KNOBS.values():
         knobs.get(DEFAULT, field)  # raises AttributeError for a field that does not exist
-    assert len(knobs.KNOBS) == 58
+    assert len(knobs.KNOBS) == 56
 
 
 def test_no_flags_is_the_default_config():
@@ -103,7 +103,7 @@ def test_applying_flags_changes_no_module_state():
     # decode: set together, 128 keys of 16-key steps; the linear's fields one at a time (nested)
     valid = {"decode_block_n": "16", "decode_split_len": "128", "linear_k_chunk": "512", "linear_n_min": "16",
              "linear_n_max": "256", "norm_linear_n": "32",
-             "decode_merge_block_v": "16", "norm_linear_warps": "8"}
+             "norm_linear_warps": "8"}
     every = [f for flag in knobs.KNOBS
              for f in ("--" + flag.replace("_", "-"), valid.get(flag, "1" if flag in knobs.CHOICES else "7"))]
     config, done = _config(*every)

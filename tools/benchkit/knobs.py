@@ -36,8 +36,6 @@ engine's KernelConfig (engine/kernels/config.py), which the tool hands to the en
     --decode-split-stages decode_split_stages          its split kernel's pipeline stages
     --decode-merge-group  decode_merge_group           a long row's splits a first merge group takes (0: one level)
     --decode-merge-unroll decode_merge_unroll          splits' partials the merge asks for at once (1 or 2)
-    --decode-merge-warps  decode_merge_warps           the merge's warps (no bits change)
-    --decode-merge-block-v decode_merge_block_v        the merge's value columns per tl.dot (no bits change)
     --expert-stages       experts.one_token_stages     pipeline stages of both at one token's routes
     --one-token-up-n      experts.one_token_up_n       gate-up column block at one token's routes
     --expert-warps        experts.few_rows.num_warps   warps per program of both up to 512 routes
@@ -110,8 +108,6 @@ KNOBS = {"batch_invariant": ("batch_invariant", lambda v, default: v == 1),
          "decode_split_stages": ("decode_split_stages", _as_is),
          "decode_merge_group": ("decode_merge_group", _as_is),
          "decode_merge_unroll": ("decode_merge_unroll", _as_is),
-         "decode_merge_warps": ("decode_merge_warps", _as_is),
-         "decode_merge_block_v": ("decode_merge_block_v", _as_is),
          "expert_stages": ("experts.one_token_stages", _as_is),
          "one_token_up_n": ("experts.one_token_up_n", _as_is),
          "expert_warps": ("experts.few_rows.num_warps", _as_is),
@@ -137,8 +133,7 @@ KNOBS = {"batch_invariant": ("batch_invariant", lambda v, default: v == 1),
          "sample_pivots": ("sample.pivots", _as_is)}
 CHOICES = {"batch_invariant": [0, 1], "argmax_launches": [1, 4], "head_argmax_rows": [0, 1], "norm_proj_rows": [0, 1],
            "router_launches": [1, 2], "embed_in_norm": [0, 1], "norm_linear_rows": [0, 1], "linear_ticket": [0, 1],
-           "decode_block_n": [16, 32, 64], "decode_merge_unroll": [1, 2], "decode_merge_block_v": [16, 32, 64, 128]}
-
+           "decode_block_n": [16, 32, 64], "decode_merge_unroll": [1, 2]}
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     for flag, (field, _) in KNOBS.items():
@@ -171,3 +166,4 @@ def apply(a: argparse.Namespace, base: KernelConfig = KernelConfig()) -> tuple[K
             else:
                 top[field] = done[field]
     return dataclasses.replace(config, **top), done
+

@@ -90,8 +90,7 @@ if [ "$what" = norm-linear-tests ]; then
   exit 0
 fi
 if [ "$what" = norm-linear ]; then
-  for flags in "--norm-linear-rows 1" "--norm-linear-rows 1 --decode-merge-block-v 16" \
-      "--decode-merge-block-v 16 --decode-merge-warps 4" "" "--batch-invariant 0"; do
+  for flags in "--norm-linear-rows 1" "" "--batch-invariant 0"; do
     echo "== gpu_probe ${flags:-(defaults)}"
     # shellcheck disable=SC2086
     timeout 75 python3 tools/dev/gpu_probe.py --batches 1,64 --variants triton --new-tokens 32 --timeline $flags \

@@ -264,8 +264,7 @@ def test_decode_values_follow_the_batch_invariant_switch(triton_interpreter, mon
     assert calls["fixed"][0]["rule"] == mf.SplitRule(k.decode_split_len, k.decode_max_splits, k.decode_long_split,
                                                 k.decode_most_splits)
     assert calls["fixed"][0]["launches"] == mf.launches_of(k) == mf.Launches(
-        k.decode_block_n, k.decode_split_warps, k.decode_split_stages, k.decode_merge_warps, 3, k.decode_merge_unroll,
-        k.decode_merge_block_v)
+        k.decode_block_n, k.decode_split_warps, k.decode_split_stages, 8, 3, k.decode_merge_unroll)
     assert calls["auto"][0]["merge"] == md.merge_form(b, k.row_merge_max_batch)
     assert calls["auto"][0]["split_len"] == md.auto_split(b, c.inp.length, k.split_programs)
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)  # two orders of one sum
@@ -290,17 +289,6 @@ def test_gpu_fixed_plan_gives_a_row_the_same_bits_in_any_batch(triton_gpu):
     # around the split boundaries (64 keys; 512 = 8 splits, the most before they grow) and long rows
     probes = [(0, 1), (1, 63), (2, 64), (3, 65), (4, 150), (5, 512), (6, 513), (7, 1000), (8, 4097), (9, 8192)]
     _same_bits_in_any_batch(cache, q, w_uv, probes, (1, 2, 7, 33, 64, 128, 255, 256), _lite_plan(), 0)
-
-
-def test_gpu_the_merges_launch_shape_keeps_the_bits(triton_gpu):
-    """decode_merge_block_v and decode_merge_warps (knobs for the batch-1 merge) change no bits."""
-    cache, q, w_uv = _inputs_on(triton_gpu, torch.bfloat16, GPU_SLOTS, GPU_N, **LITE, seed=2)
-    slots, lens = [0, 3, 5], [90, 700, 5000]
-    want = _run(cache, q, w_uv, slots, lens, 8192, True, _lite_plan())
-    for block_v, warps in ((16, 8), (64, 8), (32, 4), (32, 16)):  # 16 columns at 4 warps: refused (KernelConfig)
-        got = _run(cache, q, w_uv, slots, lens, 8192, True, _lite_plan(decode_merge_block_v=block_v,
-                                                                        decode_merge_warps=warps))
-        assert torch.equal(got, want), (block_v, warps)
 
 
 def test_gpu_fixed_plan_is_as_accurate_as_the_auto_plan_and_replays_the_same_bits(triton_gpu):

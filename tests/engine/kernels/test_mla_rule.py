@@ -44,12 +44,10 @@ def test_group_lists_and_the_launch_shape_are_checked():
     assert list_bound(64, rule, 1) == list_bound(64, rule, 0) == 64
     for bad in (dict(decode_block_n=128), dict(decode_block_n=48), dict(decode_block_n=64, decode_split_len=32),
                 dict(decode_block_n=8, decode_split_len=32), dict(decode_merge_group=-1),
-                dict(decode_merge_unroll=3), dict(decode_merge_warps=2), dict(decode_merge_warps=32),
-                dict(decode_merge_warps=4, decode_merge_block_v=16)):  # Triton 3.6 fails to compile that pair
+                dict(decode_merge_unroll=3)):
         with pytest.raises(ValueError, match="decode_block_n"):
             KernelConfig(**bad)
     assert KernelConfig(decode_block_n=32, decode_split_len=32).decode_block_n == 32
-    assert KernelConfig(decode_merge_warps=4, decode_merge_block_v=32).decode_merge_warps == 4
 
 
 def test_the_work_list_holds_each_rows_splits_in_order(triton_interpreter):
