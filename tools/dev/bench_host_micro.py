@@ -64,7 +64,8 @@ async def loop_path(streams: int, tokens: int, rounds: int) -> list[float]:
     rt = Runtime(Settings(), tel)
     rt.tokenizer, rt.model_name = Tokenizer(ensure_default_model()), "m"
     rt.engine = types.SimpleNamespace(cfg=types.SimpleNamespace(vocab_size=1024), max_model_len=4096,
-                                      cache=types.SimpleNamespace(num_slots=streams))
+                                      cache=types.SimpleNamespace(num_slots=streams, page_size=64, num_pages=1 << 20,
+                                                                  capacity_tokens=64 << 20))
     rt.bridge = EngineBridge(asyncio.get_running_loop(), types.SimpleNamespace(on_step=tel.on_step))
     rt.scheduler = Scheduler(rt.bridge, max_active=streams, max_pending=streams, observer=tel)
     rt.scheduler.set_ready(True)
