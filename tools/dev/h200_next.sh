@@ -1,34 +1,35 @@
 #!/usr/bin/env bash
-# The next GPU calls (after 2026-12-06c's H100 calls: docs/benchmarks/2026-12-06c-device.md), each
-# about 9 minutes, carrying .whl/:
-#   bash tools/dev/h200_next.sh tax        issue 29 at c=256, one call, two sides (h200_tax.sh, no
-#                                          detokenising replay, no burst; --max-active 256): the plain
-#                                          daemon, then --max-step-prompts 64 --async-admission (both off
-#                                          by default until this A/B)
-#   bash tools/dev/h200_next.sh tax2       issue 29 at c=64 and c=256 in one call: the defaults against
-#                                          --async-admission, each run's idle gaps; results in one archive
-#   bash tools/dev/h200_next.sh start      issue 29: the c=256 HTTP level's first steps and first wave;
-#                                          issue 26's cost at 256 rows; the merge's launch-shape GPU test
-#   bash tools/dev/h200_next.sh tax3       issue 29's two levels at the defaults, one side (windows: first send
-#                                          to last completion)
-#   bash tools/dev/h200_next.sh invariance issue 26's cost with the experts' wide tiling: bench_direct
-#                                          batch 1 and 256 and the c=256 short profile, invariant
-#                                          against --no-batch-invariant (h200_invariance.sh's parts)
-#   bash tools/dev/h200_next.sh norm-linear-tests  the GPU tests of issue 26's one-row invariant
-#                                          launches (opt-in, KernelConfig.norm_linear_rows) and of the
-#                                          split attention (the merge's launch shapes)
-#   bash tools/dev/h200_next.sh norm-linear decode TPOT at batch 1 and 64 with and without them, the
-#                                          merge's 16-column blocks and 4 warps, and without invariance,
-#                                          one process each (gpu_probe --timeline)
-#   bash tools/dev/h200_long.sh            issue 28's TTFT / TPOT / cold-start / mixed-load targets
+# GPU calls, each carrying .whl/ (the `device` tool's run). Ran on 2026-12-06d's H100
+# (docs/benchmarks/2026-12-06d-device.md): tax, norm-linear-tests, start, tax2, tax3 and the
+# norm-linear probe. Next, in this order (about 30 minutes of device time; every open issue's targets
+# are H200 figures, so on an H200 first of all):
+#   1. bash tools/dev/h200_next.sh tax3    issue 29: c=64 and c=256 in one call at the defaults (HTTP and
+#                                          replay, busy share, idle gaps; ~4.5 min); then the 10 x 1,024
+#                                          burst (h200_tax.sh without SKIP_BURST)
+#   2. bash tools/dev/h200_sampling.sh serving   issue 33's profiles at c=1/64/256 (~4.5 min): the c=256
+#                                          mix with the step-prompt bound on
+#   3. bash tools/dev/h200_long.sh         issue 28's TTFT / TPOT / cold-start / mixed-load targets (never run)
+#   4. bash tools/dev/h200_next.sh invariance   issue 26's cost: bench_direct 1 / 256 and serving c=256,
+#                                          invariant against --no-batch-invariant
+# The modes:
+#   tax        issue 29 at c=256, two sides: the daemon without the step-prompt bound (now
+#              --max-step-prompts 0) against --max-step-prompts 64 --async-admission
+#   tax2       issue 29 at c=64 and c=256 in one call: the defaults against --async-admission
+#   tax3       issue 29's two levels at the defaults, one side (windows: first send to last completion)
+#   start      issue 29: the c=256 HTTP level's first steps and first wave; issue 26's cost at 256 rows
+#   invariance issue 26's cost with the experts' wide tiling (h200_invariance.sh's parts)
+#   norm-linear-tests  the GPU tests of the opt-in one-row invariant launches (norm_linear_rows) and of
+#              the split attention
+#   norm-linear  decode TPOT at batch 1 and 64 with them, without them, and without invariance
+# Results go to $OUT; the modes that write many files pack them into one archive (8 files come back).
 set -uo pipefail
-what=${1:-tax}
+what=${1:-tax3}
 pack() {  # the device tool brings back 8 files at most: everything in $OUT as one archive
   (cd "$OUT" && tar czf "results-$1.tgz" --exclude='*.tgz' . && find . -type f ! -name '*.tgz' -delete)
 }
 if [ "$what" = tax ]; then
   common="--max-active 256 --max-model-len 4096"
-  LEVELS=256 NUM=512 SKIP_DETOK=1 SKIP_BURST=1 EXTRA="$common" TAG=base bash tools/dev/h200_tax.sh
+  LEVELS=256 NUM=512 SKIP_DETOK=1 SKIP_BURST=1 EXTRA="$common --max-step-prompts 0" TAG=base bash tools/dev/h200_tax.sh
   LEVELS=256 NUM=512 SKIP_DETOK=1 SKIP_BURST=1 EXTRA="$common --max-step-prompts 64 --async-admission" \
     TAG=cap64-admission bash tools/dev/h200_tax.sh
   exit 0
