@@ -28,8 +28,10 @@ def test_the_window_is_first_send_to_last_completion_and_records_carry_their_sen
 
     before = time.time_ns()
     (records, duration), window = asyncio.run(level())
+    after = time.time_ns()
     assert len(window) == 2 and window[1] - window[0] == round(duration * 1e9)
-    assert window[0] - before >= 0.19e9 and 0.05 <= duration < 0.19  # three rounds of 20 ms
-    sent = [r.to_dict()["sent_ms"] for r in records]
-    assert min(sent) < 5 and max(sent) >= 35  # the third round was sent after two 20 ms rounds
+    assert window[0] - before >= 0.19e9 and after - window[1] >= 0.19e9  # set-up and teardown left out
+    assert duration >= 0.05  # three rounds of at least 20 ms
+    sent = sorted(r.to_dict()["sent_ms"] for r in records)
+    assert sent[0] >= 0 and sent[-1] >= 35 and sent[-1] <= duration * 1e3  # the third round waited for two
     assert asyncio.run(closed_loop(prompts[:1], 1, one))[0][0].sent_s is not None  # no window asked: fine

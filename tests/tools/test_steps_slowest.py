@@ -76,3 +76,19 @@ def test_a_step_launched_while_its_predecessor_runs_starts_on_the_device_when_th
     path.write_text("".join(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [s]}]}]}) + "\n" for s in spans))
     got = steps.gaps(steps.read_steps(path), 0, 35 * ms, 1)
     assert got["widest"][0]["ms"] == 5.0 and got["idle_ms"] == 5.0 and got["tail_ms"] == 0.0
+
+
+def test_gaps_skip_stretches_beside_a_missing_step_and_an_empty_window_prints_a_line(tmp_path, capsys):
+    ms = 1_000_000
+    spans = [_span(1, "decode", 0, 0.010, 10, 10, 0),
+             _span(3, "decode", 30 * ms, 0.010, 10, 10, 0),  # step 2 is not in the file: 10-30 ms unknown
+             _span(4, "decode", 45 * ms, 0.010, 10, 10, 0)]  # 5 ms idle before it
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [s]}]}]}) + "\n" for s in spans))
+    got = steps.gaps(steps.read_steps(path), 0, 55 * ms, 4)
+    assert got["unknown"] == 1 and got["idle_ms"] == 5.0 and [w["after"] for w in got["widest"]] == [3]
+    assert steps.main([str(path), "--gaps", "2", "--since-ns", "0", "--until-ns", str(55 * ms)]) == 0
+    assert "(1 stretches beside a step missing from the file not counted)" in capsys.readouterr().out
+    late = [str(path), "--gaps", "2", "--first", "3", "--since-ns", str(100 * ms), "--until-ns", str(200 * ms)]
+    assert steps.main(late) == 0
+    assert "idle: no step started inside the window" in capsys.readouterr().out

@@ -135,6 +135,7 @@ CHOICES = {"batch_invariant": [0, 1], "argmax_launches": [1, 4], "head_argmax_ro
            "router_launches": [1, 2], "embed_in_norm": [0, 1], "norm_linear_rows": [0, 1], "linear_ticket": [0, 1],
            "decode_block_n": [16, 32, 64], "decode_merge_unroll": [1, 2]}
 
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     for flag, (field, _) in KNOBS.items():
         p.add_argument("--" + flag.replace("_", "-"), type=int, choices=CHOICES.get(flag),
@@ -166,4 +167,3 @@ def apply(a: argparse.Namespace, base: KernelConfig = KernelConfig()) -> tuple[K
             else:
                 top[field] = done[field]
     return dataclasses.replace(config, **top), done
-

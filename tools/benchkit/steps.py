@@ -95,23 +95,27 @@ def slowest(steps: list[StepView], since_ns: int, until_ns: int, n: int) -> list
 
 def gaps(steps: list[StepView], since_ns: int, until_ns: int, n: int) -> dict:
     """The device's idle stretches in [since_ns, until_ns] (module doc): lead and tail in ms, and the n
-    widest gaps between consecutive steps, widest first."""
+    widest gaps between consecutive steps, widest first; `unknown` counts the stretches between steps
+    whose indexes are not consecutive (a step missing from the file), left out of the idle sum."""
     window = sorted((s for s in steps if since_ns <= s.start_ns <= until_ns), key=lambda s: (s.start_ns, s.index))
     if not window:
-        return {"lead_ms": None, "tail_ms": None, "idle_ms": None, "widest": []}
+        return {"lead_ms": None, "tail_ms": None, "idle_ms": None, "widest": [], "unknown": 0}
     busy_end, end = [], float("-inf")  # one step after another on the device: a step launched while
     for s in window:  # its predecessor ran starts when that one ends
         end = max(float(s.start_ns), end) + _num(s, "gpu_s") * 1e9
         busy_end.append(end)
-    between = []
+    between, unknown = [], 0
     for a, b, end in zip(window, window[1:], busy_end):
+        if b.index != a.index + 1:  # a step between them is not in the file (dropped, sampled out): its
+            unknown += 1  # device time is unknown, so the stretch is not counted as idle
+            continue
         between.append({"after": a.index, "after_phase": a.phase, "before": b.index, "before_phase": b.phase,
                         "ms": max(0.0, (b.start_ns - end) / 1e6)})
     lead, tail = (window[0].start_ns - since_ns) / 1e6, max(0.0, (until_ns - max(busy_end)) / 1e6)
     widest = sorted(between, key=lambda g: -g["ms"])[:n]
     return {"lead_ms": round(lead, 3), "tail_ms": round(tail, 3),
             "idle_ms": round(lead + tail + sum(g["ms"] for g in between), 3),
-            "widest": [{**g, "ms": round(g["ms"], 3)} for g in widest]}
+            "widest": [{**g, "ms": round(g["ms"], 3)} for g in widest], "unknown": unknown}
 
 
 def first(steps: list[StepView], since_ns: int, until_ns: int, n: int) -> list[dict]:
@@ -177,7 +181,12 @@ def main(argv: list[str] | None = None) -> int:
               f"GPU thread {r['cpu_ms']:,.2f} ms")
     if a.gaps:
         g = gaps(steps, since, until, a.gaps)
-        print(f"  idle: lead {g['lead_ms']:,.2f} ms, tail {g['tail_ms']:,.2f} ms, all {g['idle_ms']:,.2f} ms; widest gaps:")
+        if g["lead_ms"] is None:
+            print("  idle: no step started inside the window")
+        else:
+            skipped = f" ({g['unknown']} stretches beside a step missing from the file not counted)" if g["unknown"] else ""
+            print(f"  idle: lead {g['lead_ms']:,.2f} ms, tail {g['tail_ms']:,.2f} ms, all {g['idle_ms']:,.2f} ms"
+                  f"{skipped}; widest gaps:")
         for w in g["widest"]:
             print(f"    {w['ms']:,.3f} ms after step {w['after']} ({w['after_phase']}), "
                   f"before step {w['before']} ({w['before_phase']})")

@@ -6,16 +6,16 @@
 # runtime, no HTTP), then the HTTP tax as bench_serving over replay (--compare), and each server's
 # slowest steps with prompt rows (tools/benchkit/steps.py --slowest). Then 10 bursts of
 # 1024 new streaming connections (reliability scenario connection_burst) against a fresh server.
-# Usage: [LEVELS=64,256] [NUM=1024] [EXTRA="daemon flags"] [TAG=name] [SKIP_DETOK=1] [SKIP_BURST=1] [SLOWEST=12] \
+# Usage: [LEVELS=64,256] [NUM=1024] [EXTRA="daemon flags"] [TAG=name] [SKIP_DETOK=1] [SKIP_BURST=1] [SLOWEST=12] [FIRST=0] \
 #        bash tools/dev/h200_tax.sh
 #   e.g. the --max-step-prompts A/B in one call: bash tools/dev/h200_tax.sh; \
-#        EXTRA="--max-step-prompts 64" TAG=cap64 bash tools/dev/h200_tax.sh
+#        EXTRA="--max-step-prompts 0" TAG=nocap bash tools/dev/h200_tax.sh
 # Everything it writes goes to $OUT.
 set -uo pipefail
 source tools/dev/h200_env.sh
 LEVELS=${LEVELS:-64,256}
 WORKLOAD=(--profile short --prompt-words 90 --max-tokens 200 --concurrency "$LEVELS" --num-requests ${NUM:-1024})
-# EXTRA: more daemon flags for both sides, e.g. EXTRA="--max-step-prompts 64" (word-split)
+# EXTRA: more daemon flags for both sides, e.g. EXTRA="--max-step-prompts 0" (word-split)
 read -ra extra <<< "${EXTRA:-}"
 TAG=${TAG:-base}  # names this side's files in $OUT (run the A/B's sides with different tags)
 rm -f /tmp/trace-http.jsonl /tmp/trace-replay.jsonl /tmp/trace-burst.jsonl  # the exporter appends

@@ -206,7 +206,8 @@ def test_fixed_merge_lanes_and_split_programs_change_no_bits(triton_interpreter,
         assert torch.equal(_run(cache, q, w_uv, few, few_lens, 320, True, {**INV, "programs": programs}), one_each)
     from pegainfer.engine.kernels.mla_fixed import Launches
     # two splits' partials loaded at once, added in the same order; other warps and stages
-    for launches in (Launches(merge_unroll=2), Launches(merge_block_v=16, merge_warps=8), Launches(merge_warps=4), Launches(merge_block_v=64)):
+    for launches in (Launches(merge_unroll=2), Launches(merge_block_v=16, merge_warps=8), Launches(merge_warps=4),
+                     Launches(merge_block_v=64)):
         assert torch.equal(_run(cache, q, w_uv, slots, lens, 320, True, {**INV, "launches": launches}), spread)
     monkeypatch.setattr(md, "FIXED_PROGRAMS", 1)  # one program takes both value blocks
     assert torch.equal(_run(cache, q, w_uv, slots, lens, 320, True, INV), spread)
