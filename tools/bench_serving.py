@@ -132,6 +132,8 @@ def join_traces(path: Path, levels: list[dict], wait_s: float) -> None:
         if engine_steps:  # pegainfer's step spans: where each run's time went on the server
             for run in lv["runs"]:
                 run["server_steps"] = steps.summarise(engine_steps, *run["window_ns"])
+        for run in lv["runs"]:  # client send -> server receipt (traces.arrival_lags)
+            run["arrival_lag"] = traces.arrival_lags(run, spans)
 
 
 def main(argv: list[str] | None = None) -> int:

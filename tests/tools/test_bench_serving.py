@@ -214,6 +214,22 @@ def test_trace_join_counts_coverage_and_missing(tmp_path):
     assert j["terminal_reasons"] == {"completed_length": 1, "failed": 1}
 
 
+def test_arrival_lag_is_the_span_start_less_the_clients_send(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    ms, t0 = 1_000_000, 1_700_000_000_000_000_000
+    spans = [{**_root_span(rid, "completed_length", 3, 2), "startTimeUnixNano": str(t0 + at * ms)}
+             for rid, at in (("a", 12), ("b", 30), ("c", 50))]
+    path.write_text("\n".join(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [s]}]}]}) for s in spans) + "\n")
+    found = traces.request_spans(path)
+    run = {"window_ns": [t0, t0 + 100 * ms],
+           "requests": [{"request_id": "a", "sent_ms": 2.0}, {"request_id": "b", "sent_ms": 10.0},
+                        {"request_id": "c", "sent_ms": 20.0}, {"request_id": "gone", "sent_ms": 1.0},
+                        {"request_id": None, "sent_ms": None}]}
+    lag = traces.arrival_lags(run, found)
+    assert lag == {"requests": 3, "median_ms": 20.0, "p99_ms": 30.0, "max_ms": 30.0}  # 10, 20 and 30 ms
+    assert traces.arrival_lags({"window_ns": [t0, t0], "requests": []}, found) is None
+
+
 def _step_span(index: int, phase: str, start_ns: int, gpu_s: float, rows: int, prefill: int = 0,
                overlapped: bool = False, dropped: int = 0) -> dict:
     attrs = {"pegainfer.step.index": {"intValue": str(index)}, "pegainfer.step.phase": {"stringValue": phase},
@@ -290,12 +306,14 @@ def test_against_the_real_daemon(tiny_model_dir, tmp_path):
         assert t["backend"] == "local" and t["backend_maturity"] == "production"
         st = lv["runs"][0]["server_steps"]  # the engine steps of the run's window, from the same trace
         assert st["count"]["decode"] >= 7 and st["prefill_tokens"] > 4 * 64 and st["steps_in_trace"] == 1.0
+        lag = lv["runs"][0]["arrival_lag"]  # the client's send to the server's request span, same host
+        assert lag["requests"] == 4 and 0 <= lag["median_ms"] <= lag["max_ms"] < 5_000
     assert r["levels"][0]["trace"]["active_set_size_max"] == 1
     for name in ("output_throughput", "ttft", "tpot"):
         png = plots / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = out.with_suffix(".md").read_text()
-    assert "Engine steps inside each run's window" in md
+    assert "Engine steps inside each run's window" in md and "Client send to server receipt" in md
     assert "CPU smoke test" in md and "`local` (maturity `production`)" in md and "| 2 | 4 | 4 / 0 / 0 |" in md
 
 

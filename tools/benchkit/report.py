@@ -99,6 +99,13 @@ def serving_markdown(r: dict) -> str:
     if stepped:
         lines += ["", "Engine steps inside each run's window (server trace, `tools/benchkit/steps.py`):", ""]
         lines += [f"- concurrency {n}, run {run['repeat'] + 1}: {steps_line(run['server_steps'])}" for n, run in stepped]
+    lagged = [(lv["concurrency"], run) for lv in r["levels"] for run in lv["runs"] if run.get("arrival_lag")]
+    if lagged:
+        lines += ["", "Client send to server receipt (the request span's start; client, network and the server's "
+                  "accept and read), ms:", ""]
+        lines += [f"- concurrency {n}, run {run['repeat'] + 1}: median {fmt(run['arrival_lag']['median_ms'], 1)}, "
+                  f"p99 {fmt(run['arrival_lag']['p99_ms'], 1)}, max {fmt(run['arrival_lag']['max_ms'], 1)} "
+                  f"({run['arrival_lag']['requests']} requests)" for n, run in lagged]
     if r.get("plots"):
         lines += ["", "Plots: " + ", ".join(f"[{Path(p).name}]({p})" for p in r["plots"])]
     return "\n".join(lines) + "\n"

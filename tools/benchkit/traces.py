@@ -15,6 +15,7 @@ from tools.traceview.reader import whole_lines
 
 ROOT_PREFIX = "text_completion"  # request root spans: `text_completion {model}`
 MISSING_LISTED = 10
+START_KEY = "_span_start_unix_ns"  # the root span's start, kept beside its attributes by request_spans
 
 
 def _value(v: dict) -> Any:
@@ -42,10 +43,30 @@ def request_spans(path: Path) -> dict[str, dict[str, Any]]:
                     if not s.get("name", "").startswith(ROOT_PREFIX):
                         continue
                     attrs = {kv["key"]: _value(kv.get("value", {})) for kv in s.get("attributes", [])}
+                    attrs[START_KEY] = int(s.get("startTimeUnixNano") or 0)  # when the server had the request
                     rid = attrs.get("gen_ai.response.id")
                     if rid and attrs.get("pegainfer.terminal_reason") is not None:
                         out[rid] = attrs
     return out
+
+
+def arrival_lags(run: dict[str, Any], spans: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """How long a run's requests took from the client's send (the run's window start + the record's
+    sent_ms, both on this host's wall clock) to the server's receipt (its request span's start):
+    client and network time, and the server's own time before it reads the request. Median, p99 and
+    largest in ms over the requests the trace holds; None when none can be placed."""
+    start = (run.get("window_ns") or [None])[0]
+    lags = []
+    for rec in run.get("requests") or []:
+        span = spans.get(rec.get("request_id") or "")
+        if start is None or span is None or rec.get("sent_ms") is None or not span.get(START_KEY):
+            continue
+        lags.append((span[START_KEY] - start) / 1e6 - rec["sent_ms"])
+    if not lags:
+        return None
+    lags.sort()
+    return {"requests": len(lags), "median_ms": round(statistics.median(lags), 3),
+            "p99_ms": round(lags[min(len(lags) - 1, int(0.99 * len(lags)))], 3), "max_ms": round(lags[-1], 3)}
 
 
 def read_until_covered(path: Path, ids: set[str], wait_s: float) -> dict[str, dict[str, Any]]:

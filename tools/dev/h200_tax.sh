@@ -28,6 +28,12 @@ for lv in json.load(open(sys.argv[1]))["levels"]:
     echo "-- c=$c: the device's idle time inside the run's window"
     python3 -m tools.benchkit.steps "$2" --since-ns "$since" --until-ns "$until" --gaps 8 --first ${FIRST:-0} | sed -n '2,$p'
   done
+  python3 -c 'import json,sys
+for lv in json.load(open(sys.argv[1]))["levels"]:
+    for r in lv["runs"]:
+        a = r.get("arrival_lag")
+        if a: print("-- c=%d: client send -> server receipt ms: median %.1f, p99 %.1f, max %.1f" % (
+            lv["concurrency"], a["median_ms"], a["p99_ms"], a["max_ms"]))' "$1"
 }
 echo "== HTTP (bench_serving)"
 serve "http-$TAG" --trace-file /tmp/trace-http.jsonl ${extra[@]+"${extra[@]}"}
