@@ -64,10 +64,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="seconds to wait for the trace file to hold every request (a loaded server's exporter lags)")
     p.add_argument("--plot-dir", type=Path, help="write throughput/TTFT/TPOT PNGs here")
     p.add_argument("--claim", default="", help="claim boundary, e.g. 'HTTP pressure on one GPU'")
+    p.add_argument("--client", choices=("httpx", "raw"), default="httpx",
+                   help="the HTTP client: httpx (one pooled client, the default) or raw (plain HTTP/1.1, one "
+                        "kept-alive connection per worker, http:// only: little client cost at high concurrency)")
     a = p.parse_args(argv)
     for name in ("num_requests", "max_tokens", "prompt_words"):
         if getattr(a, name) is not None and getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if a.client == "raw" and not a.base_url.startswith("http://"):
+        p.error("--client raw takes an http:// --base-url")
     if a.repeats < 1 or a.warmup < 0 or a.timeout <= 0:
         p.error("--repeats must be >= 1, --warmup >= 0 and --timeout > 0")
     try:
@@ -97,7 +102,8 @@ def run_sweep(a: argparse.Namespace, model: str, max_tokens: int) -> tuple[dict,
     with Progress(total, enabled=wanted(a.no_progress)) as bar:
         bar.stage("warmup")
         warm_records = asyncio.run(run_level(a.base_url, model, warm, 1, max_tokens, a.timeout, a.api_key,
-                                             on_done=lambda r: bar.advance(), sampling=a.sampling))[0] if warm else []
+                                             on_done=lambda r: bar.advance(), sampling=a.sampling,
+                                             transport=a.client))[0] if warm else []
         warmup = {"requests": len(warm), "failed": sum(not r.ok for r in warm_records),
                   "errors": [r.error for r in warm_records if r.error][:ERRORS_KEPT]}
         levels = [_level(a, model, max_tokens, n, bar) for n in a.levels]
@@ -112,7 +118,8 @@ def _level(a: argparse.Namespace, model: str, max_tokens: int, n: int, bar: Prog
         bar.stage(f"concurrency {n}" + (f" run {rep + 1}/{a.repeats}" if a.repeats > 1 else ""))
         window: list[int] = []  # first send to last completion, the duration's own interval
         records, duration = asyncio.run(run_level(a.base_url, model, prompts, n, max_tokens, a.timeout, a.api_key,
-                                                  on_done=lambda r: bar.advance(), sampling=a.sampling, window=window))
+                                                  on_done=lambda r: bar.advance(), sampling=a.sampling, window=window,
+                                                  transport=a.client))
         runs.append({"repeat": rep, "metrics": summarise(records, duration),
                      "window_ns": window,
                      "request_ids": [r.request_id for r in records],
@@ -164,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                      "sampling": describe_sampling(a.sampling), "prompt_words": a.prompt_words
                      or list(profile.words), "max_tokens": max_tokens, "seed": a.seed, "repeats": a.repeats,
                      "num_requests": a.num_requests, "concurrency": a.levels, "timeout_s": a.timeout,
-                     "warmup": warmup, "ignore_eos": True, "stream": True},
+                     "warmup": warmup, "ignore_eos": True, "stream": True, "client": a.client},
         "metric_definitions": "vllm bench serve (tools/benchkit/metrics.py); failed requests excluded from latencies",
         "trace_file": str(a.trace_file) if a.trace_file else None,
         "levels": levels,

@@ -142,10 +142,15 @@ def _error_message(text: str) -> str:
 async def run_level(base_url: str, model: str, prompts: list[PromptSpec], concurrency: int, max_tokens: int,
                     timeout: float, api_key: str | None = None, *,
                     on_done: Callable[[RequestRecord], None] | None = None,
-                    sampling: str = "greedy", window: list[int] | None = None) -> tuple[list[RequestRecord], float]:
+                    sampling: str = "greedy", window: list[int] | None = None,
+                    transport: str = "httpx") -> tuple[list[RequestRecord], float]:
     """Closed loop: `concurrency` workers drain the prompt list. Returns the records (in workload
     order) and the benchmark duration (first send to last completion). sampling: the profile whose
-    fields each request takes by its index (tools/benchkit/sampling.py)."""
+    fields each request takes by its index (tools/benchkit/sampling.py). transport: "httpx" (one
+    pooled client) or "raw" (tools/benchkit/raw_client.py: a plain connection per worker)."""
+    if transport == "raw":
+        return await _run_raw(base_url, model, prompts, concurrency, max_tokens, timeout, api_key,
+                              on_done=on_done, sampling=sampling, window=window)
     url = base_url.rstrip("/") + "/v1/completions"
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
@@ -153,3 +158,25 @@ async def run_level(base_url: str, model: str, prompts: list[PromptSpec], concur
             body = request_body(model, p.text, max_tokens, sampling_fields(sampling, p.index))
             return await send(client, url, body, p.index, timeout, auth_headers(api_key))
         return await closed_loop(prompts, concurrency, one, on_done, window)
+
+
+async def _run_raw(base_url: str, model: str, prompts: list[PromptSpec], concurrency: int, max_tokens: int,
+                   timeout: float, api_key: str | None, *, on_done: Callable[[RequestRecord], None] | None,
+                   sampling: str, window: list[int] | None) -> tuple[list[RequestRecord], float]:
+    """run_level over raw connections, one per worker (each sends one request at a time)."""
+    from tools.benchkit.raw_client import RawConnection, send_raw
+    idle: list[RawConnection] = [RawConnection(base_url) for _ in range(max(1, min(concurrency, len(prompts))))]
+    opened = list(idle)
+
+    async def one(p: PromptSpec) -> RequestRecord:
+        body = request_body(model, p.text, max_tokens, sampling_fields(sampling, p.index))
+        conn = idle.pop()  # a worker holds one request at a time: there is always a free connection
+        try:
+            return await send_raw(conn, "/v1/completions", body, p.index, timeout, auth_headers(api_key))
+        finally:
+            idle.append(conn)
+    try:
+        return await closed_loop(prompts, concurrency, one, on_done, window)
+    finally:
+        for conn in opened:
+            conn.close()

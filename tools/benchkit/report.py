@@ -57,7 +57,8 @@ def serving_markdown(r: dict) -> str:
         f"{', '.join(c.get('gpus') or []) or 'none seen'}",
         f"- Claim boundary: {r['claim'] or 'none given'}",
         f"- Workload: {w['summary']}; max_tokens {w['max_tokens']} with ignore_eos; seed {w['seed']}; "
-        f"{w['repeats']} repeat(s) per level; closed-loop concurrency; timeout {w['timeout_s']:g} s",
+        f"{w['repeats']} repeat(s) per level; closed-loop concurrency; timeout {w['timeout_s']:g} s; "
+        f"client {w.get('client', 'httpx')}",
         "",
         "Latencies in ms (median / p99 of the per-request values; with repeats, the median across "
         "repeats). TPOT = (E2EL - TTFT) / (output tokens - 1); ITL = gaps between content chunks. "
@@ -98,7 +99,8 @@ def serving_markdown(r: dict) -> str:
     stepped = [(lv["concurrency"], run) for lv in r["levels"] for run in lv["runs"] if run.get("server_steps")]
     if stepped:
         lines += ["", "Engine steps inside each run's window (server trace, `tools/benchkit/steps.py`):", ""]
-        lines += [f"- concurrency {n}, run {run['repeat'] + 1}: {steps_line(run['server_steps'])}" for n, run in stepped]
+        lines += [f"- concurrency {n}, run {run['repeat'] + 1}: {steps_line(run['server_steps'])}"
+                  for n, run in stepped]
     lagged = [(lv["concurrency"], run) for lv in r["levels"] for run in lv["runs"] if run.get("arrival_lag")]
     if lagged:
         lines += ["", "Client send to server receipt (the request span's start; client, network and the server's "

@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         if g["lead_ms"] is None:
             print("  idle: no step started inside the window")
         else:
-            skipped = f" ({g['unknown']} stretches beside a step missing from the file not counted)" if g["unknown"] else ""
+            skipped = (f" ({g['unknown']} stretches beside a step missing from the file not counted)"
+                       if g["unknown"] else "")
             print(f"  idle: lead {g['lead_ms']:,.2f} ms, tail {g['tail_ms']:,.2f} ms, all {g['idle_ms']:,.2f} ms"
                   f"{skipped}; widest gaps:")
         for w in g["widest"]:

@@ -3,8 +3,9 @@
 # (docs/benchmarks/2026-12-06d-device.md): tax, norm-linear-tests, start, tax2, tax3 and the
 # norm-linear probe. Next, in this order (about 30 minutes of device time; every open issue's targets
 # are H200 figures, so on an H200 first of all):
-#   1. bash tools/dev/h200_next.sh tax3    issue 29: c=64 and c=256 in one call at the defaults (HTTP and
-#                                          replay, busy share, idle gaps; ~4.5 min); then the 10 x 1,024
+#   1. bash tools/dev/h200_next.sh tax3    issue 29: c=64 and c=256 in one call at the defaults (HTTP with the
+#                                          httpx and the raw client, replay, busy share, idle gaps, send-to-
+#                                          receipt lag; ~5.5 min); then the 10 x 1,024
 #                                          burst (h200_tax.sh without SKIP_BURST)
 #   2. bash tools/dev/h200_sampling.sh serving   issue 33's profiles at c=1/64/256 (~4.5 min): the c=256
 #                                          mix with the step-prompt bound on
@@ -70,8 +71,8 @@ PY
 fi
 if [ "$what" = tax3 ]; then  # issue 29's two levels in one call at the defaults, windows first send to last
   # completion (2026-12-06d), each window's idle and first steps
-  LEVELS=64,256 NUM=512 SKIP_DETOK=1 SKIP_BURST=1 SLOWEST=3 FIRST=10 EXTRA="--max-active 256 --max-model-len 4096" \
-    TAG=base bash tools/dev/h200_tax.sh
+  LEVELS=64,256 NUM=512 SKIP_DETOK=1 SKIP_BURST=1 SLOWEST=3 FIRST=10 RAW=1 \
+    EXTRA="--max-active 256 --max-model-len 4096" TAG=base bash tools/dev/h200_tax.sh
   pack tax3
   exit 0
 fi

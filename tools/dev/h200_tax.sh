@@ -6,10 +6,11 @@
 # runtime, no HTTP), then the HTTP tax as bench_serving over replay (--compare), and each server's
 # slowest steps with prompt rows (tools/benchkit/steps.py --slowest). Then 10 bursts of
 # 1024 new streaming connections (reliability scenario connection_burst) against a fresh server.
-# Usage: [LEVELS=64,256] [NUM=1024] [EXTRA="daemon flags"] [TAG=name] [SKIP_DETOK=1] [SKIP_BURST=1] [SLOWEST=12] [FIRST=0] \
+# Usage: [LEVELS=64,256] [NUM=1024] [EXTRA="daemon flags"] [TAG=name] [SKIP_DETOK=1] [SKIP_BURST=1] [SLOWEST=12] [FIRST=0] [RAW=1] \
 #        bash tools/dev/h200_tax.sh
 #   e.g. the --max-step-prompts A/B in one call: bash tools/dev/h200_tax.sh; \
 #        EXTRA="--max-step-prompts 0" TAG=nocap bash tools/dev/h200_tax.sh
+#   RAW=1 also runs the HTTP workload with bench_serving's lean client (--client raw) on the same server.
 # Everything it writes goes to $OUT.
 set -uo pipefail
 source tools/dev/h200_env.sh
@@ -42,16 +43,30 @@ timeout 100 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 --pr
 timeout 200 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 "${WORKLOAD[@]}" --no-progress \
   --trace-file /tmp/trace-http.jsonl --trace-wait 20 --claim "one H200, random Lite weights (bf16), greedy; HTTP" \
   --out "$OUT/tax-http-$TAG.json" 2>&1 | tail -4
+if [ -n "${RAW:-}" ]; then  # the same workload again with bench_serving's lean client (--client raw)
+  timeout 200 python3 tools/bench_serving.py --base-url http://127.0.0.1:8000 "${WORKLOAD[@]}" --no-progress \
+    --client raw --trace-file /tmp/trace-http.jsonl --trace-wait 20 \
+    --claim "one H200, random Lite weights (bf16), greedy; HTTP, raw client" --out "$OUT/tax-http-raw-$TAG.json" 2>&1 | tail -3
+fi
 kill -TERM $pid; wait $pid
 echo "-- the HTTP server's slowest steps with prompt rows (warm-up included)"
 python3 -m tools.benchkit.steps /tmp/trace-http.jsonl --slowest ${SLOWEST:-12} 2>&1 | tee "$OUT/steps-http-$TAG.txt" | tail -${SLOWEST:-12}
 window_gaps "$OUT/tax-http-$TAG.json" /tmp/trace-http.jsonl
+[ -n "${RAW:-}" ] && { echo "-- with the raw client:"; window_gaps "$OUT/tax-http-raw-$TAG.json" /tmp/trace-http.jsonl; }
 echo "== in process (bench_replay), same workload"
 timeout 200 python3 tools/bench_replay.py "${WORKLOAD[@]}" --warmup 256 --warmup-concurrency 256 \
   --compare "$OUT/tax-http-$TAG.json" --out "$OUT/tax-replay-$TAG.json" \
   -- "${SERVE[@]}" --trace-file /tmp/trace-replay.jsonl 2>&1 | tail -6
 python3 -m tools.benchkit.steps /tmp/trace-replay.jsonl --slowest ${SLOWEST:-12} 2>&1 | tee "$OUT/steps-replay-$TAG.txt" | tail -${SLOWEST:-12}
 window_gaps "$OUT/tax-replay-$TAG.json" /tmp/trace-replay.jsonl
+if [ -n "${RAW:-}" ]; then  # the raw client's HTTP / replay, per level
+  python3 -c 'import json,sys
+rep = {lv["concurrency"]: lv["summary"]["output_throughput"]["median"] for lv in json.load(open(sys.argv[2]))["levels"]}
+for lv in json.load(open(sys.argv[1]))["levels"]:
+    c, h = lv["concurrency"], lv["summary"]["output_throughput"]["median"]
+    if rep.get(c): print("concurrency %4d: raw client HTTP / replay output tok/s = %.3f" % (c, h / rep[c]))' \
+    "$OUT/tax-http-raw-$TAG.json" "$OUT/tax-replay-$TAG.json"
+fi
 if [ "${SKIP_DETOK:-0}" != 1 ]; then
   timeout 200 python3 tools/bench_replay.py "${WORKLOAD[@]}" --warmup 256 --warmup-concurrency 256 --detokenize \
     --compare "$OUT/tax-http-$TAG.json" --out "$OUT/tax-replay-detok-$TAG.json" -- "${SERVE[@]}" 2>&1 | tail -3
