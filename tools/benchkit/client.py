@@ -71,12 +71,18 @@ async def send(client: httpx.AsyncClient, url: str, body: dict, index: int, time
     except httpx.HTTPError as e:
         rec.error = f"{type(e).__name__}: {e}"
         return rec
+    return finish(rec, done)
+
+
+def finish(rec: RequestRecord, done: bool) -> RequestRecord:
+    """A stream read to its end (done: it sent data: [DONE]): what it lacked becomes its error; without
+    a usage chunk, one token per content chunk (flagged in the report)."""
     if rec.error is None and not done:
         rec.error = "stream ended without data: [DONE]"
     if rec.error is None and not rec.chunk_times:
         rec.error = "no content chunk (nothing to time TTFT by)"
     if rec.error is None and not rec.usage_reported:
-        rec.output_tokens = len(rec.chunk_times)  # no usage chunk: one token per chunk, flagged in the report
+        rec.output_tokens = len(rec.chunk_times)
     rec.ok = rec.error is None
     return rec
 

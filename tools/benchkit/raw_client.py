@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
-from tools.benchkit.client import _LINE_END, _error_message, _sse_data, _take_chunk
+from tools.benchkit.client import _LINE_END, _error_message, _sse_data, _take_chunk, finish
 from tools.benchkit.metrics import RequestRecord
 
 
@@ -104,11 +104,4 @@ async def send_raw(conn: RawConnection, path: str, body: dict, index: int, timeo
         conn.close()
         rec.error = f"{type(e).__name__}: {e}"
         return rec
-    if rec.error is None and not done:
-        rec.error = "stream ended without data: [DONE]"
-    if rec.error is None and not rec.chunk_times:
-        rec.error = "no content chunk (nothing to time TTFT by)"
-    if rec.error is None and not rec.usage_reported:
-        rec.output_tokens = len(rec.chunk_times)
-    rec.ok = rec.error is None
-    return rec
+    return finish(rec, done)
