@@ -105,3 +105,45 @@ def test_raw_client_takes_http_urls_only(tmp_path, capsys):
     except SystemExit as e:
         assert e.code == 2
     assert "--client raw takes an http:// --base-url" in capsys.readouterr().err and not Path(out).exists()
+
+
+def test_a_kept_alive_connection_closed_by_the_server_is_opened_again_once():
+    """The server answers one request per connection and closes it without saying so: the next
+    request on that connection meets EOF before any answer and goes out again on a new one."""
+    body = (b'data: {"id": "k", "choices": [{"index": 0, "text": "a"}]}\n\n'
+            b'data: {"id": "k", "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}\n\n'
+            b"data: [DONE]\n\n")
+    state = {"connections": 0, "closed": 0}
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        state["connections"] += 1
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.lower().split(b"\r\n")
+                          if line.startswith(b"content-length")))
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(body), body))
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+        state["closed"] += 1
+
+    async def run():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        conn = RawConnection(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        recs = []
+        for i in range(3):
+            recs.append(await send_raw(conn, "/v1/completions", {"i": i}, i, 5.0))
+            await asyncio.sleep(0.05)  # the server's close reaches the client before the next request
+        conn.close()
+        for _ in range(100):
+            if state["closed"] == state["connections"]:
+                break
+            await asyncio.sleep(0.01)
+        server.close()
+        await server.wait_closed()
+        return recs
+
+    recs = asyncio.run(run())
+    assert [r.ok for r in recs] == [True, True, True] and [r.output_tokens for r in recs] == [1, 1, 1]
+    assert state["connections"] == 3

@@ -28,10 +28,12 @@ class RawConnection:
         self.prefix = parts.path.rstrip("/")
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
+        self._answered = 0  # responses read on the open connection
 
     async def _open(self) -> None:
         if self._writer is None or self._writer.is_closing():
             self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
+            self._answered = 0
 
     def close(self) -> None:
         if self._writer is not None:
@@ -39,13 +41,25 @@ class RawConnection:
             self._writer = None
 
     async def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str]]:
-        """Send the request and read the response head: (status, lower-cased headers)."""
-        await self._open()
+        """Send the request and read the response head: (status, lower-cased headers). A kept-alive
+        connection the server closed while it was idle is opened again and the request sent once more
+        (nothing of it was answered), as httpx's pool does."""
         extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        self._writer.write(f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-                           f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
-                           .encode() + body)
-        head = (await self._reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        request = (f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                   f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n").encode() + body
+        for attempt in (0, 1):
+            await self._open()
+            reused = self._answered > 0
+            try:
+                self._writer.write(request)
+                raw = await self._reader.readuntil(b"\r\n\r\n")
+                break
+            except (asyncio.IncompleteReadError, ConnectionError) as e:
+                self.close()
+                if not reused or attempt or (isinstance(e, asyncio.IncompleteReadError) and e.partial):
+                    raise
+        self._answered += 1
+        head = raw.decode("latin-1").split("\r\n")
         status = int(head[0].split(" ", 2)[1])
         fields = {}
         for line in head[1:]:
