@@ -38,10 +38,14 @@ def _num(step: StepView, key: str) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
 
 
+def _window(steps: list[StepView], since_ns: int, until_ns: int) -> list[StepView]:
+    """The steps that started inside [since_ns, until_ns], in start order."""
+    return sorted((s for s in steps if since_ns <= s.start_ns <= until_ns), key=lambda s: (s.start_ns, s.index))
+
+
 def summarise(steps: list[StepView], since_ns: int, until_ns: int) -> dict:
     """The steps that started inside [since_ns, until_ns], summed (see the module doc)."""
-    window = [s for s in steps if since_ns <= s.start_ns <= until_ns]
-    window.sort(key=lambda s: (s.start_ns, s.index))
+    window = _window(steps, since_ns, until_ns)
     window_s = (until_ns - since_ns) / 1e9
     count = {p: 0 for p in PHASES}
     device_s = {p: 0.0 for p in PHASES}
@@ -82,7 +86,7 @@ def slowest(steps: list[StepView], since_ns: int, until_ns: int, n: int) -> list
     """The n steps with prompt rows (mixed, prefill) inside [since_ns, until_ns] with the most device
     time, slowest first: index, phase, rows, decode rows, prompt rows, prompt tokens, device and
     GPU-thread milliseconds."""
-    window = [s for s in steps if since_ns <= s.start_ns <= until_ns and s.phase in ("mixed", "prefill")]
+    window = [s for s in _window(steps, since_ns, until_ns) if s.phase in ("mixed", "prefill")]
     window.sort(key=lambda s: (-_num(s, "gpu_s"), s.index))
     out = []
     for s in window[:n]:
@@ -97,7 +101,7 @@ def gaps(steps: list[StepView], since_ns: int, until_ns: int, n: int) -> dict:
     """The device's idle stretches in [since_ns, until_ns] (module doc): lead and tail in ms, and the n
     widest gaps between consecutive steps, widest first; `unknown` counts the stretches between steps
     whose indexes are not consecutive (a step missing from the file), left out of the idle sum."""
-    window = sorted((s for s in steps if since_ns <= s.start_ns <= until_ns), key=lambda s: (s.start_ns, s.index))
+    window = _window(steps, since_ns, until_ns)
     if not window:
         return {"lead_ms": None, "tail_ms": None, "idle_ms": None, "widest": [], "unknown": 0}
     busy_end, end = [], float("-inf")  # one step after another on the device: a step launched while
@@ -111,7 +115,7 @@ def gaps(steps: list[StepView], since_ns: int, until_ns: int, n: int) -> dict:
             continue
         between.append({"after": a.index, "after_phase": a.phase, "before": b.index, "before_phase": b.phase,
                         "ms": max(0.0, (b.start_ns - end) / 1e6)})
-    lead, tail = (window[0].start_ns - since_ns) / 1e6, max(0.0, (until_ns - max(busy_end)) / 1e6)
+    lead, tail = (window[0].start_ns - since_ns) / 1e6, max(0.0, (until_ns - busy_end[-1]) / 1e6)
     widest = sorted(between, key=lambda g: -g["ms"])[:n]
     return {"lead_ms": round(lead, 3), "tail_ms": round(tail, 3),
             "idle_ms": round(lead + tail + sum(g["ms"] for g in between), 3),
@@ -121,11 +125,10 @@ def gaps(steps: list[StepView], since_ns: int, until_ns: int, n: int) -> dict:
 def first(steps: list[StepView], since_ns: int, until_ns: int, n: int) -> list[dict]:
     """The window's first n steps: start (ms from since_ns), index, phase, rows, prompt rows, prompt
     tokens and device ms."""
-    window = sorted((s for s in steps if since_ns <= s.start_ns <= until_ns), key=lambda s: (s.start_ns, s.index))
     return [{"at_ms": round((s.start_ns - since_ns) / 1e6, 3), "index": s.index, "phase": s.phase,
              "rows": int(_num(s, "rows")), "prompt_rows": int(_num(s, "rows") - _num(s, "decode_rows")),
              "prefill_tokens": int(_num(s, "prefill_tokens")), "gpu_ms": round(_num(s, "gpu_s") * 1e3, 3)}
-            for s in window[:n]]
+            for s in _window(steps, since_ns, until_ns)[:n]]
 
 
 def read_steps(path: Path) -> list[StepView]:

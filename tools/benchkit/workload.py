@@ -93,7 +93,7 @@ def parse_levels(text: str | None) -> list[int]:
 async def closed_loop(prompts: list[PromptSpec], concurrency: int, one: Callable[[PromptSpec], Awaitable],
                       on_done: Callable | None = None, window: list[int] | None = None) -> tuple[list, float]:
     """`concurrency` workers drain the prompt list, each sending its next request (one(prompt), which
-    returns its record, with an `index`) as soon as its last one ends. Returns the records in workload
+    returns its RequestRecord) as soon as its last one ends. Returns the records in workload
     order and the duration, first send to last completion; `window`, where given, gets the same
     interval on the wall clock, [start ns, end ns] (what a server's trace is compared with)."""
     pending = iter(prompts)
@@ -113,6 +113,5 @@ async def closed_loop(prompts: list[PromptSpec], concurrency: int, one: Callable
         window[:] = [t0_ns, t0_ns + round(duration * 1e9)]
     records.sort(key=lambda r: r.index)
     for rec in records:  # when each was sent, from the level's start (a burst's spread on the client)
-        if hasattr(rec, "sent_s") and getattr(rec, "start", 0.0):
-            rec.sent_s = rec.start - t0
+        rec.sent_s = rec.start - t0
     return records, duration
