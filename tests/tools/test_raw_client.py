@@ -7,7 +7,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from tests.tools.test_bench_serving import CHUNK_GAP_S, FAIL_DELAY_S, KEY, TOKENS, bench, fake_server  # noqa: F401
+from tests.tools.bench_fakes import FAIL_DELAY_S, KEY, TOKENS, bench, fake_server  # noqa: F401
 from tools import bench_serving
 from tools.benchkit.raw_client import RawConnection, send_raw
 
