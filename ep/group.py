@@ -28,6 +28,9 @@ from pegainfer.ep.rendezvous import ABANDONED_KEY
 Work = dist.Work
 STOP_GRACE_S = 5.0  # how long close() lets expert ranks exit on their own before terminating them
 NCCL_WATCHDOG_MARGIN_S = 60.0  # NCCL's own timeout is the rank timeout plus this (see make_process_group)
+# gloo takes a wait's timeout in whole milliseconds, so a wait that ran out may end this much before
+# its deadline, and a silence measured then this much short of the rank timeout
+WAIT_SLACK_S = 0.005
 
 
 @dataclasses.dataclass(slots=True)
@@ -162,7 +165,7 @@ class RankGroup:
                 # (a timeout of 0 would mean the group's own, so never pass less than a millisecond)
                 w.wait(datetime.timedelta(seconds=max(1e-3, deadline - time.monotonic())))
         except RuntimeError as e:
-            self.fail(peers, what, e, waited_s=budget if time.monotonic() >= deadline - 1e-3 else None)
+            self.fail(peers, what, e, waited_s=budget if time.monotonic() >= deadline - WAIT_SLACK_S else None)
 
     def settle(self) -> None:
         """NCCL: wait, polling against the deadline, the expert processes' liveness and their
@@ -193,8 +196,10 @@ class RankGroup:
             msg += f" during {what}"
         elif self.watch is not None and self.watch.lost:
             msg = f"{self._loss()} during {what}"
-        elif waited_s is not None and waited_s < self.timeout_s and self.watch.silent(self.timeout_s):
-            msg = f"{self._silence()} during {what}"  # silent since before the wait: its budget was cut
+        elif (waited_s is not None and waited_s < self.timeout_s
+              and self.watch.silent(self.timeout_s - WAIT_SLACK_S)):
+            # silent since before the wait: its budget was cut
+            msg = f"{self._silence(self.timeout_s - WAIT_SLACK_S)} during {what}"
         else:
             names = ", ".join(str(p) for p in peers) or "?"
             msg = f"expert rank(s) {names} did not complete {what} within {self.timeout_s:g} s"
