@@ -29,7 +29,7 @@ import torch
 from pegainfer.engine.batch import RowInput
 from pegainfer.engine.draw_params import DrawParams
 from pegainfer.engine.kernels.config import SampleTiling
-from pegainfer.engine.kernels.sample import FLOATS, HISTORY_SEEN, INTS, MAX_LOGPROBS, SampleOut, SampleRows
+from pegainfer.engine.kernels.sample_rows import FLOATS, HISTORY_SEEN, INTS, MAX_LOGPROBS, SampleOut, SampleRows
 from pegainfer.engine.sampler import Draw, SamplingBatch, sample as reference_sample
 
 _GREEDY = DrawParams(temperature=0.0, top_p=1.0, top_k=0, min_p=0.0, presence=0.0, frequency=0.0, repetition=1.0,

@@ -57,22 +57,16 @@ blocks: the same tokens and log-probs, bit for bit, wherever both take the same 
 says where they may not)."""
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
 
 from pegainfer.engine.kernels.precompile import launcher
+from pegainfer.engine.kernels.sample_rows import (  # noqa: F401 (the kernel's callers import them here too)
+    FLOATS, HISTORY_SEEN, INTS, MAX_LOGPROBS, SampleOut, SampleRows)
 from pegainfer.engine.kernels.sample_row import sample_row
 from pegainfer.engine.kernels.sample_split import launch
 
-FLOATS = ("temperature", "top_p", "min_p", "presence", "frequency", "repetition")  # SampleRows.floats columns
-INTS = ("top_k", "seed", "index", "step", "row", "history_slot", "bias_slot")  # SampleRows.ints columns
-HISTORY_SEEN = 1 << 30  # history bit: the token is in the prompt; the bits below count it in the output
-MAX_LOGPROBS = 20
 BLOCK_V = 2048
 PIVOTS = 4
 CAP = 512  # candidates a row gathers and sorts at most (top-k, the top-p nucleus, the top-N)
@@ -86,41 +80,6 @@ def _sample_kernel(logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_
     sample_row(tl.program_id(0), 0, logits_ptr, stride_l, floats_ptr, ints_ptr, hist_ptr, stride_h, bias_ptr, stride_b,
                scratch_ptr, tok_ptr, lp_ptr, ids_ptr, lps_ptr, sweeps_ptr, V, N_TOP, NP, LOGPROBS, RECORD, COUNT,
                BLOCK_V, PIVOTS, CAP)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SampleRows:
-    """Each draw's parameters on the device, one row per draw: floats [S, 6] float32 (FLOATS: a
-    temperature of 0 is greedy, as DrawParams makes any below GREEDY_BELOW; top_p 1 and min_p 0 are
-    off) and ints [S, 7] int64 (INTS: top_k <= 0 is off; seed, choice index and step key the counter
-    RNG; row: the logits row the draw reads, < R; history_slot and bias_slot: the rows of `history`
-    and `bias`, -1 for none). The values are DrawParams' (engine/draw_params.py), checked there. A
-    graph keeps both in static buffers and copies each step's values in."""
-    floats: torch.Tensor
-    ints: torch.Tensor
-
-    @classmethod
-    def build(cls, temperature: Sequence[float], *, device: torch.device | str, **columns: Sequence[float] | None
-              ) -> SampleRows:
-        """From per-draw sequences named as FLOATS and INTS (all but temperature optional: off,
-        seed/index/step 0, row s for draw s, no slots)."""
-        if unknown := set(columns) - set(FLOATS) - set(INTS):
-            raise TypeError(f"unknown columns {sorted(unknown)}")
-        s = len(temperature)
-        default = {"top_p": [1.0] * s, "min_p": [0.0] * s, "presence": [0.0] * s, "frequency": [0.0] * s,
-                   "repetition": [1.0] * s, "row": list(range(s)), "history_slot": [-1] * s, "bias_slot": [-1] * s}
-        cols = {"temperature": list(temperature)} | {
-            name: list(columns[name]) if columns.get(name) is not None else default.get(name, [0] * s)
-            for name in FLOATS[1:] + INTS}
-        return cls(torch.tensor([cols[c] for c in FLOATS], dtype=torch.float32).T.contiguous().to(device),
-                   torch.tensor([cols[c] for c in INTS], dtype=torch.int64).T.contiguous().to(device))
-
-
-class SampleOut(NamedTuple):
-    tokens: torch.Tensor  # [S] int64
-    logprobs: torch.Tensor | None  # [S] float32, the chosen tokens' raw log-probs
-    top_ids: torch.Tensor | None  # [S, N] int64
-    top_logprobs: torch.Tensor | None  # [S, N] float32
 
 
 def sample(logits: torch.Tensor, rows: SampleRows, *, history: torch.Tensor | None = None,
