@@ -154,8 +154,8 @@ def _message(m: Any, where: str) -> dict[str, str]:
     if role is None:
         raise bad_request(f"'{where}.role' is required (one of {', '.join(ROLES)})", "messages")
     if not isinstance(role, str) or role not in ROLES:
-        shown = role[:40] if isinstance(role, str) else type(role).__name__
-        raise bad_request(f"'{where}.role' must be one of {', '.join(ROLES)}, got {shown!r}", "messages")
+        shown = repr(role[:40]) if isinstance(role, str) else f"{repr(role)[:40]} ({type(role).__name__})"
+        raise bad_request(f"'{where}.role' must be one of {', '.join(ROLES)}, got {shown}", "messages")
     if m.get("tool_calls") or m.get("function_call"):
         raise unsupported("messages", f"'{where}' with tool calls (tool calling)", yet=False)
     out = {"role": ROLES[role], "content": _content(m.get("content"), role, where)}

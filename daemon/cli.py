@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past the EOS token")
     g.add_argument("--temperature", type=float, help="0 (the default): greedy; above 0: sampled")
     g.add_argument("--top-p", type=float, help="nucleus sampling: the smallest set of tokens of this mass")
-    g.add_argument("--top-k", type=int, help="sample among the k most likely tokens (-1: off)")
+    g.add_argument("--top-k", type=int, help="sample among the k most likely tokens (-1 or 0: off)")
     g.add_argument("--min-p", type=float, help="drop tokens below this fraction of the top token's probability")
     g.add_argument("--seed", type=int, help="the draws' seed (default 0): the same seed, the same tokens")
     g.add_argument("--json", action="store_true", help="print one JSON object")

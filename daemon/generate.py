@@ -30,7 +30,6 @@ def parse_ids(text: str) -> list[int]:
 
 def _check_limits(prompt_ids: list[int], max_tokens: int, engine: Engine) -> None:
     """The request's limits against the loaded model; a ParamError (one line) names the broken one."""
-    check("max_tokens", max_tokens)
     vocab, limit = engine.cfg.vocab_size, engine.max_model_len
     bad = next((t for t in prompt_ids if not 0 <= t < vocab), None)
     if bad is not None:
@@ -42,14 +41,20 @@ def _check_limits(prompt_ids: list[int], max_tokens: int, engine: Engine) -> Non
 
 def run_generate(args: argparse.Namespace) -> int:
     # Before loading: one line on what to change (exit 2), in the order `serve` checks its settings.
-    sampling = SamplingParams.checked(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                      min_p=args.min_p, seed=args.seed)
+    try:
+        sampling = SamplingParams.checked(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                                          min_p=args.min_p, seed=args.seed)
+        check("max_tokens", args.max_tokens)
+        prompt_ids = parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
+        for t in prompt_ids or ():
+            check("--prompt-ids", t, "token_id")
+    except ParamError as e:
+        raise CliError(str(e)) from None  # a command line that cannot work: exit 2, nothing loaded
     preflight(args.backend, args.device, args.ep_size)
     check_device(args.device)
     if args.model:
         check_model_dir(args.model)
     model_dir = str(args.model or default_model_dir())
-    prompt_ids = parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
     tok = Tokenizer(model_dir)
     if prompt_ids is None:
         prompt_ids = tok.encode(args.prompt)

@@ -1,12 +1,14 @@
 """What `pegainfer serve` and `generate` check on this host before the port is bound or anything
-loads: that --model is a checkpoint folder whose config.json pegainfer can run, that the CUDA device
+loads: that the port can be listened on, that --model is a checkpoint folder whose config.json pegainfer can run, that the CUDA device
 asked for is there, that the EP backend can run here (ep.preflight), and that --compile-cache-dir is
 a folder it can write (made if missing). A failure is one line that
 names the setting and where it came from; the CLI exits 2 (a usage error: restarting will not fix
 it, and the systemd unit's RestartPreventExitStatus=2 does not retry it)."""
 from __future__ import annotations
 
+import errno
 import os
+import socket
 from pathlib import Path
 
 import torch
@@ -68,6 +70,27 @@ def use_compile_cache(folder: Path) -> None:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder / "inductor")
 
 
+def check_port(host: str, port: int, source: str = "--host/--port") -> None:
+    """`host`:`port` can be listened on now, as uvicorn will (SO_REUSEADDR: a closed server's
+    lingering connections do not count). Port 0 (any free one) is not checked."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise SettingsError(f"{source}: {host} cannot be resolved: {e.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as e:
+            why = {errno.EADDRINUSE: "is in use (another server listens there?)",
+                   errno.EACCES: "needs privileges this user lacks",
+                   errno.EADDRNOTAVAIL: "is not an address of this host"}.get(e.errno, e.strerror or str(e))
+            raise SettingsError(f"{source}: {host}:{port} {why}") from None
+
+
 def check_startup(s: Settings, where: dict[str, str]) -> None:
     """Everything about `s` that needs this host, before the port is bound (daemon.serve); then the
     compile caches go to --compile-cache-dir, before anything compiles."""
@@ -79,3 +102,5 @@ def check_startup(s: Settings, where: dict[str, str]) -> None:
     if s.compile_cache_dir is not None:
         use_compile_cache(check_compile_cache_dir(s.compile_cache_dir,
                                                   where.get("compile_cache_dir", flag("compile_cache_dir"))))
+    # last, so that a setting's own problem is named first
+    check_port(s.host, s.port, "/".join(where.get(k, flag(k)) for k in ("host", "port")))

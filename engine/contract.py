@@ -95,14 +95,17 @@ class Bound:
     high: float
     integer: bool = False
     open_low: bool = False  # the low end itself is excluded
-    off: int | None = None  # an integer below `low` that is allowed and means "off" (top_k's -1)
+    off: tuple[int, ...] = ()  # integers below `low` that are allowed and mean "off" (top_k's -1 and 0)
 
     def problem(self, name: str, value: object) -> ParamError | None:
         """The error for `value` as parameter `name`; None when it is allowed."""
+        if self.integer and isinstance(value, float) and abs(value) >= 2**63:
+            # a JSON integer past 64 bits parses as a float: name the range, not the type
+            return ParamError(name, f"'{name}' must be {self.describe()}, got {value:.17g} (out of range)")
         if isinstance(value, bool) or not isinstance(value, int if self.integer else (int, float)):
             kind = "an integer" if self.integer else "a number"
             return ParamTypeError(name, f"'{name}' must be {kind}, got {type(value).__name__}")
-        if value == self.off:
+        if value in self.off:
             return None
         nan = isinstance(value, float) and math.isnan(value)
         if nan or value < self.low or value > self.high or (self.open_low and value == self.low):
@@ -113,14 +116,16 @@ class Bound:
         span = f"in {'(' if self.open_low else '['}{self.low:g}, {self.high:g}]"
         if self.integer and self.high == INT64_MAX:
             span = f">= {self.low:g} (a signed 64-bit integer)" if self.low > INT64_MIN else "a signed 64-bit integer"
-        return span if self.off is None else f"{self.off} (off) or {span}"
+        return span if not self.off else f"{' or '.join(map(str, self.off))} (off) or {span}"
 
 
 BOUNDS: dict[str, Bound] = {
     "max_tokens": Bound(1, INT64_MAX, integer=True),
     "temperature": Bound(0.0, 2.0),
     "top_p": Bound(0.0, 1.0, open_low=True),
-    "top_k": Bound(1, INT64_MAX, integer=True, off=-1),  # and at most the vocabulary (checked by the daemon)
+    # 0 is off too, as in vLLM since its 0.9 (SamplingParams: "0 or -1 considers all tokens"); and at
+    # most the vocabulary (checked by the daemon)
+    "top_k": Bound(1, INT64_MAX, integer=True, off=(-1, 0)),
     "min_p": Bound(0.0, 1.0),
     "seed": Bound(INT64_MIN, INT64_MAX, integer=True),
     "presence_penalty": Bound(-2.0, 2.0),
@@ -153,7 +158,7 @@ class SamplingParams:
     values only the engine's own domain checks (engine/draw_params.py) refuse."""
     temperature: float = 0.0  # 0: greedy (argmax of the penalised logits)
     top_p: float = 1.0
-    top_k: int = -1  # -1: off
+    top_k: int = -1  # -1: off (`checked` takes 0 as off too and makes it -1)
     min_p: float = 0.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -180,6 +185,8 @@ class SamplingParams:
             elif value is not None:
                 check(name, value)
                 fields[name] = value if BOUNDS[name].integer else float(value)
+        if fields.get("top_k") == 0:
+            fields["top_k"] = -1  # one spelling of "off" from here on
         return cls(**fields)
 
     @property

@@ -53,8 +53,15 @@ def test_sampled_generation_is_seeded_and_checked(tiny_model_dir):
     assert sampled[0] == sampled[1] and len(sampled[0]) == 12
     assert sampled[0] != greedy or sampled[2] != greedy
     for flag, value, says in (("--temperature", "3", "temperature"), ("--top-p", "0", "top_p"),
-                              ("--min-p", "1.5", "min_p"), ("--seed", "-1" + "0" * 30, "seed")):
-        _one_line_error(run(*args, flag, value), says)
+                              ("--min-p", "1.5", "min_p"), ("--seed", "-1" + "0" * 30, "seed"),
+                              ("--top-k", "-2", "top_k"), ("--max-tokens", "0", "max_tokens"),
+                              ("--max-tokens", "-1", "max_tokens"), ("--prompt-ids", "1,-3", "--prompt-ids")):
+        p = run(*args, flag, value)
+        _one_line_error(p, says)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr  # a usage error: nothing logged or loaded
+    off = [json.loads(run(*args, "--temperature", "1.5", "--seed", "7", *k).stdout)["token_ids"]
+           for k in ((), ("--top-k", "0"))]
+    assert off[0] == off[1]  # top-k 0 is off, as -1 (and as vLLM takes it)
 
 
 def _one_line_error(p: subprocess.CompletedProcess, *needles: str) -> None:

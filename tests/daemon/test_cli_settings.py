@@ -47,6 +47,9 @@ def test_bad_settings_exit_2_with_one_line_before_binding(tmp_path, held_port):
         "env": (serve, {"PEGAINFER_LOG_LEVEL": "verbose"}, ["environment PEGAINFER_LOG_LEVEL: 'verbose'"]),
         "compile cache": (serve + ["--compile-cache-dir", str(empty / "x" / "y")],
                           {"PEGAINFER_COMPILE_CACHE_DIR": str(tmp_path)}, [f"--compile-cache-dir: {empty}/x/y cannot"]),
+        "port in use": (serve, {}, [f"--host/--port: 127.0.0.1:{held_port} is in use"]),
+        "bad host": (serve + ["--host", "no-such-host.invalid"], {}, ["--host/--port: no-such-host.invalid cannot be "
+                                                                      "resolved"]),
         "generate": ([sys.executable, "-m", "pegainfer.daemon.cli", "generate", "--model", str(empty), "--prompt",
                       "hi", "--max-tokens", "2"], {}, ["is not a model folder"]),
     }
@@ -90,6 +93,8 @@ def test_every_source_is_checked_the_same_way(name, value, says, tmp_path):
 
 
 def test_the_compile_cache_dir_comes_from_every_source_is_made_and_set_for_triton(tmp_path, monkeypatch):
+    from pegainfer.daemon import startup_check
+    monkeypatch.setattr(startup_check, "check_port", lambda *a: None)  # the default port may be taken here
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     config = tmp_path / "s.toml"

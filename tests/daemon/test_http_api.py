@@ -96,7 +96,6 @@ def test_openai_client_unchanged(daemon):
     ({"prompt": "hi", "temperature": 2.5}, "temperature", None),
     ({"prompt": "hi", "top_p": 1.5}, "top_p", None),
     ({"prompt": "hi", "top_p": 0}, "top_p", None),
-    ({"prompt": "hi", "top_k": 0}, "top_k", None),
     ({"prompt": "hi", "top_k": -2}, "top_k", None),
     ({"prompt": "hi", "min_p": 1.5}, "min_p", None),
     ({"prompt": "hi", "seed": "seven"}, "seed", None),
@@ -136,6 +135,14 @@ def test_sampling_parameters_are_accepted(daemon, body):
     r = post(daemon, {"prompt": "hi", "max_tokens": 3, "ignore_eos": True, **body})
     assert r.status_code == 200, r.text
     assert len(r.json()["choices"]) == body.get("n", 1)
+
+
+def test_top_k_zero_is_off_as_in_vllm(daemon):
+    """vLLM takes top_k 0 as off, like -1: the same seeded tokens as leaving it out."""
+    base = {"prompt": "hi", "max_tokens": 6, "ignore_eos": True, "temperature": 1.0, "seed": 11}
+    texts = [post(daemon, {**base, **extra}).json()["choices"][0]["text"]
+             for extra in ({}, {"top_k": 0}, {"top_k": -1})]
+    assert texts[0] == texts[1] == texts[2]
 
 
 def test_echo_with_max_tokens_zero_scores_the_prompt(daemon):

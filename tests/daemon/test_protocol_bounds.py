@@ -44,7 +44,8 @@ def test_a_whole_float_is_taken_as_its_integer_as_vllm_does():
     assert (r.max_tokens, r.n, r.best_of, r.sampling.top_k, r.sampling.seed, r.logprobs) == (5, 2, 3, 40, -7, 2)
     assert all(type(v) is int for v in (r.max_tokens, r.n, r.best_of, r.sampling.top_k, r.sampling.seed))
     for past in (b"1180591620717411303424", b"-9223372036854775809"):  # past 64 bits: floats, never rounded in
-        assert "integer, got float" in refused("seed", seed=orjson.loads(past)).message
+        message = refused("seed", seed=orjson.loads(past)).message
+        assert "'seed' must be a signed 64-bit integer, got " in message and message.endswith("(out of range)")
     assert "integer, got float" in refused("max_tokens", max_tokens=5.5).message
 
 
@@ -87,7 +88,7 @@ def test_signed_64_bit_edges_and_the_documented_ranges_pass():
     assert parse(seed=-2**63).sampling.seed == -2**63
     refused("repetition_penalty", repetition_penalty=2.01)
     refused("repetition_penalty", repetition_penalty=0)
-    refused("top_k", top_k=0)
+    assert parse(top_k=0).sampling.top_k == parse(top_k=-1).sampling.top_k == -1  # both off, as in vLLM
     refused("top_k", top_k=-2)
 
 
@@ -149,3 +150,12 @@ def test_the_parse_builds_the_engine_command_once():
     assert (echo.logprobs, echo.sampling.logprobs, echo.sampling.prompt_logprobs) == (2, 2, 2)
     plain = parse()
     assert plain.sampling == SamplingParams() and plain.sampling.plain_greedy and plain.logprobs is None
+
+
+@pytest.mark.parametrize("role,shown", [(5, "got 5 (int)"), (None, "required"), (["user"], "got ['user'] (list)"),
+                                        ("robot", "got 'robot'")])
+def test_a_bad_chat_role_is_named_by_its_value_or_its_type(role, shown):
+    from pegainfer.daemon.chat import parse_messages
+    with pytest.raises(APIError) as e:
+        parse_messages([{"role": role, "content": "hi"}])
+    assert e.value.param == "messages" and shown in e.value.message
