@@ -99,8 +99,7 @@ class Bound:
 
     def problem(self, name: str, value: object) -> ParamError | None:
         """The error for `value` as parameter `name`; None when it is allowed."""
-        if self.integer and isinstance(value, float) and abs(value) >= 2**63:
-            # a JSON integer past 64 bits parses as a float: name the range, not the type
+        if self.integer and isinstance(value, float) and abs(value) >= 2**63:  # a JSON integer past 64 bits
             return ParamError(name, f"'{name}' must be {self.describe()}, got {value:.17g} (out of range)")
         if isinstance(value, bool) or not isinstance(value, int if self.integer else (int, float)):
             kind = "an integer" if self.integer else "a number"
@@ -123,9 +122,7 @@ BOUNDS: dict[str, Bound] = {
     "max_tokens": Bound(1, INT64_MAX, integer=True),
     "temperature": Bound(0.0, 2.0),
     "top_p": Bound(0.0, 1.0, open_low=True),
-    # 0 is off too, as in vLLM since its 0.9 (SamplingParams: "0 or -1 considers all tokens"); and at
-    # most the vocabulary (checked by the daemon)
-    "top_k": Bound(1, INT64_MAX, integer=True, off=(-1, 0)),
+    "top_k": Bound(1, INT64_MAX, integer=True, off=(-1, 0)),  # 0 too, as vLLM; at most the vocabulary: the daemon
     "min_p": Bound(0.0, 1.0),
     "seed": Bound(INT64_MIN, INT64_MAX, integer=True),
     "presence_penalty": Bound(-2.0, 2.0),
@@ -185,9 +182,7 @@ class SamplingParams:
             elif value is not None:
                 check(name, value)
                 fields[name] = value if BOUNDS[name].integer else float(value)
-        if fields.get("top_k") == 0:
-            fields["top_k"] = -1  # one spelling of "off" from here on
-        return cls(**fields)
+        return cls(**fields | {"top_k": -1} if fields.get("top_k") == 0 else fields)  # one "off" from here on
 
     @property
     def penalised(self) -> bool:
@@ -382,8 +377,7 @@ class StepEvents:
     record: StepRecord | None
     prompt_logprobs: list[PromptLogprobs] = dataclasses.field(default_factory=list)
     snapshot: EngineSnapshot | None = None  # the engine's state once these events happened
-    # (request id, choice) of the sequences preempted while the step was planned: their pages were
-    # freed, they wait to be recomputed and lose nothing (engine/batcher.py)
+    # (request id, choice) preempted in planning: pages freed, recomputed later, nothing lost (engine/batcher.py)
     preempted: list[tuple[str, int]] = dataclasses.field(default_factory=list)
 
 
@@ -392,8 +386,7 @@ class PrefillStarted:
     """Sent before the forward of a step in which these requests begin their prefill."""
     request_ids: list[str]
     started_ns: int
-    # per request id: its prompt tokens found in the prefix cache (not computed; usage's cached_tokens)
-    cached_tokens: list[int] = dataclasses.field(default_factory=list)
+    cached_tokens: list[int] = dataclasses.field(default_factory=list)  # per request: prefix-cache hits
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
