@@ -311,7 +311,8 @@ def vocabulary_problem(req: CompletionRequest, prompt_ids: list[int], vocab: int
             return bad_request(f"{what} {bad} is outside the vocabulary [0, {vocab})", param)
     top_k = req.sampling.top_k
     if top_k > vocab:
-        return bad_request(f"'top_k' must be -1 or 0 (off) or in [1, {vocab}] (the vocabulary size), got {top_k}", "top_k")
+        return bad_request(f"'top_k' must be -1 or 0 (off) or in [1, {vocab}] (the vocabulary size), got {top_k}",
+                           "top_k")
     return None
 
 

@@ -1,9 +1,9 @@
 """What `pegainfer serve` and `generate` check on this host before the port is bound or anything
-loads: that the port can be listened on, that --model is a checkpoint folder whose config.json pegainfer can run, that the CUDA device
-asked for is there, that the EP backend can run here (ep.preflight), and that --compile-cache-dir is
-a folder it can write (made if missing). A failure is one line that
-names the setting and where it came from; the CLI exits 2 (a usage error: restarting will not fix
-it, and the systemd unit's RestartPreventExitStatus=2 does not retry it)."""
+loads: that --model is a checkpoint folder whose config.json pegainfer can run, that the CUDA device
+asked for is there, that the EP backend can run here (ep.preflight), that --compile-cache-dir is a
+folder it can write (made if missing), and last that serve's host and port can be listened on. A
+failure is one line that names the setting and where it came from; the CLI exits 2 (a usage error:
+restarting will not fix it, and the systemd unit's RestartPreventExitStatus=2 does not retry it)."""
 from __future__ import annotations
 
 import errno
