@@ -288,10 +288,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE.toml", help="install this settings file (checked as `serve --config` "
                    "would) instead of the commented example")
     p.add_argument("--allow-tiny-model", action="store_true", help="install a service that serves the embedded "
-                   "tiny random model (a smoke test); refused otherwise")
+                   "tiny demo model (trained on Python sources, a smoke test); refused otherwise")
     p.add_argument("--no-private-tmp", dest="private_tmp", action="store_false", help="write PrivateTmp=no into "
                    "the unit, for a pegainfer or model under /tmp (refused otherwise: PrivateTmp=yes hides /tmp)")
-    p.add_argument("--prefix", default="/", help="install under this root instead of / (default /)")
+    p.add_argument("--prefix", default="/", help="install under this root instead of / (default /); the settings' "
+                   "paths are the service's own, so --model is looked for under this root too")
     p.add_argument("--user", default="pegainfer", help="service account, created if missing (default pegainfer)")
     p.add_argument("--dry-run", action="store_true", help="say what would change, change nothing")
 

@@ -72,7 +72,8 @@ def output_failed(rt: Runtime, request: Request, e: Exception) -> APIError:
     """Rendering one request's output raised (detokenising, a stop string, log-probs): that request
     fails alone (the engine drops it), the log gets one structured line without a traceback, and
     the client a stable message: the details stay in the log."""
-    log_event("request_failed", request_id=request.request_id, stage="output", error=f"{type(e).__name__}: {e}")
+    log_event("request_failed", level="error", request_id=request.request_id, stage="output",
+              error=f"{type(e).__name__}: {e}")
     if rt.scheduler is not None:
         rt.scheduler.fail(request.request_id, f"output failed: {type(e).__name__}")
     return APIError(500, "the server could not produce this request's output; the request was stopped",

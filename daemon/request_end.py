@@ -47,7 +47,7 @@ def end_error(request_id: str, end: SinkEnd) -> APIError:
         status, kind = _BY_CODE.get(end.code, (status, kind))
         code = end.code
     if end.state is RequestState.FAILED:
-        log_event("request_failed", request_id=request_id, error=end.message)
+        log_event("request_failed", level="error", request_id=request_id, error=end.message)
         return APIError(status, engine_failure(end.message), kind, None, code)
     return APIError(status, end.message or end.reason.value, kind, None, code)
 

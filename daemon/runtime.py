@@ -201,7 +201,7 @@ class Runtime:
         self.telemetry.on_preempted(request_id, index)
 
     def on_engine_died(self, message: str) -> None:
-        log_event("engine_died", error=message)
+        log_event("engine_died", level="error", error=message)
         self._status(f"engine failed: {message}")
         self.telemetry.on_engine_died(message)
         self.exit_code = 1

@@ -25,8 +25,9 @@ def test_an_engine_failure_names_the_rank_and_nothing_else(caplog):
         e = end_error("cmpl-1", failed(GLOO))
     assert (e.status, e.type, e.code) == (500, "server_error", "engine_failed")
     assert "expert rank 1 failed" in e.message and not any(leak in e.message for leak in LEAKS), e.message
-    [line] = [json.loads(r.getMessage()) for r in caplog.records if "request_failed" in r.getMessage()]
-    assert line == {"event": "request_failed", "request_id": "cmpl-1", "error": GLOO}
+    [record] = [r for r in caplog.records if "request_failed" in r.getMessage()]
+    assert json.loads(record.getMessage()) == {"event": "request_failed", "request_id": "cmpl-1", "error": GLOO}
+    assert record.levelname == "ERROR"  # a failed request is an error in the log, as the engine's death is
 
 
 @pytest.mark.parametrize("detail,expected", [
