@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:
 
 from tools.benchkit import hardware, report, steps  # noqa: E402
 from tools.benchkit.metrics import across_repeats, summarise, worst_marker  # noqa: E402
-from tools.benchkit.replay import http_tax, replay_level  # noqa: E402
+from tools.benchkit.replay import http_tax, replay_level, workload_mismatch  # noqa: E402
 from tools.benchkit.workload import PROFILES, make_prompts, parse_levels, requests_per_level  # noqa: E402
 
 HEADLINE = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_ms", "median_e2el_ms")
@@ -134,6 +134,16 @@ def markdown(rep: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def workload_of(a: argparse.Namespace) -> dict:
+    """The replay's workload, in bench_serving's report fields (so that --compare can check them)."""
+    profile = PROFILES[a.profile]
+    words = f"{a.prompt_words}-word prompts" if a.prompt_words else profile.summary.split(",")[0]
+    return {"profile": a.profile, "summary": f"{a.profile}: {words}", "prompt_words": a.prompt_words
+            or list(profile.words), "max_tokens": a.max_tokens or profile.max_tokens, "seed": a.seed,
+            "repeats": a.repeats, "num_requests": a.num_requests, "concurrency": a.levels, "ignore_eos": True,
+            "detokenize": a.detokenize}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     a, serve_flags = parse_args(argv)
@@ -142,15 +152,18 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # SettingsError: one line, as `pegainfer serve` says it
         print(f"bench_replay: error: {e}", file=sys.stderr)
         return 2
+    workload = workload_of(a)
+    http_report = json.loads(a.compare.read_text()) if a.compare is not None else None
+    if http_report is not None and (differ := workload_mismatch(workload, http_report)):
+        print(f"bench_replay: error: --compare {a.compare} is another workload ({'; '.join(differ)})",
+              file=sys.stderr)
+        return 2
     engine, warmup, levels = asyncio.run(run(a, settings))
     if settings.trace_file:
         engine_steps = steps.read_steps(Path(settings.trace_file))
         for lv in levels:
             for r in lv["runs"]:
                 r["server_steps"] = steps.summarise(engine_steps, *r["window_ns"]) if engine_steps else None
-    profile = PROFILES[a.profile]
-    max_tokens = a.max_tokens or profile.max_tokens
-    words = f"{a.prompt_words}-word prompts" if a.prompt_words else profile.summary.split(",")[0]
     rep = {
         "report_intent": "serving_replay",
         "tool": "tools/bench_replay.py",
@@ -159,16 +172,13 @@ def main(argv: list[str] | None = None) -> int:
         "git": hardware.git(),
         "host": {**hardware.host(), "gpus": hardware.nvidia_smi_gpus()},
         "engine": engine,
-        "workload": {"profile": a.profile, "summary": f"{a.profile}: {words}", "prompt_words": a.prompt_words
-                     or list(profile.words), "max_tokens": max_tokens, "seed": a.seed, "repeats": a.repeats,
-                     "num_requests": a.num_requests, "concurrency": a.levels, "warmup": warmup,
-                     "ignore_eos": True, "detokenize": a.detokenize},
+        "workload": workload | {"warmup": warmup},
         "metric_definitions": "vllm bench serve (tools/benchkit/metrics.py); a sink read with tokens is a chunk",
         "levels": levels,
     }
-    if a.compare is not None:
+    if http_report is not None:
         rep["compare"] = str(a.compare)
-        rep["http_tax"] = http_tax(levels, json.loads(a.compare.read_text()))
+        rep["http_tax"] = http_tax(levels, http_report)
     out, md = report.write(rep, a.out, markdown(rep))
     for lv in levels:
         print(report.level_line(lv), file=sys.stderr)

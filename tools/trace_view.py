@@ -21,9 +21,20 @@ from typing import NoReturn
 if __package__ in (None, ""):  # run as a script: make the repository's packages importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from pegainfer.engine.contract import TerminalReason  # noqa: E402
 from tools.traceview import page, perfetto, reader  # noqa: E402
 
 PROG = "trace_view"
+REASONS = tuple(r.value for r in TerminalReason)
+
+
+def _reasons(text: str) -> str:
+    """--reason's value: comma-separated terminal reasons, each one the trace knows."""
+    unknown = [r for r in text.split(",") if r and r not in REASONS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"{', '.join(map(repr, unknown))} is not a terminal reason (one of "
+                                         f"{', '.join(REASONS)})")
+    return text
 
 
 def fail(message: str) -> NoReturn:
@@ -52,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("trace", help="trace JSONL file, or a URL of a daemon's /debug/traces")
     p.add_argument("--out", required=True, help="output file")
     p.add_argument("--format", choices=("html", "perfetto"), default="html")
-    p.add_argument("--reason", action="append", default=[], help="keep only this terminal reason (repeatable)")
+    p.add_argument("--reason", action="append", default=[], type=_reasons, metavar="REASON[,REASON]",
+                   help=f"keep only these terminal reasons (repeatable; of {', '.join(REASONS)})")
     p.add_argument("--since", help="keep requests that end at or after this ISO time")
     p.add_argument("--until", help="keep requests that start at or before this ISO time")
     args = p.parse_args(argv)

@@ -24,7 +24,8 @@ def restore_interpreter():
 def test_replays_the_workload_in_process_with_bench_serving_metrics(tiny_model_dir, tmp_path, restore_interpreter):
     trace = tmp_path / "trace.jsonl"
     http_report = tmp_path / "http.json"  # a bench_serving report of the same workload (numbers made up)
-    http_report.write_text(json.dumps({"levels": [
+    http_report.write_text(json.dumps({"workload": {"profile": "short", "max_tokens": 6, "seed": 0, "num_requests": 5,
+                                                    "ignore_eos": True, "sampling": {"profile": "greedy"}}, "levels": [
         {"concurrency": 3, "summary": {"output_throughput": {"median": 50.0}, "median_tpot_ms": {"median": 40.0}}},
         {"concurrency": 64, "summary": {"output_throughput": {"median": 1.0}, "median_tpot_ms": {"median": 1.0}}}]}))
     out = tmp_path / "replay.json"
@@ -75,3 +76,20 @@ def test_compare_must_exist(tmp_path):
     with pytest.raises(SystemExit) as e:
         bench_replay.main(["--profile", "short", "--compare", str(tmp_path / "none.json"), "--out", str(tmp_path / "r")])
     assert e.value.code == 2
+
+
+@pytest.mark.parametrize("theirs, says", [
+    ({"max_tokens": 16}, "max_tokens: 16 there, 8 here"), ({"num_requests": 4}, "num_requests: 4 there, 2 here"),
+    ({"profile": "long"}, "profile: 'long' there, 'short' here"), ({"seed": 3}, "seed: 3 there, 0 here"),
+    ({"sampling": {"profile": "mix"}}, "sampling: 'mix' there, greedy here"), (None, "not a bench_serving report"),
+])
+def test_compare_refuses_another_workload_before_loading(tmp_path, capsys, theirs, says):
+    """A ratio between two different workloads means nothing: one line, exit 2, no engine loaded."""
+    other = tmp_path / "http.json"
+    same = {"profile": "short", "max_tokens": 8, "num_requests": 2, "seed": 0, "ignore_eos": True}
+    other.write_text(json.dumps({"levels": []} | ({} if theirs is None else {"workload": same | theirs})))
+    code = bench_replay.main(["--profile", "short", "--max-tokens", "8", "--num-requests", "2", "--compare", str(other),
+                              "--out", str(tmp_path / "r.json")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and not (tmp_path / "r.json").exists() and "\n" not in err
+    assert err.startswith(f"bench_replay: error: --compare {other} is another workload") and says in err, err

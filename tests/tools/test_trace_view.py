@@ -75,6 +75,8 @@ def test_screenshot_for_a_person(daemon_run: DaemonRun, page: Path, tmp_path: Pa
 def test_reason_and_time_filters(daemon_run: DaemonRun, tmp_path: Path):
     out = tmp_path / "f.html"
     assert view(str(daemon_run.trace_path), "--out", str(out), "--reason", "failed").returncode == 0
+    wrong = view(str(daemon_run.trace_path), "--out", str(out), "--reason", "failed,length")  # OpenAI's word, not ours
+    assert wrong.returncode == 2 and "'length' is not a terminal reason (one of completed_length" in wrong.stderr
     dom = rows(out.read_text())
     assert [r["data-request-id"] for r in dom.requests] == [daemon_run.ids["failed"]]
     assert dom.steps and all(daemon_run.ids["failed"] in s["data-request-ids"].split() for s in dom.steps)

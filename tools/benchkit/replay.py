@@ -102,5 +102,22 @@ def http_tax(replay_levels: list[dict], http_report: dict) -> list[dict]:
     return out
 
 
+COMPARED = ("profile", "prompt_words", "max_tokens", "seed", "num_requests", "ignore_eos")
+
+
+def workload_mismatch(replay: dict, http_report: dict) -> list[str]:
+    """How a bench_serving report's workload differs from this replay's (both reports' `workload`
+    fields): each differing field as "name: theirs there, ours here". The replay sends greedy
+    requests only, so a sampled HTTP run differs too. Empty: the same workload."""
+    http = http_report.get("workload")
+    if not isinstance(http, dict):
+        return ["no workload field (not a bench_serving report)"]
+    out = [f"{k}: {http[k]!r} there, {replay[k]!r} here" for k in COMPARED if k in http and http[k] != replay[k]]
+    sampling = (http.get("sampling") or {}).get("profile", "greedy")
+    if sampling != "greedy":
+        out.append(f"sampling: {sampling!r} there, greedy here")
+    return out
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
