@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pegainfer.daemon.protocol import CompletionRequest, bad_request, parse_completion, unsupported, whole_numbers
+from pegainfer.daemon.protocol import (VLLM_UNSUPPORTED, CompletionRequest, bad_request, parse_completion,
+                                       refuse_vllm_extensions, unsupported, whole_numbers)
 from pegainfer.engine.contract import BOUNDS, MAX_LOGPROBS
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -31,7 +32,7 @@ IGNORED = ("store", "metadata", "service_tier", "parallel_tool_calls", "prompt_c
 CHAT_FIELDS = frozenset({*SHARED, *IGNORED, "messages", "max_completion_tokens", "logprobs", "top_logprobs",
                          "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "tools",
                          "tool_choice", "functions", "function_call", "response_format", "audio", "modalities",
-                         "prediction"})
+                         "prediction", "echo", *VLLM_UNSUPPORTED})
 
 
 @dataclasses.dataclass(slots=True)
@@ -111,10 +112,15 @@ def _top_logprobs(body: dict) -> int | None:
 
 def _refuse_unsupported(body: dict) -> None:
     """OpenAI features this server does not have: a 400 naming them, never a silent no-op."""
-    for name in ("tools", "functions"):
-        if body.get(name):
-            raise unsupported(name, "tool calling", yet=False)
-    if body.get("tools") == []:  # OpenAI's schema and vLLM refuse an empty list
+    tools = body.get("tools")
+    if body.get("tool_choice") == "none" and tools:  # no call may be made: the tools change nothing here
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise bad_request("'tools' must be an array of tool objects", "tools")
+    elif tools:
+        raise unsupported("tools", "tool calling (other than with tool_choice \"none\")", yet=False)
+    if body.get("functions"):
+        raise unsupported("functions", "tool calling", yet=False)
+    if tools == []:  # OpenAI's schema and vLLM refuse an empty list
         raise bad_request("'tools' must not be an empty array; leave it out", "tools")
     if body.get("tool_choice") not in (None, "none"):
         raise unsupported("tool_choice", "tool calling", yet=False)
@@ -128,6 +134,9 @@ def _refuse_unsupported(body: dict) -> None:
         raise unsupported("modalities" if body.get("audio") is None else "audio", "audio output", yet=False)
     if body.get("prediction") is not None:
         raise unsupported("prediction", "predicted outputs", yet=False)
+    if body.get("echo"):  # vLLM's: the last message's content before the reply
+        raise unsupported("echo", "'echo' on chat completions", yet=False)
+    refuse_vllm_extensions(body)
 
 
 def parse_messages(raw: Any) -> list[dict[str, str]]:

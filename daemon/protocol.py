@@ -26,14 +26,30 @@ MAX_STOP = 4  # stop sequences per request, as OpenAI allows
 # them, and at most MAX_SEQUENCES sequences in all (prompts x max(n, best_of)).
 MAX_PROMPTS = 64
 MAX_SEQUENCES = 256
+# vLLM's extensions this server does not have, each with the value that asks for nothing: a request
+# that sets one otherwise is a 400 naming it (never silently unconstrained or cut differently).
+VLLM_UNSUPPORTED = {"guided_json": None, "guided_regex": None, "guided_choice": None, "guided_grammar": None,
+                    "structured_outputs": None, "min_tokens": 0, "include_stop_str_in_output": False,
+                    "skip_special_tokens": True}
+
 # The fields of /v1/completions this server knows; any other is ignored (as vLLM does) and logged once
 # (daemon.unknown_fields).
 COMPLETION_FIELDS = frozenset({
     "model", "prompt", "max_tokens", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "echo", "stop", "stop_token_ids",
-    "n", "best_of", "logit_bias", "ignore_eos", "suffix", "user"})
+    "n", "best_of", "logit_bias", "ignore_eos", "suffix", "user", "response_format", *VLLM_UNSUPPORTED})
 
 Prompt = str | list[int]  # one prompt: text, or token ids
+
+
+def refuse_vllm_extensions(body: dict) -> None:
+    """A 400 for a vLLM extension in VLLM_UNSUPPORTED set to anything but its no-op value (null
+    counts as the no-op too)."""
+    for name, neutral in VLLM_UNSUPPORTED.items():
+        value = body.get(name)
+        if value is not None and value != neutral:
+            shaped = name.startswith(("guided_", "structured"))
+            raise unsupported(name, f"structured output ({name})" if shaped else f"'{name}': {value!r:.40}", yet=False)
 
 
 @dataclasses.dataclass(slots=True)
@@ -230,6 +246,10 @@ def parse_completion(body: Any, *, max_tokens_default: int) -> CompletionRequest
     _typed(body, "user", (str,), "a string")  # OpenAI's end-user id: unused here, but typed as the API types it
     if body.get("suffix") is not None:
         raise unsupported("suffix", "'suffix' (insertion)", yet=False)
+    refuse_vllm_extensions(body)
+    if body.get("response_format") not in (None, {"type": "text"}):  # vLLM's completions take one too
+        raise unsupported("response_format", "a response_format other than {\"type\": \"text\"} (structured output)",
+                          yet=False)
     prompts = _prompts(body.get("prompt"))
 
     echo_only = body.get("max_tokens") == 0 and body.get("echo") is True and not isinstance(body["max_tokens"], bool)

@@ -176,6 +176,12 @@ def test_the_callers_request_id_names_the_reply(daemon):
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "a"}]}]}, "messages", "tool"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tool calling"),
     ({"tool_choice": "required"}, "tool_choice", "tool calling"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"}, "tools", "tool calling"),
+    ({"tools": ["f"], "tool_choice": "none"}, "tools", "tool objects"),
+    ({"guided_json": {"type": "object"}}, "guided_json", "structured output"),
+    ({"structured_outputs": {"choice": ["a", "b"]}}, "structured_outputs", "structured output"),
+    ({"min_tokens": 5}, "min_tokens", "not supported"),
+    ({"echo": True}, "echo", "not supported"),
     ({"response_format": {"type": "json_object"}}, "response_format", "structured output"),
     ({"modalities": ["text", "audio"]}, "modalities", "audio"),
     ({"logprobs": True, "top_logprobs": 6}, "top_logprobs", "[0, 5] on this server"),
@@ -253,6 +259,10 @@ def test_top_logprobs_zero_needs_no_logprobs_and_whole_floats_count(daemon):
 def test_accepted_no_op_fields_and_the_text_response_format(daemon):
     r = chat(daemon, max_tokens=2, user="u1", store=False, metadata={"a": "b"}, response_format={"type": "text"},
              tool_choice="none", modalities=["text"], parallel_tool_calls=False)
+    assert r.status_code == 200, r.text
+    # tools that may not be called (OpenAI and vLLM take them), and vLLM's extensions at their no-op values
+    r = chat(daemon, max_tokens=2, tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="none",
+             min_tokens=0, skip_special_tokens=True, include_stop_str_in_output=False, guided_json=None, echo=False)
     assert r.status_code == 200, r.text
 
 
