@@ -25,7 +25,7 @@ OPENAI_MAX_TOP_LOGPROBS = 20
 # Fields read as a completion's, under the same names.
 SHARED = ("model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
           "frequency_penalty", "repetition_penalty", "stop", "stop_token_ids", "n", "logit_bias", "ignore_eos",
-          "max_tokens", "user")
+          "max_tokens", "user", "include_stop_str_in_output")
 # Accepted and without effect here (no tools, no storage, one service tier): not "unknown".
 IGNORED = ("store", "metadata", "service_tier", "parallel_tool_calls", "prompt_cache_key",
            "safety_identifier")

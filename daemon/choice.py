@@ -31,12 +31,12 @@ class ChoiceOutput:
     ignored. A stop token (EOS, a stop_token_ids entry) ends the choice without adding its text."""
 
     def __init__(self, index: int, tok: Tokenizer, stops: list[str], logprobs: bool, prefix: Delta | None = None,
-                 *, echo_only: bool = False):
+                 *, echo_only: bool = False, include_stop: bool = False):
         self.index = index
         self.echo_only = echo_only  # the echoed prompt is the whole reply: the one token made is dropped
         self.tok = tok
         self.detok = IncrementalDetokenizer(tok)
-        self.stop = StopText(stops)
+        self.stop = StopText(stops, include_stop)  # include_stop: vLLM's include_stop_str_in_output
         self.logprobs = logprobs
         self.prefix = prefix  # the echoed prompt, released with the first delta
         self.base = len(prefix.text) if prefix else 0  # offsets of the completion start after the echo

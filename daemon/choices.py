@@ -22,8 +22,8 @@ class Choices:
         self.echo = req.echo
         self.prompt_ids = prompt_ids
         self.prompt_text = req.prompt if req.prompt is not None else tok.decode(prompt_ids)
-        self.items = [ChoiceOutput(i, tok, req.stop, self.logprobs, echo_only=req.echo_only)
-                      for i in range(req.candidates)]
+        self.items = [ChoiceOutput(i, tok, req.stop, self.logprobs, echo_only=req.echo_only,
+                                   include_stop=req.include_stop) for i in range(req.candidates)]
         # everything released, per choice: the non-streaming body (a stream sends it as it goes)
         self._keep = not req.stream
         self.texts = [""] * len(self.items)

@@ -29,15 +29,15 @@ MAX_SEQUENCES = 256
 # vLLM's extensions this server does not have, each with the value that asks for nothing: a request
 # that sets one otherwise is a 400 naming it (never silently unconstrained or cut differently).
 VLLM_UNSUPPORTED = {"guided_json": None, "guided_regex": None, "guided_choice": None, "guided_grammar": None,
-                    "structured_outputs": None, "min_tokens": 0, "include_stop_str_in_output": False,
-                    "skip_special_tokens": True}
+                    "structured_outputs": None, "min_tokens": 0, "skip_special_tokens": True}
 
 # The fields of /v1/completions this server knows; any other is ignored (as vLLM does) and logged once
 # (daemon.unknown_fields).
 COMPLETION_FIELDS = frozenset({
     "model", "prompt", "max_tokens", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "echo", "stop", "stop_token_ids",
-    "n", "best_of", "logit_bias", "ignore_eos", "suffix", "user", "response_format", *VLLM_UNSUPPORTED})
+    "n", "best_of", "logit_bias", "ignore_eos", "suffix", "user", "response_format", "include_stop_str_in_output",
+    *VLLM_UNSUPPORTED})
 
 Prompt = str | list[int]  # one prompt: text, or token ids
 
@@ -93,6 +93,7 @@ class CompletionRequest:
     # the reply leaves out: the prompt (and its log-probs) alone, finish_reason "length", 0 tokens billed
     echo_only: bool = False
     stop: list[str] = dataclasses.field(default_factory=list)
+    include_stop: bool = False  # vLLM's include_stop_str_in_output: a stop string ends the text, not cut from it
     stop_token_ids: list[int] = dataclasses.field(default_factory=list)
     n: int = 1
     best_of: int | None = None
@@ -210,6 +211,7 @@ def _choices(body: dict, req: CompletionRequest) -> None:
     """The HTTP-shaped fields after the sampling ones: echo, stop strings and ids, n and best_of."""
     req.echo = bool(_typed(body, "echo", (bool,), "a boolean") or False)
     req.stop = _stop(body)
+    req.include_stop = bool(_typed(body, "include_stop_str_in_output", (bool,), "a boolean"))
     ids = body.get("stop_token_ids")
     req.stop_token_ids = list(dict.fromkeys(token_ids(ids, "stop_token_ids"))) if ids is not None else []
     req.n = _integer(body, "n") or 1

@@ -262,7 +262,7 @@ def test_accepted_no_op_fields_and_the_text_response_format(daemon):
     assert r.status_code == 200, r.text
     # tools that may not be called (OpenAI and vLLM take them), and vLLM's extensions at their no-op values
     r = chat(daemon, max_tokens=2, tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="none",
-             min_tokens=0, skip_special_tokens=True, include_stop_str_in_output=False, guided_json=None, echo=False)
+             min_tokens=0, skip_special_tokens=True, guided_json=None, echo=False)
     assert r.status_code == 200, r.text
 
 

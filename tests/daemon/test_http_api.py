@@ -101,7 +101,7 @@ def test_openai_client_unchanged(daemon):
     ({"prompt": "hi", "guided_choice": ["a", "b"]}, "guided_choice", "unsupported_parameter"),
     ({"prompt": "hi", "response_format": {"type": "json_object"}}, "response_format", "unsupported_parameter"),
     ({"prompt": "hi", "min_tokens": 3}, "min_tokens", "unsupported_parameter"),
-    ({"prompt": "hi", "include_stop_str_in_output": True}, "include_stop_str_in_output", "unsupported_parameter"),
+    ({"prompt": "hi", "include_stop_str_in_output": "yes"}, "include_stop_str_in_output", None),
     ({"prompt": "hi", "skip_special_tokens": False}, "skip_special_tokens", "unsupported_parameter"),
     ({"prompt": "hi", "min_p": 1.5}, "min_p", None),
     ({"prompt": "hi", "seed": "seven"}, "seed", None),

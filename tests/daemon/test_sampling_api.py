@@ -118,6 +118,11 @@ def test_a_stop_string_across_two_tokens_ends_text_and_generation(daemon, tok, g
     chunks = stream(daemon, body)
     assert "".join(ch["text"] for c in chunks for ch in c["choices"]) == before  # no part of it ever sent
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    # vLLM's include_stop_str_in_output: the same end, the stop string kept, streamed or not
+    kept = post(daemon, body | {"include_stop_str_in_output": True})["choices"][0]
+    assert kept["text"] == before + stop and kept["finish_reason"] == "stop"
+    chunks = stream(daemon, body | {"include_stop_str_in_output": True})
+    assert "".join(ch["text"] for c in chunks for ch in c["choices"]) == before + stop
 
 
 def test_log_probs_with_a_stop_string_cover_every_generated_token(daemon, tok, greedy):
