@@ -16,7 +16,7 @@ import dataclasses
 from typing import Any
 
 from pegainfer.daemon.protocol import (VLLM_UNSUPPORTED, CompletionRequest, bad_request, parse_completion,
-                                       refuse_vllm_extensions, unsupported, whole_numbers)
+                                       refuse_unsupported_output, unsupported, whole_numbers)
 from pegainfer.engine.contract import BOUNDS, MAX_LOGPROBS
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -126,17 +126,13 @@ def _refuse_unsupported(body: dict) -> None:
         raise unsupported("tool_choice", "tool calling", yet=False)
     if body.get("function_call") not in (None, "none"):
         raise unsupported("function_call", "tool calling", yet=False)
-    fmt = body.get("response_format")
-    if fmt is not None and fmt != {"type": "text"}:
-        raise unsupported("response_format", "a response_format other than {\"type\": \"text\"} (structured output)",
-                          yet=False)
     if body.get("audio") is not None or body.get("modalities") not in (None, ["text"]):
         raise unsupported("modalities" if body.get("audio") is None else "audio", "audio output", yet=False)
     if body.get("prediction") is not None:
         raise unsupported("prediction", "predicted outputs", yet=False)
     if body.get("echo"):  # vLLM's: the last message's content before the reply
         raise unsupported("echo", "'echo' on chat completions", yet=False)
-    refuse_vllm_extensions(body)
+    refuse_unsupported_output(body)
 
 
 def parse_messages(raw: Any) -> list[dict[str, str]]:

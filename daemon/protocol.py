@@ -42,9 +42,12 @@ COMPLETION_FIELDS = frozenset({
 Prompt = str | list[int]  # one prompt: text, or token ids
 
 
-def refuse_vllm_extensions(body: dict) -> None:
-    """A 400 for a vLLM extension in VLLM_UNSUPPORTED set to anything but its no-op value (null
-    counts as the no-op too)."""
+def refuse_unsupported_output(body: dict) -> None:
+    """A 400 on either route for a `response_format` other than text, or for a vLLM extension in
+    VLLM_UNSUPPORTED set to anything but its no-op value (null counts as the no-op too)."""
+    if body.get("response_format") not in (None, {"type": "text"}):
+        raise unsupported("response_format", "a response_format other than {\"type\": \"text\"} (structured output)",
+                          yet=False)
     for name, neutral in VLLM_UNSUPPORTED.items():
         value = body.get(name)
         if value is not None and value != neutral:
@@ -248,10 +251,7 @@ def parse_completion(body: Any, *, max_tokens_default: int) -> CompletionRequest
     _typed(body, "user", (str,), "a string")  # OpenAI's end-user id: unused here, but typed as the API types it
     if body.get("suffix") is not None:
         raise unsupported("suffix", "'suffix' (insertion)", yet=False)
-    refuse_vllm_extensions(body)
-    if body.get("response_format") not in (None, {"type": "text"}):  # vLLM's completions take one too
-        raise unsupported("response_format", "a response_format other than {\"type\": \"text\"} (structured output)",
-                          yet=False)
+    refuse_unsupported_output(body)  # vLLM's completions take a response_format too
     prompts = _prompts(body.get("prompt"))
 
     echo_only = body.get("max_tokens") == 0 and body.get("echo") is True and not isinstance(body["max_tokens"], bool)

@@ -25,8 +25,7 @@ GREEDY_BELOW = 1e-5
 
 # ---- the request vocabulary ------------------------------------------------------------------------
 class FinishReason(enum.StrEnum):
-    """Why a sequence or a FINISHED request stopped, in OpenAI's words. A str, so that it is the
-    very value a response carries."""
+    """Why a sequence or a FINISHED request stopped, in OpenAI's words: a str, the value a response carries."""
     STOP = "stop"  # EOS, a stop token or a stop string
     LENGTH = "length"  # max_tokens
 
@@ -155,7 +154,7 @@ class SamplingParams:
     values only the engine's own domain checks (engine/draw_params.py) refuse."""
     temperature: float = 0.0  # 0: greedy (argmax of the penalised logits)
     top_p: float = 1.0
-    top_k: int = -1  # -1: off (`checked` takes 0 as off too and makes it -1)
+    top_k: int = -1  # -1: off (`checked` takes 0 as off too and makes it -1, BOUNDS' first "off")
     min_p: float = 0.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -181,8 +180,9 @@ class SamplingParams:
                 fields[name] = _checked_bias(() if value is None else value)
             elif value is not None:
                 check(name, value)
-                fields[name] = value if BOUNDS[name].integer else float(value)
-        return cls(**fields | {"top_k": -1} if fields.get("top_k") == 0 else fields)  # one "off" from here on
+                bound = BOUNDS[name]  # an "off" value as its first spelling (top_k 0: -1)
+                fields[name] = (bound.off[0] if value in bound.off else value) if bound.integer else float(value)
+        return cls(**fields)
 
     @property
     def penalised(self) -> bool:

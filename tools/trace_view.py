@@ -28,13 +28,13 @@ PROG = "trace_view"
 REASONS = tuple(r.value for r in TerminalReason)
 
 
-def _reasons(text: str) -> str:
+def _reasons(text: str) -> list[str]:
     """--reason's value: comma-separated terminal reasons, each one the trace knows."""
-    unknown = [r for r in text.split(",") if r and r not in REASONS]
-    if unknown:
+    reasons = [r for r in text.split(",") if r]
+    if unknown := [r for r in reasons if r not in REASONS]:
         raise argparse.ArgumentTypeError(f"{', '.join(map(repr, unknown))} is not a terminal reason (one of "
                                          f"{', '.join(REASONS)})")
-    return text
+    return reasons
 
 
 def fail(message: str) -> NoReturn:
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as e:
         fail(f"{args.trace}: {e}")
     requests, steps = reader.build(spans)
-    reasons = {r for item in args.reason for r in item.split(",") if r}
+    reasons = {r for item in args.reason for r in item}
     requests, steps = reader.select(
         requests, steps, reasons=reasons or None,
         since_ns=since_ns, until_ns=until_ns)

@@ -62,8 +62,7 @@ import triton
 import triton.language as tl
 
 from pegainfer.engine.kernels.precompile import launcher
-from pegainfer.engine.kernels.sample_rows import (  # noqa: F401 (the kernel's callers import them here too)
-    FLOATS, HISTORY_SEEN, INTS, MAX_LOGPROBS, SampleOut, SampleRows)
+from pegainfer.engine.kernels.sample_rows import MAX_LOGPROBS, SampleOut, SampleRows
 from pegainfer.engine.kernels.sample_row import sample_row
 from pegainfer.engine.kernels.sample_split import launch
 

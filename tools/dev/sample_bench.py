@@ -37,7 +37,8 @@ if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1:][:1] == [
 import torch  # noqa: E402
 
 from pegainfer.engine.contract import SamplingParams  # noqa: E402
-from pegainfer.engine.kernels.sample import HISTORY_SEEN, SampleRows, sample  # noqa: E402
+from pegainfer.engine.kernels.sample import sample  # noqa: E402
+from pegainfer.engine.kernels.sample_rows import HISTORY_SEEN, SampleRows  # noqa: E402
 from pegainfer.engine.sampler import Draw, SamplingBatch, sample as torch_sample  # noqa: E402
 
 GREEDY = SamplingParams()

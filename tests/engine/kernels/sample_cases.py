@@ -8,7 +8,7 @@ import random
 import torch
 
 from pegainfer.engine.contract import SamplingParams
-from pegainfer.engine.kernels.sample import HISTORY_SEEN, SampleRows
+from pegainfer.engine.kernels.sample_rows import HISTORY_SEEN, SampleRows
 from pegainfer.engine.sampler import Draw
 
 

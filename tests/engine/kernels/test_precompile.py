@@ -15,7 +15,7 @@ pytest.importorskip("triton", reason="triton is a GPU-side dependency; CI instal
 
 from pegainfer.engine.kernels.config import SampleTiling  # noqa: E402
 from pegainfer.engine.kernels.precompile import Launch, compile_all  # noqa: E402
-from pegainfer.engine.kernels.sample import SampleOut  # noqa: E402
+from pegainfer.engine.kernels.sample_rows import SampleOut  # noqa: E402
 from tests.engine.kernels.sample_cases import mixed_draws  # noqa: E402
 from tests.engine.kernels.test_sample import quick_interpreter, run  # noqa: E402, F401
 from tests.engine.kernels.test_sample_split import assert_same_bits  # noqa: E402
